@@ -5,6 +5,7 @@
 
 pub mod compress;
 pub mod error;
+pub mod quadratic;
 pub mod rng;
 
 #[cfg(feature = "python")]

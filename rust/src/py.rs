@@ -2,12 +2,13 @@
 //! Every computation lives in the pure-Rust modules.
 
 use numpy::ndarray::{Array1, ArrayView1, ArrayView2};
-use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArray2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::compress::{self, Partition, Quantizer, Real, RoundPlan, Sparsifier, Spec};
 use crate::error::CoreError;
+use crate::quadratic;
 use crate::rng;
 
 impl From<CoreError> for PyErr {
@@ -208,6 +209,66 @@ fn block_plan_from_permutation<'py>(py: Python<'py>, labels: Vec<u32>, pi: Vec<u
     Ok(plan_arrays(py, compress::block_plan(n, &offsets, &coords, &pi), d))
 }
 
+/// The synthetic quadratic's oracles (Algorithm 1): `A_i = a_i T + c I`, `b_i = beta_i e_1`.
+#[pyclass(frozen, module = "permk._core", name = "Tridiagonal")]
+pub struct PyTridiagonal(quadratic::Tridiagonal);
+
+#[pymethods]
+impl PyTridiagonal {
+    #[new]
+    fn new(a: Vec<f64>, c: f64, beta: Vec<f64>) -> PyResult<Self> {
+        Ok(PyTridiagonal(quadratic::Tridiagonal::new(a, c, beta)?))
+    }
+
+    fn loss(&self, x: PyReadonlyArray1<'_, f64>) -> f64 {
+        self.0.loss(x.as_array())
+    }
+
+    fn grad<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>) -> Bound<'py, PyArray1<f64>> {
+        self.0.grad(x.as_array()).into_pyarray(py)
+    }
+
+    fn local_grads<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>) -> Bound<'py, PyArray2<f64>> {
+        let x = x.as_array();
+        py.detach(|| self.0.local_grads(x)).into_pyarray(py)
+    }
+
+    fn local_grad_coords<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArray1<'py, f64>,
+        rows: PyReadonlyArray1<'py, i64>,
+        cols: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let (x, rows, cols) = (x.as_array(), rows.as_array(), cols.as_array());
+        let (rows, cols) = (rows.to_vec(), cols.to_vec());
+        Ok(py.detach(|| self.0.local_grad_coords(x, &rows, &cols))?.into_pyarray(py))
+    }
+
+    /// One MARINA round in place on `x`, `g` (float64, writeable); returns the coin.
+    #[allow(clippy::too_many_arguments)]
+    fn marina_round(
+        &self,
+        py: Python<'_>,
+        spec: &PySpec,
+        mut x: PyReadwriteArray1<'_, f64>,
+        mut g: PyReadwriteArray1<'_, f64>,
+        gamma: f64,
+        p: f64,
+        seed: u64,
+        round: u64,
+    ) -> PyResult<bool> {
+        let (x, g) = (x.as_array_mut(), g.as_array_mut());
+        Ok(py.detach(|| self.0.marina_round(&spec.0, x, g, gamma, p, seed, round))?)
+    }
+
+    /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.
+    fn solve_mean<'py>(&self, py: Python<'py>, rhs: Vec<f64>) -> Bound<'py, PyArray1<f64>> {
+        let mean = self.0.a.iter().sum::<f64>() / self.0.n() as f64;
+        Array1::from(quadratic::solve_mean(mean, self.0.c, &rhs)).into_pyarray(py)
+    }
+}
+
 /// MARINA's shared Bernoulli(p) coin of round `round`.
 #[pyfunction]
 fn coin(seed: u64, round: u64, p: f64) -> bool {
@@ -219,6 +280,7 @@ fn coin(seed: u64, round: u64, p: f64) -> bool {
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PySpec>()?;
+    m.add_class::<PyTridiagonal>()?;
     m.add_function(wrap_pyfunction!(permk_plan_from_permutations, m)?)?;
     m.add_function(wrap_pyfunction!(block_plan_from_permutation, m)?)?;
     m.add_function(wrap_pyfunction!(coin, m)?)?;

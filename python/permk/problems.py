@@ -1,0 +1,294 @@
+"""Distributed problems ``f = (1/n) Σ_i f_i`` on ``R^d`` (eq. (1) of the paper).
+
+A *problem* is any object with the attributes and methods of :class:`Problem`; users plug in
+their own with numpy only. A problem that can evaluate single coordinates of local gradients
+cheaply also implements ``local_grad_coords(x, rows, cols)``, which lets MARINA with PermK or
+RandK evaluate only the coordinates that are sent (``O(d)`` work per round instead of ``O(nd)``).
+
+:class:`Quadratic` holds ``f_i(x) = ½ xᵀA_i x − xᵀb_i`` from user matrices (dense or
+``scipy.sparse``); :meth:`Quadratic.synthetic` is the paper's generator (Algorithm 1) with its
+oracles in Rust and its constants in closed form.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import _core
+from ._validate import check_int, check_seed
+
+__all__ = ["Problem", "Quadratic", "SyntheticQuadratic"]
+
+
+@runtime_checkable
+class Problem(Protocol):
+    """The protocol of a distributed problem ``f = (1/n) Σ_i f_i`` on ``R^d``.
+
+    Optional, used when present: ``local_grad(i, x)``, ``local_grad_coords(x, rows, cols)``
+    (``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``), ``f_star`` and the smoothness constants
+    ``L_minus``, ``L_plus``, ``L_pm`` (see :mod:`permk.theory`), ``L_i``, ``mu``.
+    """
+
+    n: int
+    d: int
+    x0: np.ndarray
+
+    def loss(self, x: np.ndarray) -> float:
+        """``f(x)``."""
+        ...
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        """``∇f(x)``, shape ``(d,)``."""
+        ...
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        """``[∇f_1(x), …, ∇f_n(x)]``, shape ``(n, d)``."""
+        ...
+
+
+def _vector(x: Any, d: int, name: str = "x") -> np.ndarray:
+    v = np.ascontiguousarray(x, dtype=np.float64)
+    if v.shape != (d,):
+        raise ValueError(f"{name} must have shape ({d},), got {v.shape}")
+    return v
+
+
+class Quadratic:
+    """``f_i(x) = ½ xᵀA_i x − xᵀb_i`` with symmetric ``A_i`` (the quadratics of Example
+    "quadratic functions" and of the experiments).
+
+    Parameters
+    ----------
+    matrices : sequence of n symmetric (d, d) arrays or scipy.sparse matrices ``A_i``.
+    vectors : (n, d) array of the ``b_i``.
+    x0 : starting point (default: zeros).
+
+    The smoothness constants (``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu``) are computed
+    exactly from eigenvalues on first use (:func:`permk.theory.smoothness`).
+
+    >>> import numpy as np
+    >>> q = Quadratic([np.eye(2), 3 * np.eye(2)], np.zeros((2, 2)), x0=np.ones(2))
+    >>> q.loss(q.x0), round(q.L_pm, 12), round(q.L_minus, 12)
+    (2.0, 1.0, 2.0)
+    """
+
+    def __init__(self, matrices: Sequence[Any], vectors: Any, x0: Any = None) -> None:
+        mats = list(matrices)
+        if not mats:
+            raise ValueError("matrices must hold at least one matrix")
+        self.n = len(mats)
+        shape = mats[0].shape
+        if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
+            raise ValueError(f"matrices must be square (d, d), got {shape}")
+        self.d = int(shape[0])
+        self._A: list[Any] = []
+        for i, A in enumerate(mats):
+            A = sp.csr_array(A, dtype=np.float64) if sp.issparse(A) else np.asarray(A, dtype=np.float64)
+            if A.shape != (self.d, self.d):
+                raise ValueError(f"matrices[{i}] has shape {A.shape}, expected ({self.d}, {self.d})")
+            asym = abs(A - A.T)
+            if (asym.max() if asym.size else 0.0) > 1e-10 * (1.0 + abs(A).max()):
+                raise ValueError(f"matrices[{i}] must be symmetric")
+            self._A.append(A)
+        b = np.asarray(vectors, dtype=np.float64)
+        if b.shape != (self.n, self.d):
+            raise ValueError(f"vectors must have shape ({self.n}, {self.d}), got {b.shape}")
+        if not (np.isfinite(b).all() and all(np.isfinite(A.data if sp.issparse(A) else A).all() for A in self._A)):
+            raise ValueError("matrices and vectors must be finite")
+        self._b = b
+        self._b_mean = b.mean(axis=0)
+        self._H = sum(self._A[1:], self._A[0]) / self.n
+        self.x0 = np.zeros(self.d) if x0 is None else _vector(x0, self.d, "x0")
+
+    @staticmethod
+    def synthetic(n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> SyntheticQuadratic:
+        """The paper's synthetic quadratic (Algorithm 1): see :class:`SyntheticQuadratic`."""
+        return SyntheticQuadratic(n, d, lam, noise_scale, seed=seed)
+
+    def hessians(self) -> list[Any]:
+        """The matrices ``A_i`` (``∇²f_i``)."""
+        return list(self._A)
+
+    def loss(self, x: Any) -> float:
+        x = _vector(x, self.d)
+        return float(0.5 * x @ (self._H @ x) - self._b_mean @ x)
+
+    def grad(self, x: Any) -> np.ndarray:
+        x = _vector(x, self.d)
+        return np.asarray(self._H @ x) - self._b_mean
+
+    def local_grad(self, i: int, x: Any) -> np.ndarray:
+        i = check_int(i, "i", high=self.n)
+        return np.asarray(self._A[i] @ _vector(x, self.d)) - self._b[i]
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        x = _vector(x, self.d)
+        return np.stack([np.asarray(A @ x) for A in self._A]) - self._b
+
+    @cached_property
+    def _constants(self) -> Any:
+        from .theory import smoothness
+
+        return smoothness(self, method="exact")
+
+    @property
+    def L_minus(self) -> float:
+        """``L_−``: the smoothness constant of ``f`` (``‖(1/n) Σ A_i‖``)."""
+        return float(self._constants.L_minus)
+
+    @property
+    def L_plus(self) -> float:
+        """``L_+`` of Assumption "L+" (``λ_max((1/n) Σ A_i²)^{1/2}``)."""
+        return float(self._constants.L_plus)
+
+    @property
+    def L_pm(self) -> float:
+        """``L_±`` (Definition "Hessian variance"); ``L_pm**2 = λ_max((1/n)ΣA_i² − ((1/n)ΣA_i)²)``."""
+        return float(self._constants.L_pm)
+
+    @property
+    def L_i(self) -> np.ndarray:
+        """The smoothness constants ``L_i = ‖A_i‖`` of the ``f_i``."""
+        return np.asarray(self._constants.L_i)
+
+    @property
+    def mu(self) -> float | None:
+        """The PL constant ``λ_min((1/n) Σ A_i)`` when positive, else None."""
+        return self._constants.mu
+
+    @cached_property
+    def f_star(self) -> float | None:
+        """``min f`` when ``(1/n) Σ A_i`` is positive definite, else None."""
+        if self.mu is None:
+            return None
+        H = self._H.toarray() if sp.issparse(self._H) else self._H
+        x_star = np.linalg.solve(H, self._b_mean)
+        return float(-0.5 * self._b_mean @ x_star)
+
+    @property
+    def L_sq_mean(self) -> float:
+        """The paper's pessimistic bound ``(1/n) Σ L_i²`` on ``L_+²`` and ``L_±²``."""
+        return float(np.mean(self.L_i**2))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, d={self.d})"
+
+
+def _tridiagonal_extremes(d: int) -> tuple[float, float]:
+    """Smallest and largest eigenvalue of ``T = tridiag(−1, 2, −1) ∈ R^{d×d}``."""
+    h = math.pi / (2 * (d + 1))
+    return 4.0 * math.sin(h) ** 2, 4.0 * math.cos(h) ** 2
+
+
+class SyntheticQuadratic(Quadratic):
+    """The synthetic quadratic of Algorithm 1 ("Quadratic optimization task generation").
+
+    For each worker ``ν_i^s = 1 + s ξ_i^s``, ``ν_i^b = s ξ_i^b`` (``ξ ~ N(0, 1)`` i.i.d., drawn
+    with ``numpy.random.default_rng(seed)`` as an ``(n, 2)`` array), ``b_i = (ν_i^s/4)(−1 + ν_i^b) e_1``
+    and ``A_i = (ν_i^s/4) T + (λ − λ_min(mean A)) I`` with ``T = tridiag(−1, 2, −1)``;
+    ``x^0 = (√d, 0, …, 0)``. Only ``O(n + d)`` numbers are stored; the oracles are Rust kernels
+    (``O(1)`` per coordinate) and every constant is exact and in closed form, since all ``A_i``
+    are polynomials in ``T`` (eigenvalues ``t_k = 4 sin²(kπ/(2(d+1)))``):
+    ``L_±² = Var(ν^s/4) · t_max²``, ``L_+² = max_{t ∈ {t_min, t_max}} (1/n) Σ (a_i t + c)²``, ...
+
+    >>> q = Quadratic.synthetic(10, 100, lam=1e-6, noise_scale=0.0, seed=0)
+    >>> q.L_pm, round(q.mu, 12)
+    (0.0, 1e-06)
+    """
+
+    def __init__(self, n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> None:
+        self.n = check_int(n, "n", low=1)
+        self.d = check_int(d, "d", low=1)
+        if not (math.isfinite(lam) and lam > 0):
+            raise ValueError(f"lam must be a positive finite number (f must be strongly convex), got {lam}")
+        if not (math.isfinite(noise_scale) and noise_scale >= 0):
+            raise ValueError(f"noise_scale must be a non-negative finite number, got {noise_scale}")
+        self.lam = float(lam)
+        self.noise_scale = float(noise_scale)
+        self.seed = check_seed(seed)
+        xi = np.random.default_rng(self.seed).standard_normal((self.n, 2))
+        nu_s = 1.0 + self.noise_scale * xi[:, 0]
+        nu_b = self.noise_scale * xi[:, 1]
+        self.a = nu_s / 4.0
+        self.beta = nu_s / 4.0 * (-1.0 + nu_b)
+        t_min, t_max = _tridiagonal_extremes(self.d)
+        a_mean = float(self.a.mean())
+        lam_min_mean = min(a_mean * t_min, a_mean * t_max)
+        self.shift = self.lam - lam_min_mean
+        self._t = (t_min, t_max)
+        self._kernel = _core.Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
+        self.x0 = np.zeros(self.d)
+        self.x0[0] = math.sqrt(self.d)
+
+    def hessians(self) -> list[Any]:
+        """The ``A_i`` as ``scipy.sparse`` tridiagonal matrices (``O(nd)`` memory: small n only)."""
+        T = sp.diags_array([-np.ones(self.d - 1), 2 * np.ones(self.d), -np.ones(self.d - 1)], offsets=[-1, 0, 1])
+        eye = sp.eye_array(self.d)
+        return [sp.csr_array(a * T + self.shift * eye) for a in self.a]
+
+    def loss(self, x: Any) -> float:
+        return float(self._kernel.loss(_vector(x, self.d)))
+
+    def grad(self, x: Any) -> np.ndarray:
+        return self._kernel.grad(_vector(x, self.d))
+
+    def local_grad(self, i: int, x: Any) -> np.ndarray:
+        i = check_int(i, "i", high=self.n)
+        cols = np.arange(self.d, dtype=np.int64)
+        return self.local_grad_coords(x, np.full(self.d, i, dtype=np.int64), cols)
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        return self._kernel.local_grads(_vector(x, self.d))
+
+    def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
+        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k`` (``O(1)`` each)."""
+        r = np.ascontiguousarray(rows, dtype=np.int64)
+        c = np.ascontiguousarray(cols, dtype=np.int64)
+        return self._kernel.local_grad_coords(_vector(x, self.d), r, c)
+
+    def marina_round(self, spec: Any, x: np.ndarray, g: np.ndarray, gamma: float, p: float, seed: int, round: int) -> bool:
+        """One fused MARINA round in place (Rust): see :func:`permk.methods.marina`."""
+        return bool(self._kernel.marina_round(spec, x, g, gamma, p, seed, round))
+
+    # -- exact constants in closed form --------------------------------------------------------
+    def _eig_extremes(self, a: np.ndarray) -> np.ndarray:
+        """Eigenvalues of ``a T + c I`` at ``t_min`` and ``t_max`` (its extremes), shape (len(a), 2)."""
+        t = np.array(self._t)
+        return np.multiply.outer(a, t) + self.shift
+
+    @property
+    def L_minus(self) -> float:
+        return float(np.abs(self._eig_extremes(np.array([self.a.mean()]))).max())
+
+    @property
+    def L_plus(self) -> float:
+        return float(math.sqrt(np.max(np.mean(self._eig_extremes(self.a) ** 2, axis=0))))
+
+    @property
+    def L_pm(self) -> float:
+        var = float(np.mean((self.a - self.a.mean()) ** 2))
+        return math.sqrt(var) * self._t[1]
+
+    @property
+    def L_i(self) -> np.ndarray:
+        return np.abs(self._eig_extremes(self.a)).max(axis=1)
+
+    @property
+    def mu(self) -> float:
+        return float(self._eig_extremes(np.array([self.a.mean()])).min())
+
+    @cached_property
+    def f_star(self) -> float:
+        rhs = np.zeros(self.d)
+        rhs[0] = self.beta.mean()
+        x_star = self._kernel.solve_mean(rhs.tolist())
+        return float(-0.5 * rhs[0] * x_star[0])
+
+    def __repr__(self) -> str:
+        return f"Quadratic.synthetic(n={self.n}, d={self.d}, lam={self.lam}, noise_scale={self.noise_scale}, seed={self.seed})"
+
