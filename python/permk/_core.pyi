@@ -1,12 +1,17 @@
 """Type stub of the native module (Rust, PyO3). Private: use the ``permk`` API."""
 
+from typing import final
+
 import numpy as np
 import numpy.typing as npt
+
+__all__ = ["__version__", "Spec", "Tridiagonal", "permk_plan_from_permutations", "block_plan_from_permutation", "coin"]
 
 __version__: str
 
 _Plan = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
 
+@final
 class Spec:
     def __new__(
         cls,
@@ -30,6 +35,7 @@ def permk_plan_from_permutations(n: int, d: int, pi_d: list[int], pi_n: list[int
 def block_plan_from_permutation(labels: list[int], pi: list[int]) -> _Plan: ...
 def coin(seed: int, round: int, p: float) -> bool: ...
 
+@final
 class Tridiagonal:
     def __new__(cls, a: list[float], c: float, beta: list[float]) -> Tridiagonal: ...
     def loss(self, x: npt.NDArray[np.float64]) -> float: ...

@@ -56,6 +56,13 @@ impl Partition {
             return Err(CoreError::invalid("partition", "must label at least one coordinate"));
         }
         let m = *labels.iter().max().unwrap() as usize + 1;
+        if m > labels.len() {
+            // m non-empty blocks need at least m coordinates (and this bounds the allocation).
+            return Err(CoreError::invalid(
+                "partition",
+                format!("block labels must be 0..m-1 with every block non-empty; label {} needs more than {} coordinates", m - 1, labels.len()),
+            ));
+        }
         let mut seen = vec![false; m];
         for &l in &labels {
             seen[l as usize] = true;
@@ -168,8 +175,11 @@ impl Spec {
         if d == 0 {
             return Err(CoreError::invalid("d", "the dimension must be at least 1"));
         }
-        if d > u32::MAX as usize || n > u32::MAX as usize {
-            return Err(CoreError::invalid("d", "n and d must be below 2**32"));
+        if n > u32::MAX as usize {
+            return Err(CoreError::invalid("n_workers", format!("n_workers = {n} must be below 2**32")));
+        }
+        if d > u32::MAX as usize {
+            return Err(CoreError::invalid("d", format!("d = {d} must be below 2**32")));
         }
         match &self.sparsifier {
             Sparsifier::RandK { k } | Sparsifier::TopK { k } if *k > d => {
@@ -253,18 +263,18 @@ pub fn permk_plan_wide(n: usize, d: usize, pi_d: &[u32], pi_n: &[u32]) -> RoundP
 pub fn block_plan(n: usize, offsets_b: &[usize], coords_b: &[u32], pi: &[u32]) -> RoundPlan {
     let m = offsets_b.len() - 1;
     let q = n / m;
-    let lists = (0..n)
-        .map(|i| {
-            let s = pi[i] as usize;
-            if s < m * q {
-                let b = s / q;
-                coords_b[offsets_b[b]..offsets_b[b + 1]].to_vec()
-            } else {
-                Vec::new()
-            }
-        })
-        .collect();
-    csr_from_lists(lists, vec![n as f64 / q as f64; n])
+    let mut offsets = Vec::with_capacity(n + 1);
+    let mut coords = Vec::with_capacity(q * coords_b.len());
+    offsets.push(0);
+    for &s in &pi[..n] {
+        let s = s as usize;
+        if s < m * q {
+            let b = s / q;
+            coords.extend_from_slice(&coords_b[offsets_b[b]..offsets_b[b + 1]]);
+        }
+        offsets.push(coords.len());
+    }
+    RoundPlan::Csr { offsets, coords, scales: vec![n as f64 / q as f64; n] }
 }
 
 /// The `k` largest-magnitude coordinates of `row` (ties: lower index), ascending.
@@ -317,13 +327,16 @@ pub fn round_plan<T: Real>(spec: &Spec, n: usize, d: usize, seed: u64, round: u6
         }
         Sparsifier::RandK { k } => {
             let mut buf: Vec<u32> = (0..d as u32).collect();
-            let mut lists = Vec::with_capacity(n);
+            let mut offsets = Vec::with_capacity(n + 1);
+            let mut coords = Vec::with_capacity(n * k);
             let mut out = Vec::with_capacity(*k);
+            offsets.push(0);
             for i in 0..n {
                 randk_coords(seed, round, i, *k, &mut buf, &mut out);
-                lists.push(out.clone());
+                coords.extend_from_slice(&out);
+                offsets.push(coords.len());
             }
-            csr_from_lists(lists, vec![d as f64 / *k as f64; n])
+            RoundPlan::Csr { offsets, coords, scales: vec![d as f64 / *k as f64; n] }
         }
         Sparsifier::TopK { k } => {
             let a = a.ok_or_else(|| CoreError::invalid("A", "TopK needs the data to choose coordinates"))?;

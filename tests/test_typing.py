@@ -1,0 +1,19 @@
+"""The native module's stub matches the runtime (mypy.stubtest), and the package is typed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import permk
+
+
+def test_stub_matches_native_module() -> None:
+    out = subprocess.run([sys.executable, "-m", "mypy.stubtest", "permk._core"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_package_ships_py_typed() -> None:
+    assert (Path(permk.__file__).parent / "py.typed").exists()
+    assert (Path(permk.__file__).parent / "_core.pyi").exists()
