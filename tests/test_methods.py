@@ -91,6 +91,8 @@ def test_resume_equals_uninterrupted_run(path: str, tmp_path: pytest.TempPathFac
     np.testing.assert_array_equal(np.concatenate([first.coins, second.coins]), full.coins)
     assert second.bits_per_worker[-1] == full.bits_per_worker[-1]
     assert second.rounds[-1] == 100
+    with pytest.raises(ValueError, match="resumed state"):
+        permk.marina(q, permk.PermK(), rounds=5, seed=5, path=path, state=state)
 
 
 def test_ef21_resume() -> None:

@@ -4,6 +4,7 @@ Reference implementation of Szlendak, Tyurin and Richtárik, *Permutation Compre
 Provably Faster Distributed Nonconvex Optimization* (ICLR 2022).
 """
 
+from . import theory as theory
 from ._core import __version__ as __version__
 from .compressors import (
     QSGD as QSGD,
@@ -39,6 +40,7 @@ from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadr
 
 __all__ = [
     "__version__",
+    "theory",
     "Compressor",
     "Message",
     "Plan",

@@ -122,6 +122,9 @@ class Compressor(abc.ABC):
     is_unbiased: bool = True
     #: Whether the receiver needs the transmitted indices (TopK) or recomputes them from the seed.
     needs_indices: bool = False
+    #: Whether every worker's coordinates are a function of ``(seed, round)`` alone, so that
+    #: :meth:`plan` exists (the sparsifiers PermK, RandK, BlockPermK without quantizer).
+    shares_coordinates: bool = False
 
     @property
     def name(self) -> str:
@@ -187,7 +190,7 @@ class Compressor(abc.ABC):
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         """The round's coordinates per worker when they depend only on ``(seed, round)``
-        (PermK, RandK, BlockPermK, Identity), else None."""
+        (``shares_coordinates``: PermK, RandK, BlockPermK), else None."""
         return None
 
     def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
@@ -237,7 +240,7 @@ class _RustCompressor(Compressor):
         return self._spec.aggregate(as_float_array(A, 2, "A"), check_seed(seed), check_int(round, "round"))
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
-        if self.needs_indices:
+        if not self.shares_coordinates:
             return None
         self.check(n, d)
         return Plan(*self._spec.plan(n, d, check_seed(seed), check_int(round, "round")))
@@ -264,6 +267,8 @@ class PermK(_RustCompressor):
     >>> PermK().ab_constants(10, 100), PermK().ab_constants(10, 5)
     ((1.0, 1.0), (0.4444444444444444, 0.4444444444444444))
     """
+
+    shares_coordinates = True
 
     def _spec_args(self) -> dict[str, Any]:
         return {"sparsifier": "permk"}
@@ -302,6 +307,7 @@ class RandK(_RustCompressor):
     """
 
     k: int
+    shares_coordinates = True
 
     def __post_init__(self) -> None:
         check_int(self.k, "k", low=1)
@@ -400,6 +406,7 @@ class BlockPermK(_RustCompressor):
 
     m: int
     partition: tuple[int, ...] | None = field(default=None, compare=True)
+    shares_coordinates = True
 
     def __post_init__(self) -> None:
         check_int(self.m, "m", low=1)
@@ -577,6 +584,3 @@ class Compose(_RustCompressor):
     def overhead_bits(self, float_bits: int = 32) -> int:
         return self.quantizer.overhead_bits(float_bits)
 
-    def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
-        # The sent coordinates are the sparsifier's; the quantized values are not a plan.
-        return None

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _core
 from ._validate import check_int, check_seed
-from .compressors import Compressor, Identity
+from .compressors import Compressor, Identity, TopK
 from .problems import Problem, SyntheticQuadratic
 
 __all__ = [
@@ -366,7 +366,7 @@ def _simulated_marina_step(
 ) -> tuple[Callable[[MarinaState], tuple[MarinaState, bool]], str]:
     """The single-process MARINA round for ``path``, and the path actually used."""
     n, d = int(problem.n), int(problem.d)
-    plan_ok = compressor.plan(n, d, seed=0, round=0) is not None
+    plan_ok = compressor.shares_coordinates
     if path == "auto":
         if plan_ok and isinstance(problem, SyntheticQuadratic):
             path = "rust"
@@ -423,6 +423,93 @@ def _simulated_marina_step(
     return step, path
 
 
+def _marina_params(
+    problem: Problem,
+    compressor: Compressor,
+    *,
+    rounds: int,
+    seed: int,
+    gamma: float | None,
+    p: float | None,
+    gamma_multiplier: float,
+    pl: bool,
+    constants: str,
+    float_bits: int,
+    record_every: int,
+    method: str,
+) -> dict[str, Any]:
+    """Validate a MARINA run and choose its parameters (p = ζ/d, the step of Theorem AB or
+    AB-PL); shared by the simulator and the MPI backend."""
+    n, d = _check_compressor(problem, compressor)
+    _check_run_args(rounds, record_every, gamma, gamma_multiplier)
+    check_int(float_bits, "float_bits", low=1)
+    check_seed(seed)
+    ab = compressor.ab_constants(n, d)
+    if ab is None or not compressor.is_unbiased:
+        raise ValueError(f"MARINA needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
+    A, B = ab
+    if p is None:
+        p = min(1.0, compressor.bits_per_worker(n, d, float_bits=float_bits) / (d * float_bits))
+    if not (isinstance(p, (int, float)) and 0 < p <= 1):
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    p = float(p)
+    params: dict[str, Any] = {"method": method, "compressor": compressor.name, "n": n, "d": d, "p": p, "A": A, "B": B,
+                              "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
+    if gamma is None:
+        c = _constants(problem, constants)
+        mu = c.get("mu") if pl else None
+        if pl and mu is None:
+            raise ValueError("pl=True needs the problem's PL constant mu")
+        params.update(c, constants=constants, gamma_source="Theorem AB-PL" if pl else "Theorem AB")
+        params["gamma"] = gamma_multiplier * marina_stepsize(A, B, c["L_minus"], c["L_plus"], c["L_pm"], p, mu=mu)
+    else:
+        params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
+    return params
+
+
+def _ef21_params(
+    problem: Problem,
+    compressor: Compressor,
+    *,
+    rounds: int,
+    seed: int,
+    gamma: float | None,
+    gamma_multiplier: float,
+    pl: bool,
+    constants: str,
+    float_bits: int,
+    record_every: int,
+) -> dict[str, Any]:
+    """Validate an EF21 run and choose its step; shared by the simulator and the MPI backend."""
+    n, d = _check_compressor(problem, compressor)
+    _check_run_args(rounds, record_every, gamma, gamma_multiplier)
+    check_int(float_bits, "float_bits", low=1)
+    check_seed(seed)
+    alpha = compressor.alpha(d)
+    if alpha is None:
+        raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
+    params: dict[str, Any] = {"method": "ef21", "compressor": compressor.name, "n": n, "d": d, "alpha": alpha,
+                              "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
+    if gamma is None:
+        c = _constants(problem, constants)
+        mu = c.get("mu") if pl else None
+        if pl and mu is None:
+            raise ValueError("pl=True needs the problem's PL constant mu")
+        params.update(c, constants=constants, gamma_source="EF21 PL theorem" if pl else "EF21 theorem")
+        params["gamma"] = gamma_multiplier * ef21_stepsize(alpha, c["L_minus"], c["L_plus"], mu=mu)
+    else:
+        params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
+    return params
+
+
+def marina_round_bits(compressor: Compressor, n: int, d: int, p: float, float_bits: int) -> tuple[float, float, float]:
+    """Bits one worker sends in a MARINA round: ``(full round, compressed round, expected)``,
+    the expectation being ``p·d·float_bits + (1 − p)·E[message bits]``."""
+    full = float(d * float_bits)
+    expected = p * full + (1 - p) * compressor.expected_bits_per_worker(n, d, float_bits=float_bits)
+    return full, float(compressor.bits_per_worker(n, d, float_bits=float_bits)), expected
+
+
 def marina(
     problem: Problem,
     compressor: Compressor,
@@ -459,42 +546,19 @@ def marina(
         (all local gradients, then ``compressor.aggregate``) or ``"auto"`` (the fastest available).
     state : resume from a state (e.g. ``result.state``); the run continues its rounds exactly.
     """
-    n, d = _check_compressor(problem, compressor)
-    _check_run_args(rounds, record_every, gamma, gamma_multiplier)
-    check_int(float_bits, "float_bits", low=1)
-    ab = compressor.ab_constants(n, d)
-    if ab is None or not compressor.is_unbiased:
-        raise ValueError(f"MARINA needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
-    A, B = ab
-    zeta_bits = compressor.bits_per_worker(n, d, float_bits=float_bits)
-    if p is None:
-        p = min(1.0, zeta_bits / (d * float_bits))
-    if not (isinstance(p, (int, float)) and 0 < p <= 1):
-        raise ValueError(f"p must be in (0, 1], got {p}")
-    p = float(p)
-    params: dict[str, Any] = {"method": _method, "compressor": compressor.name, "n": n, "d": d, "p": p, "A": A, "B": B,
-                              "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
-    if gamma is None:
-        c = _constants(problem, constants)
-        mu = c.get("mu") if pl else None
-        if pl and mu is None:
-            raise ValueError("pl=True needs the problem's PL constant mu")
-        gamma = gamma_multiplier * marina_stepsize(A, B, c["L_minus"], c["L_plus"], c["L_pm"], p, mu=mu)
-        params.update(c, constants=constants, gamma_source="Theorem AB-PL" if pl else "Theorem AB")
-    else:
-        gamma = gamma * gamma_multiplier
-        params.update(gamma_source="user")
-    params["gamma"] = gamma
+    params = _marina_params(problem, compressor, rounds=rounds, seed=seed, gamma=gamma, p=p, gamma_multiplier=gamma_multiplier,
+                            pl=pl, constants=constants, float_bits=float_bits, record_every=record_every, method=_method)
+    n, d, gamma, p = params["n"], params["d"], params["gamma"], params["p"]
     if state is None:
         x_init = problem.x0 if x0 is None else x0
         state = marina_init(x_init, problem.grad(np.asarray(x_init, dtype=np.float64)), seed=seed)
     elif not isinstance(state, MarinaState):
         raise TypeError("state must be a MarinaState (e.g. result.state of an earlier marina run)")
+    elif state.seed != check_seed(seed):
+        raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
     step, used = _simulated_marina_step(problem, compressor, gamma=gamma, p=p, path=path, seed=state.seed)
     params["path"] = used
-    full_bits = float(d * float_bits)
-    tail_bits = float(zeta_bits)
-    expected = p * full_bits + (1 - p) * compressor.expected_bits_per_worker(n, d, float_bits=float_bits)
+    full_bits, tail_bits, expected = marina_round_bits(compressor, n, d, p, float_bits)
     return _drive(method=_method, problem=problem, compressor=compressor, state=state, step=step,
                   round_bits=lambda heads: full_bits if heads else tail_bits, expected_round_bits=expected,
                   rounds=rounds, record_every=record_every, progress=progress, params=params)
@@ -544,35 +608,37 @@ def ef21(
     :func:`ef21_stepsize`. Bits count the TopK indices (``⌈log2 d⌉`` each) unless
     ``count_indices=False``.
     """
-    n, d = _check_compressor(problem, compressor)
-    _check_run_args(rounds, record_every, gamma, gamma_multiplier)
-    alpha = compressor.alpha(d)
-    if alpha is None:
-        raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
-    params: dict[str, Any] = {"method": "ef21", "compressor": compressor.name, "n": n, "d": d, "alpha": alpha,
-                              "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
-    if gamma is None:
-        c = _constants(problem, constants)
-        mu = c.get("mu") if pl else None
-        if pl and mu is None:
-            raise ValueError("pl=True needs the problem's PL constant mu")
-        gamma = gamma_multiplier * ef21_stepsize(alpha, c["L_minus"], c["L_plus"], mu=mu)
-        params.update(c, constants=constants, gamma_source="EF21 PL theorem" if pl else "EF21 theorem")
-    else:
-        gamma = gamma * gamma_multiplier
-        params.update(gamma_source="user")
-    params["gamma"] = gamma
+    params = _ef21_params(problem, compressor, rounds=rounds, seed=seed, gamma=gamma, gamma_multiplier=gamma_multiplier,
+                          pl=pl, constants=constants, float_bits=float_bits, record_every=record_every)
+    n, d, gamma = params["n"], params["d"], params["gamma"]
     if state is None:
         x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
         state = ef21_init(x_init, problem.local_grads(x_init), seed=seed)
     elif not isinstance(state, EF21State):
         raise TypeError("state must be an EF21State (e.g. result.state of an earlier ef21 run)")
+    elif state.seed != check_seed(seed):
+        raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
 
     def step(s: EF21State) -> tuple[EF21State, None]:
         new = ef21_update(s, gamma=gamma, local_grads=problem.local_grads,
                           compress_rows=lambda D, t: compressor.compress_all(D, seed=s.seed, round=t),
                           mean=lambda C: C.sum(axis=0) / n)
         return new, None
+
+    params["path"] = "dense"
+    if isinstance(problem, SyntheticQuadratic) and type(compressor) is TopK:
+        # Fused Rust round (same iterates bit for bit): local gradients row by row, G in place.
+        # G is copied once per call, so the caller's state is never mutated.
+        own: dict[str, Array] = {}
+
+        def step(s: EF21State) -> tuple[EF21State, None]:  # noqa: F811
+            if own.get("G") is not s.G:
+                own["G"] = np.array(s.G, dtype=np.float64, order="C")
+            x, g = s.x.copy(), s.g.copy()
+            problem._kernel.ef21_topk_round(x, g, own["G"], gamma, compressor.k)
+            return replace(s, x=x, g=g, G=own["G"], round=s.round + 1), None
+
+        params["path"] = "rust"
 
     bits = float(compressor.bits_per_worker(n, d, float_bits=float_bits, indices=count_indices))
     expected = compressor.expected_bits_per_worker(n, d, float_bits=float_bits, indices=count_indices)

@@ -1,0 +1,60 @@
+"""Argument errors of the MPI drivers on one process (``python errors.py``): prints one line
+``name|ExceptionType|message`` per bad call."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+import permk
+import permk.distributed as pd
+
+
+class NoConstants:
+    n, d, workers = 2, 4, range(2)
+    x0 = np.zeros(4)
+
+    def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
+        return x - i
+
+
+def main() -> None:
+    q = permk.Quadratic.synthetic(n=2, d=6, lam=1e-3, noise_scale=0.1, seed=0)
+    v = pd.LocalView(q)
+    calls: dict[str, Callable[[], Any]] = {
+        "global_problem": lambda: pd.marina(q, permk.PermK(), rounds=3, seed=0),
+        "mode": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, mode="ring"),  # type: ignore[arg-type]
+        "reduce": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, reduce="tree"),  # type: ignore[arg-type]
+        "path": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, path="rust"),
+        "topk_marina": lambda: pd.marina(v, permk.TopK(2), rounds=3, seed=0),
+        "permk_ef21": lambda: pd.ef21(v, permk.PermK(), rounds=3, seed=0),
+        "rounds": lambda: pd.marina(v, permk.PermK(), rounds=0, seed=0),
+        "seed": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=None),  # type: ignore[arg-type]
+        "no_constants": lambda: pd.marina(NoConstants(), permk.PermK(), rounds=3, seed=0),
+        "state": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, state="nope"),  # type: ignore[arg-type]
+        "x0": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, x0=np.zeros(5)),
+        "ef21_state_rows": lambda: pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=permk.EF21State(
+            x=np.zeros(6), g=np.zeros(6), G=np.zeros((3, 6)), round=0, seed=0)),
+        "resume_seed": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=1, state=permk.marina_init(q.x0, q.grad(q.x0), seed=2)),
+        "not_held": lambda: pd.LocalView(q, workers=[1]).local_grad(0, q.x0),
+        "not_contiguous": lambda: pd.LocalView(permk.Quadratic.synthetic(n=4, d=6, lam=1e-3, noise_scale=0.1), workers=[0, 2]),
+    }
+    for name, call in calls.items():
+        try:
+            call()
+            print(f"{name}|no error|", flush=True)
+        except Exception as e:
+            print(f"{name}|{type(e).__name__}|{e}", flush=True)
+    # a run that works on one process, resumed from its state: the same as one long run
+    a = pd.marina(v, permk.PermK(), rounds=10, seed=3)
+    b = pd.marina(v, permk.PermK(), rounds=6, seed=3)
+    b = pd.marina(v, permk.PermK(), rounds=4, seed=3, state=b.state)
+    print(f"resume|{np.array_equal(a.x, b.x)}|")
+    s = permk.ef21(q, permk.TopK(2), rounds=5, seed=0)
+    e = pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=s.state, reduce="ordered")
+    print(f"ef21_resume_from_simulator|{e.state.round == 8 and e.state.G.shape == (2, 6)}|")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Failure modes of an MPI run: ``mpiexec -n 4 python fail.py KIND``.
+
+* ``raise_in_round``: rank 2's local gradient raises in round 3 of a MARINA run;
+* ``excepthook``: rank 1's own script raises before the run, with install_excepthook();
+* ``bad_workers``: every rank holds one worker of n=8 (the blocks must be 2 per rank);
+* ``too_few_workers``: n=3 workers on 4 processes;
+* ``disagree``: the ranks pass different seeds.
+
+Each must end the job with a non-zero exit and the error on stderr, never hang.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import permk
+import permk.distributed as pd
+
+
+class Flaky(pd.LocalView):
+    """A local view whose gradient raises on rank 2 after a few calls."""
+
+    calls = 0
+
+    def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
+        self.calls += 1
+        if MPI.COMM_WORLD.rank == 2 and self.calls > 4:
+            raise FloatingPointError("worker 2's data is corrupt (injected failure)")
+        return super().local_grad(i, x)
+
+
+def main(kind: str) -> None:
+    comm = MPI.COMM_WORLD
+    q = permk.Quadratic.synthetic(n=8 if kind == "bad_workers" else 4, d=16, lam=1e-3, noise_scale=0.1, seed=0)
+    if kind == "raise_in_round":
+        pd.marina(Flaky(q), permk.PermK(), rounds=50, seed=1, path="dense")
+    elif kind == "excepthook":
+        pd.install_excepthook()
+        if comm.rank == 1:
+            raise KeyError("rank 1 could not load its shard (injected failure)")
+        pd.marina(pd.LocalView(q), permk.PermK(), rounds=5, seed=1)
+    elif kind == "bad_workers":
+        pd.marina(pd.LocalView(q, workers=[comm.rank]), permk.PermK(), rounds=5, seed=1)
+    elif kind == "too_few_workers":
+        q3 = permk.Quadratic.synthetic(n=3, d=16, lam=1e-3, noise_scale=0.1, seed=0)
+        pd.marina(pd.LocalView(q3), permk.PermK(), rounds=5, seed=1)
+    elif kind == "disagree":
+        pd.marina(pd.LocalView(q), permk.PermK(), rounds=5, seed=comm.rank)
+    else:
+        raise SystemExit(f"unknown kind {kind}")
+    print(f"rank {comm.rank}: finished (unexpected)", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
