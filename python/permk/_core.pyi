@@ -54,4 +54,12 @@ class Tridiagonal:
         seed: int,
         round: int,
     ) -> bool: ...
+    def ef21_topk_round(
+        self,
+        x: npt.NDArray[np.float64],
+        g: npt.NDArray[np.float64],
+        gmat: npt.NDArray[np.float64],
+        gamma: float,
+        k: int,
+    ) -> None: ...
     def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]: ...

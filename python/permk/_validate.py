@@ -12,7 +12,10 @@ _U64 = 2**64
 
 def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None) -> int:
     """``value`` as a Python int in ``[low, high)`` (``high=None``: below 2**64)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if type(value) is int:  # the common case, without the slower ABC checks below
+        if low <= value < (_U64 if high is None else high):
+            return value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}")
     v = int(value)
     hi = _U64 if high is None else high

@@ -534,9 +534,15 @@ class QSGD(_Quantizer):
 class Compose(_RustCompressor):
     """``C_i ∘ Q_i``: quantize, then sparsify (Lemma "Composition").
 
-    If ``{C_i} ∈ U(A, B)`` and ``Q_i ∈ U(ω)`` are independent of the ``C_i``, then
-    ``{C_i ∘ Q_i} ∈ U((ω+1)A, B)``. Only the sent coordinates are quantized (QSGD uses the norm
-    of the worker's whole input, as ``Q_i`` acts on it before sparsification).
+    If ``{C_i} ∈ U(A, B)`` and ``Q_i ∈ U(ω)`` are independent of the ``C_i``, the paper's Lemma
+    "Composition" states ``{C_i ∘ Q_i} ∈ U((ω+1)A, B)``. Its proof bounds the deviation from the
+    *quantized* mean ``(1/n) Σ Q_i(a_i)``; the deviation of that mean from ``ā`` adds
+    ``(1 − B) E‖(1/n) Σ Q_i(a_i) − ā‖² ≤ (1 − B)(ω/n)(1/n) Σ‖a_i‖²`` (the ``Q_i`` are independent
+    across workers here). So ``ab_constants`` returns ``((ω+1)A + (1−B)ω/n, B)``: the paper's
+    constants when ``B = 1`` (PermK, ``d ≥ n``), and e.g. ``(((ω+1)(ω_C+1) − 1)/n, 0)`` for
+    independent RandK (``A = ω_C/n, B = 0``). (For PermK with ``n = 2, d = 1``, ``A = B = 0``
+    and the paper's constants would claim zero variance.) Only the sent coordinates are
+    quantized (QSGD uses the norm of the worker's whole input, as ``Q_i`` acts on it first).
 
     >>> Compose(PermK(), NaturalCompression()).ab_constants(4, 40)
     (1.125, 1.0)
@@ -564,7 +570,9 @@ class Compose(_RustCompressor):
         ab = self.sparsifier.ab_constants(n, d)
         if ab is None:
             return None
-        return ((self.quantizer.omega(d) + 1.0) * ab[0], ab[1])
+        a, b = ab
+        w = self.quantizer.omega(d)
+        return ((w + 1.0) * a + max(0.0, 1.0 - b) * w / n, b)
 
     def omega(self, d: int, n_workers: int | None = None) -> float | None:
         w = self.sparsifier.omega(d, n_workers)

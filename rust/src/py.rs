@@ -48,10 +48,7 @@ fn arr1<'py>(a: &Bound<'py, PyAny>, name: &str) -> PyResult<Arr1<'py>> {
 }
 
 fn plan_arrays<'py>(py: Python<'py>, plan: RoundPlan, d: usize) -> PlanArrays<'py> {
-    let (offsets, coords, scales) = match plan {
-        RoundPlan::All { n } => ((0..=n).map(|i| i * d).collect(), (0..n).flat_map(|_| 0..d as u32).collect(), vec![1.0; n]),
-        RoundPlan::Csr { offsets, coords, scales } => (offsets, coords, scales),
-    };
+    let (offsets, coords, scales) = plan.to_csr(d);
     (
         Array1::from(offsets.into_iter().map(|o| o as i64).collect::<Vec<_>>()).into_pyarray(py),
         Array1::from(coords.into_iter().map(i64::from).collect::<Vec<_>>()).into_pyarray(py),
@@ -206,7 +203,7 @@ fn block_plan_from_permutation<'py>(py: Python<'py>, labels: Vec<u32>, pi: Vec<u
         coords.extend(b);
         offsets.push(coords.len());
     }
-    Ok(plan_arrays(py, compress::block_plan(n, &offsets, &coords, &pi), d))
+    Ok(plan_arrays(py, compress::block_plan(n, offsets, coords, pi), d))
 }
 
 /// The synthetic quadratic's oracles (Algorithm 1): `A_i = a_i T + c I`, `b_i = beta_i e_1`.
@@ -260,6 +257,21 @@ impl PyTridiagonal {
     ) -> PyResult<bool> {
         let (x, g) = (x.as_array_mut(), g.as_array_mut());
         Ok(py.detach(|| self.0.marina_round(&spec.0, x, g, gamma, p, seed, round))?)
+    }
+
+    /// One fused EF21 + TopK(`k`) round in place on `x`, `g` (float64) and the `(n, d)`
+    /// C-contiguous float64 array `G` of the workers' estimators (issue 5).
+    fn ef21_topk_round(
+        &self,
+        py: Python<'_>,
+        mut x: PyReadwriteArray1<'_, f64>,
+        mut g: PyReadwriteArray1<'_, f64>,
+        mut gmat: numpy::PyReadwriteArray2<'_, f64>,
+        gamma: f64,
+        k: usize,
+    ) -> PyResult<()> {
+        let (x, g, gmat) = (x.as_array_mut(), g.as_array_mut(), gmat.as_array_mut());
+        Ok(py.detach(|| self.0.ef21_topk_round(x, g, gmat, gamma, k))?)
     }
 
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.

@@ -2,7 +2,8 @@
 //! generation"): `f_i(x) = ½ xᵀA_i x − xᵀb_i` with `A_i = a_i T + c I`, `T = tridiag(−1, 2, −1)`
 //! and `b_i = β_i e_1`. It stores `O(n)` numbers; every oracle costs `O(1)` per coordinate.
 
-use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut1};
+use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut1, ArrayViewMut2};
+use rayon::prelude::*;
 
 use crate::compress::{self, RoundPlan, Spec};
 use crate::error::{CoreError, Result};
@@ -178,6 +179,140 @@ impl Tridiagonal {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fused EF21 + TopK round (issue 5: makes the paper's full EF21 grid feasible at n = 10^4).
+// ---------------------------------------------------------------------------------------------
+
+/// `n·d` at least this large runs the workers of [`Tridiagonal::ef21_topk_round`] on rayon.
+const EF21_PAR_MIN: usize = 1 << 16;
+
+/// Worker `i`'s TopK message in one EF21 round: `(coordinate, value)` pairs, or the first
+/// non-finite coordinate.
+enum Ef21Msg {
+    Top1(u32, f64),
+    TopK(Vec<(u32, f64)>),
+    NonFinite,
+}
+
+impl Tridiagonal {
+    /// One EF21 round with TopK(`k`) in place, without ever forming the `(n, d)` local gradients:
+    /// `x ← x − γ g`; worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly, sends
+    /// `c_i = TopK_k(r_i)` (largest magnitudes, ties: lower index), and sets `G_i ← G_i + c_i`;
+    /// `g ← g + (1/n) Σ_i c_i` (summed in worker order, then divided by `n`). Bit for bit the
+    /// dense round `ef21_update(local_grads, TopK.compress_all, C.sum(0)/n)`. Workers run on rayon
+    /// when `n·d` is large; the reduction is sequential, so the result does not depend on the
+    /// number of threads. A non-finite residual sets `g` to NaN (the driver reports divergence).
+    pub fn ef21_topk_round(
+        &self,
+        mut x: ArrayViewMut1<f64>,
+        mut g: ArrayViewMut1<f64>,
+        mut gmat: ArrayViewMut2<f64>,
+        gamma: f64,
+        k: usize,
+    ) -> Result<()> {
+        let d = x.len();
+        let n = self.n();
+        if g.len() != d {
+            return Err(CoreError::invalid("g", "x and g must have the same length"));
+        }
+        if gmat.dim() != (n, d) {
+            return Err(CoreError::invalid("G", format!("G must have shape ({n}, {d}), got {:?}", gmat.dim())));
+        }
+        if k == 0 || k > d {
+            return Err(CoreError::invalid("k", format!("k must be in [1, d = {d}], got {k}")));
+        }
+        x.zip_mut_with(&g, |xi, gi| *xi -= gamma * gi);
+        let mut buf = Vec::new();
+        let xs = contiguous(&x.view(), &mut buf).to_vec();
+        let tx: Vec<f64> = (0..d).map(|j| t_at(&xs, j)).collect();
+        let cx: Vec<f64> = xs.iter().map(|&v| self.c * v).collect();
+        let rows = gmat
+            .as_slice_mut()
+            .ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
+        let worker = |i: usize, row: &mut [f64]| -> Ef21Msg {
+            let (ai, bi) = (self.a[i], self.beta[i]);
+            let r_at = |j: usize, gij: f64| {
+                let v = ai * tx[j] + cx[j];
+                (if j == 0 { v - bi } else { v }) - gij
+            };
+            if k == 1 {
+                // Pass 1: the largest |r_j| (8 independent lanes, so it vectorizes) and a NaN
+                // probe (r·0 is NaN iff r is not finite); pass 2: its first index.
+                let r0 = r_at(0, row[0]);
+                let (mut lanes, mut probe) = ([0.0f64; 8], [0.0f64; 8]);
+                let (tx1, cx1, g1) = (&tx[1..], &cx[1..], &row[1..]);
+                let mut tail_best = 0.0f64;
+                let mut tail_probe = 0.0f64;
+                let chunks = g1.len() / 8;
+                for ((gc, tc), cc) in g1.chunks_exact(8).zip(tx1.chunks_exact(8)).zip(cx1.chunks_exact(8)) {
+                    let gc: &[f64; 8] = gc.try_into().expect("chunk of 8");
+                    let tc: &[f64; 8] = tc.try_into().expect("chunk of 8");
+                    let cc: &[f64; 8] = cc.try_into().expect("chunk of 8");
+                    for l in 0..8 {
+                        let r = (ai * tc[l] + cc[l]) - gc[l];
+                        let m = r.abs();
+                        lanes[l] = if m > lanes[l] { m } else { lanes[l] };
+                        probe[l] += r * 0.0;
+                    }
+                }
+                for j in chunks * 8..g1.len() {
+                    let r = (ai * tx1[j] + cx1[j]) - g1[j];
+                    tail_best = if r.abs() > tail_best { r.abs() } else { tail_best };
+                    tail_probe += r * 0.0;
+                }
+                let best = lanes.iter().fold(tail_best.max(r0.abs()), |m, &v| if v > m { v } else { m });
+                let nan = probe.iter().sum::<f64>() + tail_probe + r0 * 0.0;
+                if !nan.is_finite() || !best.is_finite() {
+                    return Ef21Msg::NonFinite;
+                }
+                let (bj, bv) = if r0.abs() == best {
+                    (0, r0)
+                } else {
+                    (1..d).map(|j| (j, r_at(j, row[j]))).find(|(_, r)| r.abs() == best).expect("the maximum is attained")
+                };
+                row[bj] += bv;
+                Ef21Msg::Top1(bj as u32, bv)
+            } else {
+                let mut keyed: Vec<(f64, u32, f64)> = Vec::with_capacity(d);
+                for (j, gij) in row.iter().enumerate() {
+                    let r = r_at(j, *gij);
+                    if !r.is_finite() {
+                        return Ef21Msg::NonFinite;
+                    }
+                    keyed.push((r.abs(), j as u32, r));
+                }
+                if k < d {
+                    keyed.select_nth_unstable_by(k - 1, |a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+                }
+                let sel: Vec<(u32, f64)> = keyed[..k].iter().map(|&(_, j, r)| (j, r)).collect();
+                for &(j, r) in &sel {
+                    row[j as usize] += r;
+                }
+                Ef21Msg::TopK(sel)
+            }
+        };
+        let msgs: Vec<Ef21Msg> = if n >= 2 && n * d >= EF21_PAR_MIN {
+            rows.par_chunks_mut(d).enumerate().map(|(i, row)| worker(i, row)).collect()
+        } else {
+            rows.chunks_mut(d).enumerate().map(|(i, row)| worker(i, row)).collect()
+        };
+        let mut acc = vec![0.0f64; d];
+        for m in &msgs {
+            match m {
+                Ef21Msg::Top1(j, v) => acc[*j as usize] += v,
+                Ef21Msg::TopK(sel) => sel.iter().for_each(|&(j, v)| acc[j as usize] += v),
+                Ef21Msg::NonFinite => {
+                    g.fill(f64::NAN);
+                    return Ok(());
+                }
+            }
+        }
+        let nf = n as f64;
+        g.zip_mut_with(&Array1::from(acc), |gi, ai| *gi += ai / nf);
+        Ok(())
+    }
+}
+
 /// Solves the symmetric tridiagonal system `(ā T + c I) x = rhs` (Thomas algorithm, `O(d)`).
 pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Vec<f64> {
     let d = rhs.len();
@@ -246,6 +381,39 @@ mod tests {
         for j in 0..5 {
             let tx = t_at(&x, j);
             assert!((0.25 * tx + 0.1 * x[j] - rhs[j]).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn ef21_topk_round_matches_dense() {
+        let q = problem();
+        let d = 7;
+        let x0 = arr1(&[1.0, -2.0, 0.5, 3.0, 0.0, 1.5, -0.5]);
+        for k in [1usize, 3] {
+            let mut gm = q.local_grads(x0.view());
+            let mut g = gm.mean_axis(ndarray::Axis(0)).unwrap();
+            let mut x = x0.clone();
+            for _ in 0..5 {
+                // the dense reference
+                let x_new = &x - &(0.3 * &g);
+                let r = q.local_grads(x_new.view()) - &gm;
+                let mut c = Array2::<f64>::zeros((3, d));
+                for i in 0..3 {
+                    let mut idx: Vec<usize> = (0..d).collect();
+                    idx.sort_by(|&a, &b| r[[i, b]].abs().partial_cmp(&r[[i, a]].abs()).unwrap().then(a.cmp(&b)));
+                    for &j in &idx[..k] {
+                        c[[i, j]] = r[[i, j]];
+                    }
+                }
+                let g_ref = &g + &(c.sum_axis(ndarray::Axis(0)) / 3.0);
+                let gm_ref = &gm + &c;
+                q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.view_mut(), 0.3, k).unwrap();
+                assert_eq!(x, x_new);
+                for j in 0..d {
+                    assert!((g[j] - g_ref[j]).abs() <= 1e-12 * (1.0 + g_ref[j].abs()));
+                }
+                assert_eq!(gm, gm_ref);
+            }
         }
     }
 

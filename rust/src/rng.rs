@@ -7,7 +7,7 @@
 //! recomputes it identically, on any thread count.
 
 use rand::RngExt;
-use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Marker for randomness shared by all workers.
@@ -39,14 +39,43 @@ pub fn stream(seed: u64, purpose: Purpose, worker: u64, round: u64) -> ChaCha8Rn
 }
 
 /// Uniform integer in `0..=hi`, unbiased (rand's `unbiased` feature: Lemire's widening
-/// multiply with rejection).
-#[inline]
+/// multiply with Canon's correction).
+#[inline(always)]
 fn below_inclusive(rng: &mut ChaCha8Rng, hi: usize) -> usize {
     if hi <= u32::MAX as usize {
-        rng.random_range(0..=hi as u32) as usize
+        below_inclusive_u32(rng, hi as u32) as usize
     } else {
         rng.random_range(0..=hi as u64) as usize
     }
+}
+
+/// `rng.random_range(0..=hi)` for `u32` exactly as rand 0.10 computes it with the `unbiased`
+/// feature (Canon's method on `next_u32` draws), written out so that the shuffles' hot loops
+/// never depend on the compiler inlining rand's generic code. The outputs are identical (see
+/// the test `bounded_draws_match_rand`).
+#[inline(always)]
+fn below_inclusive_u32(rng: &mut ChaCha8Rng, hi: u32) -> u32 {
+    let range = hi.wrapping_add(1);
+    if range == 0 {
+        return rng.next_u32();
+    }
+    let wmul = |x: u32| {
+        let t = x as u64 * range as u64;
+        ((t >> 32) as u32, t as u32)
+    };
+    let (mut result, mut lo) = wmul(rng.next_u32());
+    while lo > range.wrapping_neg() {
+        let (new_hi, new_lo) = wmul(rng.next_u32());
+        match lo.checked_add(new_hi) {
+            Some(x) if x < u32::MAX => break,
+            None => {
+                result += 1;
+                break;
+            }
+            _ => lo = new_lo,
+        }
+    }
+    result
 }
 
 /// In-place Fisher–Yates (Durstenfeld) shuffle: `O(len)` work and `len - 1` bounded draws.
@@ -54,6 +83,20 @@ pub fn shuffle<T>(rng: &mut ChaCha8Rng, v: &mut [T]) {
     for i in (1..v.len()).rev() {
         let j = below_inclusive(rng, i);
         v.swap(i, j);
+    }
+}
+
+/// [`shuffle`] (the same draws, the same result) calling `visit(i, v[i])` as soon as entry `i`
+/// is final: for `i = len−1, …, 1` right after step `i`, then for `i = 0`.
+#[inline]
+pub fn shuffle_visit<T: Copy>(rng: &mut ChaCha8Rng, v: &mut [T], mut visit: impl FnMut(usize, T)) {
+    for i in (1..v.len()).rev() {
+        let j = below_inclusive(rng, i);
+        v.swap(i, j);
+        visit(i, v[i]);
+    }
+    if let Some(&v0) = v.first() {
+        visit(0, v0);
     }
 }
 
@@ -79,6 +122,98 @@ pub fn sample_without_replacement(rng: &mut ChaCha8Rng, buf: &mut [u32], k: usiz
     }
     for &(i, j) in swaps.iter().rev() {
         buf.swap(i, j);
+    }
+}
+
+/// Draws uniform `k`-subsets of `0..d` in uniform order: the first `k` entries of a partial
+/// Fisher–Yates shuffle of the identity, exactly as [`sample_without_replacement`] computes
+/// them (same draws, same output), in `O(k)` per sample. For `d` large against `k` the
+/// shuffled identity is not stored: a small open-addressing table keeps the displaced
+/// positions only (so no `O(d)` buffer is built or touched at random).
+pub struct Sampler {
+    d: usize,
+    /// Dense mode: the identity (restored after every sample) and the swaps to undo.
+    dense: Vec<u32>,
+    swaps: Vec<(u32, u32)>,
+    /// Sparse mode: position -> value of the displaced positions (`EMPTY` keys are free).
+    keys: Vec<u32>,
+    vals: Vec<u32>,
+    shift: u32,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+impl Sampler {
+    /// A sampler of `k`-subsets (`1 <= k <= d < 2^32`).
+    pub fn new(d: usize, k: usize) -> Self {
+        let sparse = d > 4096 && d > 16 * k;
+        let (keys, vals, shift) = if sparse {
+            let cap = (2 * k).next_power_of_two().max(16);
+            (vec![EMPTY; cap], vec![0; cap], 64 - cap.trailing_zeros())
+        } else {
+            (Vec::new(), Vec::new(), 0)
+        };
+        let dense = if sparse { Vec::new() } else { (0..d as u32).collect() };
+        Sampler { d, dense, swaps: Vec::with_capacity(if sparse { 0 } else { k }), keys, vals, shift }
+    }
+
+    #[inline]
+    fn slot(&self, pos: u32) -> usize {
+        ((pos as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift) as usize
+    }
+
+    #[inline]
+    fn get(&self, pos: u32) -> u32 {
+        let mask = self.keys.len() - 1;
+        let mut i = self.slot(pos);
+        loop {
+            match self.keys[i] {
+                k if k == pos => return self.vals[i],
+                EMPTY => return pos,
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    #[inline]
+    fn set(&mut self, pos: u32, val: u32) {
+        let mask = self.keys.len() - 1;
+        let mut i = self.slot(pos);
+        while self.keys[i] != pos && self.keys[i] != EMPTY {
+            i = (i + 1) & mask;
+        }
+        self.keys[i] = pos;
+        self.vals[i] = val;
+    }
+
+    /// A uniform `k`-subset in uniform order into `out` (`k` at most the `k` of [`Self::new`]).
+    pub fn sample(&mut self, rng: &mut ChaCha8Rng, k: usize, out: &mut Vec<u32>) {
+        let d = self.d;
+        out.clear();
+        if self.keys.is_empty() {
+            for i in 0..k {
+                let j = i + below_inclusive(rng, d - 1 - i);
+                self.dense.swap(i, j);
+                self.swaps.push((i as u32, j as u32));
+                out.push(self.dense[i]);
+            }
+            for &(i, j) in self.swaps.iter().rev() {
+                self.dense.swap(i as usize, j as usize);
+            }
+            self.swaps.clear();
+        } else {
+            debug_assert!(2 * k <= self.keys.len());
+            for i in 0..k {
+                let j = i + below_inclusive(rng, d - 1 - i);
+                let vj = self.get(j as u32);
+                if j != i {
+                    let vi = self.get(i as u32);
+                    self.set(j as u32, vi);
+                }
+                out.push(vj);
+            }
+            self.keys.fill(EMPTY);
+        }
     }
 }
 
@@ -142,6 +277,38 @@ mod tests {
         s.dedup();
         assert_eq!(s.len(), 7);
         assert!(s.iter().all(|&j| j < 20));
+    }
+
+    #[test]
+    fn bounded_draws_match_rand() {
+        let mut a = stream(5, Purpose::Permutation, SHARED, 0);
+        let mut b = a.clone();
+        for i in 0..200_000u64 {
+            // small, large and near-2^32 ranges (where Canon's correction kicks in often)
+            let hi = match i % 4 {
+                0 => (i % 97) as u32,
+                1 => (i * 7919 % 1_000_003) as u32,
+                2 => u32::MAX - (i % 1000) as u32,
+                _ => (3u64 << 30) as u32 + (i % 5) as u32,
+            };
+            assert_eq!(below_inclusive_u32(&mut a, hi), b.random_range(0..=hi), "i = {i}, hi = {hi}");
+        }
+    }
+
+    #[test]
+    fn sampler_matches_the_dense_partial_shuffle() {
+        for (d, k) in [(1usize, 1usize), (5, 5), (4097, 3), (10_000, 1), (10_000, 600), (100_000, 100), (70_000, 4375)] {
+            let mut buf: Vec<u32> = (0..d as u32).collect();
+            let mut sampler = Sampler::new(d, k);
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for round in 0..20 {
+                let kk = 1 + (round as usize * 7919) % k;
+                sample_without_replacement(&mut stream(9, Purpose::RandK, 3, round), &mut buf, kk, &mut a);
+                sampler.sample(&mut stream(9, Purpose::RandK, 3, round), kk, &mut b);
+                assert_eq!(a, b, "d={d} k={kk}");
+            }
+            assert_eq!(buf, (0..d as u32).collect::<Vec<u32>>());
+        }
     }
 
     #[test]

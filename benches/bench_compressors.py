@@ -1,0 +1,156 @@
+"""Microbenchmark: the Rust aggregation kernels against plain-numpy references (issue 2).
+
+Times, in one run, ``c.aggregate(A, seed=s, round=t)`` (the server's average
+``(1/n) Σ_i C_i(A[i])`` through the public Python API) against numpy written the obvious way:
+
+* PermK: ``rng.permutation`` + fancy indexing (vectorised: the owner of every coordinate, then
+  one gather ``A[owner, arange(d)]``; for ``n > d`` the active workers' coordinates, a gather
+  and ``np.bincount``);
+* RandK: a per-worker ``rng.choice(d, k, replace=False)`` loop;
+* TopK: ``np.argpartition`` on ``|A|`` row-wise (vectorised on the matrix), a gather and
+  ``np.bincount``;
+
+plus, for PermK, two "random gather of d elements" baselines (indices precomputed, not timed):
+``x[idx]`` with ``x`` a float64 vector of length ``d`` and ``idx`` a random permutation of
+``range(d)``, and ``A.ravel()[idx]`` with ``idx`` d random positions of the ``(n, d)`` input —
+the scattered reads PermK's aggregate cannot avoid (one value per coordinate, from a random
+worker's row). RandK and TopK use ``k = max(1, d // n)`` (the
+same number of values per worker as PermK). Every time is the best of several repetitions
+(``time.perf_counter``); short calls are looped so one measurement lasts >= ~20 ms.
+
+Targets (issue 2): PermK >= 4x numpy at (100, 10^6) and within 2x of the gather; RandK >= 20x;
+TopK >= 10x. Run::
+
+    python benches/bench_compressors.py           # all five (n, d); ~1-2 min, ~1 GB of RAM
+    python benches/bench_compressors.py --quick   # a small subset, a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from typing import Callable
+
+import numpy as np
+
+import permk
+
+FULL = [(10, 10**3), (10**3, 10**3), (10**3, 10**5), (100, 10**6), (10**4, 10**3)]
+QUICK = [(10, 10**3), (10**3, 10**3), (100, 10**5)]
+TARGETS = {"PermK": 4.0, "RandK": 20.0, "TopK": 10.0}
+
+
+def best_time(fn: Callable[[int], object], repeat: int, min_time: float = 0.02) -> float:
+    """Best per-call time of ``fn(t)`` over ``repeat`` measurements (``t`` varies the round)."""
+    t0 = time.perf_counter()
+    fn(0)
+    first = time.perf_counter() - t0
+    number = max(1, int(min_time / max(first, 1e-9)))
+    best = float("inf")
+    t = 1
+    for _ in range(repeat):
+        start = time.perf_counter()
+        for _ in range(number):
+            fn(t)
+            t += 1
+        best = min(best, (time.perf_counter() - start) / number)
+    return best
+
+
+# -- numpy references ---------------------------------------------------------------------
+
+
+def permk_numpy(A: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    n, d = A.shape
+    if d >= n:
+        k, r = divmod(d, n)
+        pi = rng.permutation(d)
+        owner = np.empty(d, dtype=np.intp)
+        owner[pi[: k * n]] = np.arange(k * n) // k
+        if r:
+            owner[pi[k * n :]] = rng.permutation(n)[:r]
+        return A[owner, np.arange(d)] * float(n) / n  # (1/n) Σ_i n·A[i, coords_i]
+    q = n // d
+    pi = rng.permutation(n)
+    active = np.flatnonzero(pi < q * d)
+    coord = pi[active] // q
+    return np.bincount(coord, weights=A[active, coord], minlength=d) * (n / q) / n
+
+
+def randk_numpy(A: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    n, d = A.shape
+    out = np.zeros(d)
+    for i in range(n):
+        idx = rng.choice(d, k, replace=False)
+        out[idx] += (d / k) * A[i, idx]
+    return out / n
+
+
+def topk_numpy(A: np.ndarray, k: int) -> np.ndarray:
+    n, d = A.shape
+    idx = np.argpartition(np.abs(A), d - k, axis=1)[:, d - k :]
+    vals = np.take_along_axis(A, idx, axis=1)
+    return np.bincount(idx.ravel(), weights=vals.ravel(), minlength=d) / n
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+def run_case(n: int, d: int, rng: np.random.Generator, repeat: int) -> list[tuple]:
+    """The timings of one (n, d): (n, d, name, Rust s, numpy s, gathers or None) per compressor."""
+    A = rng.standard_normal((n, d))
+    k = max(1, d // n)
+    x = rng.standard_normal(d)
+    idx = rng.permutation(d)
+    gather = best_time(lambda t: x[idx], repeat)
+    flat, fidx = A.ravel(), rng.integers(0, n * d, d)
+    gather_a = best_time(lambda t: flat[fidx], repeat)
+    rows = []
+    for name, c, ref in (
+        ("PermK", permk.PermK(), lambda t: permk_numpy(A, rng)),
+        (f"RandK(k={k})", permk.RandK(k), lambda t: randk_numpy(A, k, rng)),
+        (f"TopK(k={k})", permk.TopK(k), lambda t: topk_numpy(A, k)),
+    ):
+        t_rust = best_time(lambda t: c.aggregate(A, seed=1, round=t), repeat)
+        t_np = best_time(ref, repeat)
+        rows.append((n, d, name, t_rust, t_np, (gather, gather_a) if name == "PermK" else None))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a small subset of (n, d)")
+    ap.add_argument("--repeat", type=int, default=None, help="repetitions per timing (best is kept)")
+    args = ap.parse_args()
+    cases = QUICK if args.quick else FULL
+    repeat = args.repeat or (3 if args.quick else 5)
+    rng = np.random.default_rng(0)
+
+    rows = []
+    for n, d in cases:
+        rows += run_case(n, d, rng, repeat)
+
+    load = " / ".join(f"{v:.1f}" for v in os.getloadavg())
+    print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {load}; numpy {np.__version__}; "
+          f"permk {permk.__version__}; best of {repeat}")
+    print()
+    print("| n | d | compressor | Rust aggregate (ms) | numpy (ms) | speed-up | target "
+          "| gather x[idx] (ms) | Rust / gather | gather A.flat[idx] (ms) | Rust / gather A |")
+    print("|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|")
+    for n, d, name, t_rust, t_np, t_g in rows:
+        kind = name.split("(")[0]
+        target = TARGETS[kind]
+        speed = t_np / t_rust
+        ok = "met" if speed >= target else "missed"
+        g = gr = ga = gar = ""
+        if t_g is not None:
+            g, gr = f"{t_g[0] * 1e3:.3f}", f"{t_rust / t_g[0]:.2f}"
+            ga, gar = f"{t_g[1] * 1e3:.3f}", f"{t_rust / t_g[1]:.2f}"
+        print(f"| {n} | {d} | {name} | {t_rust * 1e3:.3f} | {t_np * 1e3:.3f} | {speed:.1f}x | "
+              f">= {target:g}x ({ok}) | {g} | {gr} | {ga} | {gar} |")
+
+
+if __name__ == "__main__":
+    main()

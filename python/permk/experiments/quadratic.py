@@ -1,0 +1,191 @@
+"""The synthetic quadratic experiment (Section "Experiments", Appendix "Extra Experiments").
+
+Grid: ``n ∈ {10, 1000, 10000}`` workers, ``d = 1000``, ``λ = 1e-6`` (``λ = 1e-4`` and the PL
+step sizes with ``pl=True``), noise scales ``s ∈ {0, 0.05, 0.1, 0.2, 0.8}`` of Algorithm 1
+(:meth:`permk.Quadratic.synthetic`). Methods: MARINA+PermK, MARINA+RandK(K = ⌈d/n⌉) and
+EF21+TopK(K = ⌈d/n⌉) with the theory's parameters computed from the paper's pessimistic
+constants ``L_+² = L_±² = (1/n) Σ L_i²`` ("Experiments setup") and the step-size multipliers
+``2^j`` (see :mod:`permk.experiments.runner` for the search, the bits budget and the best-run
+criterion). Every run is written to ``OUT/quadratic[-pl]/runs/n{n}_s{s}.jsonl`` when it
+finishes; figures go to ``OUT/quadratic[-pl]/figures``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_pool, search_cell
+
+__all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
+
+
+@dataclass(frozen=True)
+class QuadraticGrid:
+    """A grid of the quadratic experiment (the paper's by default)."""
+
+    ns: tuple[int, ...] = (10, 1000, 10000)
+    noise_scales: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.8)
+    d: int = 1000
+    lam: float | None = None  # default: 1e-6, or 1e-4 with pl
+    methods: tuple[str, ...] = METHODS
+    max_multipliers: int | None = None  # None: every 2^j from the stability edge down to 2^0
+    problem_seed: int = 0
+    options: SearchOptions = field(default_factory=SearchOptions)
+
+    @property
+    def lam_value(self) -> float:
+        if self.lam is not None:
+            return float(self.lam)
+        return 1e-4 if self.options.pl else 1e-6
+
+    @property
+    def name(self) -> str:
+        return "quadratic-pl" if self.options.pl else "quadratic"
+
+    def cells(self) -> list[dict[str, Any]]:
+        """The cells, heaviest first (large n), so a process pool stays busy."""
+        out = []
+        for n in sorted(self.ns, reverse=True):
+            for s in self.noise_scales:
+                out.append({"id": f"n{n}_s{s:g}", "n": int(n), "d": self.d, "noise_scale": float(s), "lam": self.lam_value,
+                            "row": sorted(self.ns).index(n), "col": list(self.noise_scales).index(s)})
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["lam"] = self.lam_value
+        d["name"] = self.name
+        return d
+
+
+PAPER_GRID = QuadraticGrid()
+#: The ``--quick`` grid: the same n (the claims need n = 1000 and 10000), L± = 0 and the most
+#: heterogeneous noise scale, the three largest multipliers, a budget of 10× the bits the best
+#: run needs to reach the target (20× in the full grid). About 30 s on 2 cores (``--jobs 2``).
+QUICK_GRID = QuadraticGrid(noise_scales=(0.0, 0.8), max_multipliers=3, options=SearchOptions(max_rounds=4000, budget_factor=10.0))
+
+
+def theory_gamma(problem: Any, method: str, opts: SearchOptions) -> float:
+    """The theory's step (multiplier 1) of ``method`` on ``problem`` with ``opts.constants``
+    (``"pessimistic"``: ``L_+² = L_±² = (1/n) Σ L_i²``), as :func:`permk.marina` /
+    :func:`permk.ef21` compute it."""
+    from permk.methods import ef21_stepsize, marina_stepsize
+
+    n, d = int(problem.n), int(problem.d)
+    comp = make_compressor(method, n, d)
+    L_minus = float(problem.L_minus)
+    if opts.constants == "pessimistic":
+        L_plus = L_pm = math.sqrt(float(np.mean(np.asarray(problem.L_i, dtype=float) ** 2)))
+    else:
+        L_plus, L_pm = float(problem.L_plus), float(problem.L_pm)
+    mu = float(problem.mu) if opts.pl else None
+    if method.startswith("marina"):
+        A, B = comp.ab_constants(n, d)
+        p = min(1.0, comp.bits_per_worker(n, d, float_bits=opts.float_bits) / (d * opts.float_bits))
+        return float(marina_stepsize(A, B, L_minus, L_plus, L_pm, p, mu=mu))
+    return float(ef21_stepsize(comp.alpha(d), L_minus, L_plus, mu=mu))
+
+
+def _constants(q: Any) -> dict[str, float]:
+    return {
+        "L_minus": float(q.L_minus),
+        "L_plus": float(q.L_plus),
+        "L_pm": float(q.L_pm),
+        "L_i_rms": math.sqrt(float(np.mean(np.asarray(q.L_i) ** 2))),
+        "mu": float(q.mu),
+        "f_star": float(q.f_star),
+    }
+
+
+def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
+    """Run one cell (a process-pool task): build the instance, run the search, return a summary."""
+    import permk
+
+    opts = SearchOptions(**grid_json["options"])
+    t0 = time.perf_counter()
+    q = permk.Quadratic.synthetic(cell["n"], cell["d"], cell["lam"], cell["noise_scale"], seed=grid_json["problem_seed"])
+    consts = _constants(q)
+    exps: dict[str, list[int]] = {}
+    gth: dict[str, float] = {}
+    for m in grid_json["methods"]:
+        gth[m] = theory_gamma(q, m, opts)
+        exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
+    base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
+    problems: dict[str, Any] = {}
+    compressors: dict[str, Any] = {}
+    if cell["noise_scale"] == 0 and "ef21-topk" in exps and cell["n"] > 1:
+        # L± = 0: all workers are the same function, so EF21's workers all hold the same g_i and
+        # its iterates do not depend on n; it runs as one worker (same iterates up to rounding of
+        # the mean, O(d) instead of O(nd) per round), each still sending K = ⌈d/n⌉ values.
+        problems["ef21-topk"] = permk.Quadratic.synthetic(1, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
+        compressors["ef21-topk"] = make_compressor("ef21-topk", cell["n"], cell["d"])
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
+    recs = search_cell(q, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
+                       problems=problems, compressors=compressors)
+    if bar is not None:
+        bar.close()
+    return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
+
+
+def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
+                  progress: bool = True, plot: bool = True) -> Path:
+    """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
+    Returns the experiment directory."""
+    root = Path(out) / grid.name
+    runs = root / "runs"
+    cfg_path = root / "config.json"
+    cfg = grid.to_json()
+    if runs.exists() and any(runs.glob("*.jsonl")):
+        if not resume:
+            raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
+        if cfg_path.exists():
+            old = json.loads(cfg_path.read_text())
+            if old != json.loads(json.dumps(cfg)):
+                raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
+    runs.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    cells = grid.cells()
+    tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, progress and jobs <= 1) for c in cells]
+    t0 = time.perf_counter()
+    run_pool(quadratic_cell, tasks, jobs=jobs, desc=grid.name, total=len(tasks), progress=progress)
+    (root / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume}, indent=1))
+    if plot:
+        from .plotting import plot_experiment
+
+        plot_experiment(root)
+    return root
+
+
+def grid_from_args(args: Any) -> QuadraticGrid:
+    """The grid a ``permk quadratic`` command line asks for."""
+    g = QUICK_GRID if args.quick else PAPER_GRID
+    o = g.options
+    o = replace(o, pl=bool(args.pl), seed=args.seed if args.seed is not None else o.seed,
+                max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
+                tol=args.tol if args.tol is not None else o.tol,
+                budget_factor=args.budget_factor if args.budget_factor is not None else o.budget_factor,
+                prune=() if args.no_prune else o.prune)
+    g = replace(g, options=o, problem_seed=args.seed if args.seed is not None else g.problem_seed)
+    if args.n:
+        g = replace(g, ns=tuple(args.n))
+    if args.noise_scales:
+        g = replace(g, noise_scales=tuple(args.noise_scales))
+    if args.max_multipliers is not None:
+        g = replace(g, max_multipliers=args.max_multipliers or None)
+    if args.methods:
+        g = replace(g, methods=tuple(m for m in METHODS if m in args.methods))
+    if args.d is not None:
+        g = replace(g, d=args.d)
+    return g

@@ -1,0 +1,415 @@
+"""The machinery shared by the experiment grids: runs advanced in chunks, the per-cell search
+over step-size multipliers with a bits budget, the best-run criterion, and a process pool over
+cells.
+
+A *cell* is one subplot of the paper's figures (one problem instance: ``(n, noise scale)`` for
+the quadratic, ``(λ, p̂)`` for the autoencoder). In a cell every method (MARINA+PermK,
+EF21+TopK, MARINA+RandK) runs with the step sizes ``2^j · γ_theory``.
+
+**Bits budget.** All runs of a cell get the same budget of bits per worker,
+``B = budget_factor × b*``, where ``b*`` is the fewest bits with which any run of the cell
+reached ``‖∇f‖² ≤ tol · ‖∇f(x⁰)‖²`` (the target; ``tol = 1e-6`` for the quadratic). So the best
+method always reaches the target, with ``budget_factor − 1`` times as many bits again to show
+how the methods go on. Runs are advanced in chunks and stop at the budget known so far (it
+only shrinks as runs finish, so every run covers the final ``B``), after ``max_rounds``
+rounds, or when they diverge. The figures' x-axis is ``[0, B]``.
+
+**Best step** of a method in a cell (the paper's "best convergence rate", made precise),
+:func:`score`:
+
+1. runs that diverge are dropped (a non-finite iterate, or ``‖∇f‖² > div_factor · ‖∇f(x⁰)‖²``),
+   as the paper "omitted plots where algorithms diverged";
+2. among the rest, the smallest ``‖∇f‖²`` at the end of the budget wins (the last value
+   recorded with at most ``B`` bits sent).
+
+**Pruning** (EF21 only, by default): multipliers are tried from the largest (the stability
+edge ``2^j γ_theory ≤ 2/L_−``) downwards; EF21 runs are the expensive ones (``O(nd)`` per round)
+and below the edge they only get slower, so the scan of a method stops after ``patience``
+consecutive non-diverged runs worse than its best so far. ``--no-prune`` runs every multiplier.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .results import append_record, read_records, thin_indices
+
+__all__ = [
+    "METHODS",
+    "LABELS",
+    "SearchOptions",
+    "Run",
+    "make_compressor",
+    "multiplier_exponents",
+    "score",
+    "search_cell",
+    "best_runs",
+    "cell_budget",
+    "run_pool",
+]
+
+#: Methods in the order they run within a cell (PermK first: it is cheap and sets the budget).
+METHODS = ("marina-permk", "ef21-topk", "marina-randk")
+#: Legend labels (the paper's).
+LABELS = {"marina-permk": "PermK", "marina-randk": "RandK", "ef21-topk": "EF21: TopK"}
+
+
+def make_compressor(method: str, n: int, d: int) -> Any:
+    """The compressor of ``method`` for ``n`` workers in dimension ``d``: PermK, or RandK /
+    TopK with ``K = ⌈d/n⌉`` (the paper's choice, "Experiments setup")."""
+    import permk
+
+    k = max(1, -(-d // n))
+    if method == "marina-permk":
+        return permk.PermK()
+    if method == "marina-randk":
+        return permk.RandK(k)
+    if method == "ef21-topk":
+        return permk.TopK(k)
+    raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+
+
+def multiplier_exponents(gamma_theory: float, L_minus: float, *, max_count: int | None = None, cap: int = 16) -> list[int]:
+    """The exponents ``j`` of the multipliers ``2^j``, from the largest with
+    ``2^j γ_theory ≤ 2/L_−`` (beyond it even exact gradient descent diverges) down to ``0``
+    (the theory's step), largest first; ``max_count`` keeps only the largest ones."""
+    if not (gamma_theory > 0 and L_minus > 0):
+        raise ValueError("gamma_theory and L_minus must be positive")
+    top = int(math.floor(math.log2(2.0 / (L_minus * gamma_theory)) + 1e-12))
+    top = max(0, min(top, cap))
+    js = list(range(top, -1, -1))
+    return js[:max_count] if max_count else js
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Options of the per-cell search (see the module docstring)."""
+
+    seed: int = 0
+    tol: float = 1e-6
+    budget_factor: float = 20.0
+    max_rounds: int = 20000
+    div_factor: float = 1e2
+    prune: tuple[str, ...] = ("ef21-topk",)
+    patience: int = 1
+    pl: bool = False
+    constants: str = "pessimistic"
+    float_bits: int = 32
+    chunk_seconds: float = 0.5
+
+
+class Run:
+    """One method with one step size, advanced in chunks through the library's drivers
+    (:func:`permk.marina`, :func:`permk.ef21`) by resuming their state, so a chunked run gives
+    exactly the iterates of one long run. Records every round.
+
+    Where a run stops does not depend on the chunks (nor so on timing): :meth:`settle` cuts the
+    record at the first round that diverged or that reached the budget in force at that round
+    (``budget_factor × min(cell's best bits to target, the run's own)``)."""
+
+    def __init__(self, problem: Any, method: str, multiplier: float, opts: SearchOptions, *, gamma: float | None = None,
+                 compressor: Any = None) -> None:
+        self.problem = problem
+        self.method = method
+        self.multiplier = float(multiplier)
+        self.opts = opts
+        self.gamma_base = gamma
+        self.compressor = compressor if compressor is not None else make_compressor(method, int(problem.n), int(problem.d))
+        self.state: Any = None
+        self.params: dict[str, Any] = {}
+        self.a: dict[str, np.ndarray] = {}
+        self.g0: float | None = None
+        self.diverged = False
+        self.finished = False
+        self._stopped_diverged = False
+        self.hit_index: int | None = None
+        self.expected_per_round = 0.0
+        self.seconds = 0.0
+
+    @property
+    def round(self) -> int:
+        return int(self.a["round"][-1]) if self.a else 0
+
+    @property
+    def total_bits(self) -> float:
+        return float(self.a["bits"][-1]) if self.a else 0.0
+
+    @property
+    def hit_bits(self) -> float | None:
+        return None if self.hit_index is None else float(self.a["bits"][self.hit_index])
+
+    def advance(self, rounds: int) -> None:
+        """Run ``rounds`` more rounds (fewer if the run diverges); call :meth:`settle` after."""
+        import permk
+
+        t0 = time.perf_counter()
+        kw: dict[str, Any] = dict(rounds=int(rounds), seed=self.opts.seed, gamma=self.gamma_base,
+                                  gamma_multiplier=self.multiplier, pl=self.opts.pl, constants=self.opts.constants,
+                                  float_bits=self.opts.float_bits, record_every=1, state=self.state)
+        if self.method.startswith("marina"):
+            res = permk.marina(self.problem, self.compressor, **kw)
+        else:
+            res = permk.ef21(self.problem, self.compressor, **kw)
+        self.seconds += time.perf_counter() - t0
+        first = self.state is None
+        if first:
+            self.params = dict(res.params)
+            self.g0 = float(res.grad_norm_sq[0])
+            self.expected_per_round = float(res.expected_bits_per_worker[-1] - res.expected_bits_per_worker[0]) / max(1, int(res.rounds[-1] - res.rounds[0]))
+        sl = slice(0, None) if first else slice(1, None)
+        new = {"round": res.rounds[sl], "bits": res.bits_per_worker[sl], "grad_norm_sq": res.grad_norm_sq[sl]}
+        if res.f_gap is not None:
+            new["f_gap"] = res.f_gap[sl]
+        self.a = new if first else {k: np.concatenate([self.a[k], v]) for k, v in new.items() if k in self.a}
+        self.state = res.state
+        if res.diverged_at is not None:
+            self._stopped_diverged = True
+
+    def settle(self, best_hit: float) -> None:
+        """Find the target, divergence and the stop point in the record (see the class doc)."""
+        g, b = self.a["grad_norm_sq"], self.a["bits"]
+        g0 = self.g0 if self.g0 else 1.0
+        bad = ~np.isfinite(g) | (g > self.opts.div_factor * g0)
+        hit = np.nonzero(g <= self.opts.tol * g0)[0]
+        h = int(hit[0]) if len(hit) else None
+        cap = np.full(len(b), self.opts.budget_factor * best_hit)
+        if h is not None:
+            cap[h:] = np.minimum(cap[h:], self.opts.budget_factor * b[h])
+        over = np.nonzero(b >= cap)[0]
+        div = np.nonzero(bad)[0]
+        end = len(b) - 1
+        if len(over):
+            end = min(end, int(over[0]))
+            self.finished = True
+        if len(div) and div[0] <= end:
+            end = int(div[0])
+            self.finished = self.diverged = True
+        if self._stopped_diverged:
+            self.finished = self.diverged = True
+        self.a = {k: v[: end + 1] for k, v in self.a.items()}
+        self.hit_index = h if (h is not None and h <= end and not bad[: h + 1].any()) else None
+        if self.round >= self.opts.max_rounds:
+            self.finished = True
+
+    def seconds_per_round(self) -> float:
+        return self.seconds / max(1, self.round)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        out = dict(self.a)
+        out["expected_bits"] = out["round"] * self.expected_per_round
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        a = self.arrays()
+        g = a["grad_norm_sq"]
+        return {
+            "rounds_run": self.round,
+            "bits_sent": self.total_bits,
+            "grad_norm_sq_0": self.g0,
+            "final_grad_norm_sq": float(g[-1]),
+            "min_grad_norm_sq": float(np.nanmin(g)) if np.isfinite(g).any() else float("nan"),
+            "reached_target": self.hit_index is not None,
+            "bits_to_target": self.hit_bits,
+            "rounds_to_target": int(a["round"][self.hit_index]) if self.hit_index is not None else None,
+            "diverged": self.diverged,
+            "seconds": self.seconds,
+            "simulated_workers": int(self.problem.n),
+        }
+
+    def curve(self) -> dict[str, Any]:
+        a = self.arrays()
+        keep = [self.hit_index] if self.hit_index is not None else []
+        idx = thin_indices(len(a["round"]), keep=keep)
+        return {k: v[idx] for k, v in a.items()}
+
+
+def score(summary: dict[str, Any], curve: dict[str, Any], budget: float) -> tuple[float, float]:
+    """The sort key of the best-step criterion (smaller is better): diverged runs last, then
+    the ``‖∇f‖²`` at the end of the budget (the last value recorded with ``bits ≤ budget``)."""
+    if summary.get("diverged"):
+        return (3.0, math.inf)
+    bits = np.asarray(curve["bits"], dtype=float)
+    g = np.asarray(curve["grad_norm_sq"], dtype=float)
+    inside = np.nonzero(bits <= budget * (1 + 1e-12))[0]
+    v = float(g[inside[-1]]) if len(inside) else float(g[0])
+    return (0.0, v) if math.isfinite(v) else (3.0, math.inf)
+
+
+def cell_budget(records: Sequence[dict[str, Any]], budget_factor: float) -> float:
+    """The bits range of a cell: ``budget_factor ×`` the fewest bits any run needed to reach the
+    target; without such a run, the most bits any run sent."""
+    hits = [r["summary"]["bits_to_target"] for r in records if r["summary"].get("reached_target") and not r["summary"].get("diverged")]
+    if hits:
+        return budget_factor * min(hits)
+    return max((float(r["summary"]["bits_sent"]) for r in records), default=0.0)
+
+
+def best_runs(records: Sequence[dict[str, Any]], budget_factor: float) -> dict[str, dict[str, Any]]:
+    """The best run of each method of one cell (see :func:`score`); methods whose runs all
+    diverged are left out."""
+    budget = cell_budget(records, budget_factor)
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["summary"].get("diverged"):
+            continue
+        m = r["method"]
+        if m not in out or score(r["summary"], r["curve"], budget) < score(out[m]["summary"], out[m]["curve"], budget):
+            out[m] = r
+    return out
+
+
+def _chunk(run: Run, cap: float, max_rounds: int, chunk_seconds: float) -> int:
+    left = max_rounds - run.round
+    if run.round == 0:
+        return max(1, min(left, 20))
+    per = max(run.seconds_per_round(), 1e-7)
+    n = int(chunk_seconds / per)
+    if math.isfinite(cap) and run.expected_per_round > 0:
+        n = min(n, int(math.ceil((cap - run.total_bits) / run.expected_per_round)) + 1)
+    return max(1, min(left, n, 20000))
+
+
+def search_cell(
+    problem: Any,
+    cell: dict[str, Any],
+    exponents: dict[str, list[int]],
+    opts: SearchOptions,
+    path: str,
+    *,
+    gammas: Mapping[str, float | None] | None = None,
+    base: dict[str, Any] | None = None,
+    resume: bool = False,
+    on_run: Callable[[dict[str, Any]], None] | None = None,
+    problems: Mapping[str, Any] | None = None,
+    compressors: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or, with ``resume``, read back) every run of one cell, writing each finished run
+    to ``path`` at once. ``exponents[method]`` lists the ``j`` of the multipliers ``2^j``
+    (largest first); ``gammas[method]`` is the step the multipliers scale (None: the theory's
+    step from the problem's constants). ``base`` is merged into every record. Returns the
+    cell's run records (in run order). ``problems`` / ``compressors`` override, per method, the
+    problem a method runs on and its compressor (the autoencoder's EF21 runs on a grouped view)."""
+    done: dict[str, dict[str, Any]] = {}
+    if resume and os.path.exists(path):
+        for r in read_records(path):
+            if r.get("kind") == "run":
+                done[r["key"]] = r
+    records: list[dict[str, Any]] = []
+    # the cell's fewest bits to the target so far, in run order: a resumed cell makes the same
+    # decisions (budgets, pruning) as an uninterrupted one
+    best_hit = math.inf
+    for method in exponents:
+        streak = 0
+        best_score: tuple[float, float] | None = None
+        for j in exponents[method]:
+            key = f"{cell['id']}|{method}|j={j}|seed={opts.seed}"
+            if key in done:
+                rec = done[key]
+            else:
+                run = Run((problems or {}).get(method, problem), method, 2.0**j, opts, gamma=(gammas or {}).get(method),
+                          compressor=(compressors or {}).get(method))
+                while not run.finished:
+                    own = run.hit_bits if run.hit_bits is not None else math.inf
+                    run.advance(_chunk(run, opts.budget_factor * min(best_hit, own), opts.max_rounds, opts.chunk_seconds))
+                    run.settle(best_hit)
+                summ = run.summary()
+                summ["stopped_by"] = "diverged" if run.diverged else ("budget" if run.total_bits >= opts.budget_factor * min(best_hit, run.hit_bits or math.inf) else "max_rounds")
+                rec = {
+                    "kind": "run",
+                    "key": key,
+                    **(base or {}),
+                    "cell": cell,
+                    "method": method,
+                    "label": LABELS[method],
+                    "compressor": run.compressor.name,
+                    "j": j,
+                    "multiplier": 2.0**j,
+                    "options": {k: getattr(opts, k) for k in ("seed", "tol", "budget_factor", "max_rounds", "div_factor", "pl", "constants", "float_bits")},
+                    "params": run.params,
+                    "summary": summ,
+                    "curve": run.curve(),
+                }
+                append_record(path, rec)
+                rec = read_back(rec)
+            records.append(rec)
+            s = rec["summary"]
+            if s.get("reached_target") and not s.get("diverged"):
+                best_hit = min(best_hit, float(s["bits_to_target"]))
+            if on_run is not None:
+                on_run(rec)
+            if method in opts.prune and not s.get("diverged"):
+                sc = score(s, rec["curve"], opts.budget_factor * best_hit if math.isfinite(best_hit) else math.inf)
+                if best_score is None or sc < best_score:
+                    best_score, streak = sc, 0
+                else:
+                    streak += 1
+                    if streak >= opts.patience:
+                        break
+    return records
+
+
+def read_back(rec: dict[str, Any]) -> dict[str, Any]:
+    """A record as it reads back from its file (arrays as lists, JSON types), so fresh and
+    resumed cells are handled identically."""
+    import json
+
+    from .results import _from_json, to_jsonable
+
+    return _from_json(json.loads(json.dumps(to_jsonable(rec))))  # type: ignore[no-any-return]
+
+
+def _init_worker(threads: int) -> None:
+    os.environ["RAYON_NUM_THREADS"] = str(threads)
+
+
+def run_pool(
+    fn: Callable[..., Any],
+    tasks: Iterable[tuple[Any, ...]],
+    *,
+    jobs: int,
+    desc: str,
+    total: int,
+    progress: bool = True,
+) -> list[Any]:
+    """``fn(*task)`` for every task, in ``jobs`` processes (``spawn``; each process gets
+    ``cpu_count // jobs`` threads for the Rust kernels and BLAS), with a tqdm bar over tasks."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    tasks = list(tasks)
+    bar = tqdm(total=total, desc=desc, disable=not progress, unit="cell")
+    out: list[Any] = []
+    try:
+        if jobs <= 1:
+            for t in tasks:
+                out.append(fn(*t))
+                bar.update(1)
+            return out
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        saved = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+        for k in saved:
+            os.environ[k] = str(threads)
+        try:
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads,)) as ex:
+                futs = [ex.submit(fn, *t) for t in tasks]
+                for f in cf.as_completed(futs):
+                    f.result()
+                    bar.update(1)
+                out = [f.result() for f in futs]
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        return out
+    finally:
+        bar.close()

@@ -1,0 +1,119 @@
+"""The ``permk`` command line: subcommands, help, the demo, the autoencoder end to end on a
+tiny grid, and clear errors."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from permk.cli import build_parser, main
+
+CLI = [sys.executable, "-m", "permk.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    e = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def test_help_lists_subcommands() -> None:
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for cmd in ("quadratic", "autoencoder", "plot", "demo"):
+        assert cmd in r.stdout
+    r = run_cli("quadratic", "--help")
+    assert r.returncode == 0 and "--quick" in r.stdout and "--resume" in r.stdout and "--jobs" in r.stdout
+
+
+def test_console_script_is_declared() -> None:
+    from importlib.metadata import entry_points
+
+    eps = [ep for ep in entry_points(group="console_scripts") if ep.name == "permk"]
+    assert eps and eps[0].value == "permk.cli:main"
+
+
+def test_complexity_subcommand_is_hooked_when_available() -> None:
+    from permk import theory
+
+    names = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert ("complexity" in names) == hasattr(theory, "add_complexity_parser")
+
+
+def test_demo_matches_ab_bounds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--n", "5", "--d", "20", "--rounds", "3000"]) == 0
+    out = capsys.readouterr().out
+    rows = re.findall(r"^(\w+)\s+(PermK|RandK\(k=\d+\))\s+\S+\s+\S+\s+(\S+)\s+(\S+)\s+(\S+)$", out, flags=re.M)
+    assert len(rows) == 6
+    for inputs, comp, measured, se, bound in rows:
+        m, s, b = float(measured), float(se), float(bound)
+        assert abs(m - b) <= 5 * s + 1e-9 * max(1.0, b), (inputs, comp, m, s, b)
+        if inputs == "identical" and comp == "PermK":
+            assert m < 1e-20 and abs(b) < 1e-9
+
+
+def test_demo_is_fast() -> None:
+    import time
+
+    t = time.perf_counter()
+    r = run_cli("demo")
+    assert r.returncode == 0 and "PermK" in r.stdout and "RandK" in r.stdout
+    assert time.perf_counter() - t < 5
+
+
+def test_bad_arguments_exit_2() -> None:
+    assert run_cli("quadratic", "--n", "0").returncode == 2
+    assert run_cli("frobnicate").returncode == 2
+
+
+def test_plot_of_missing_dir(tmp_path: Path) -> None:
+    r = run_cli("plot", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = run_cli("plot", str(tmp_path))
+    assert r.returncode == 2 and "no experiment directories" in r.stderr
+
+
+def test_autoencoder_missing_data_says_how_to_provide_it(tmp_path: Path) -> None:
+    r = run_cli("autoencoder", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2
+    assert "nope" in r.stderr and "--data" in r.stderr and "dataset-fashion-mnist" in r.stderr
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train-images-idx3-ubyte.gz").write_bytes(b"\x1f\x8bnot really gzip")
+    r = run_cli("autoencoder", "--data", str(tmp_path / "bad"), "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "train-images-idx3-ubyte.gz: corrupt gzip" in r.stderr
+
+
+def _idx_images(path: Path, n: int, seed: int = 0) -> None:
+    X = (np.random.default_rng(seed).random((n, 8, 8)) * 255).astype(np.uint8)
+    raw = bytes([0, 0, 8, 3]) + struct.pack(">3I", n, 8, 8) + X.tobytes()
+    path.write_bytes(gzip.compress(raw))
+
+
+def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
+    """A tiny grid on IDX data given by $PERMK_DATA: files, constants, figures."""
+    d = tmp_path / "data"
+    d.mkdir()
+    _idx_images(d / "train-images-idx3-ubyte.gz", 200)
+    out = tmp_path / "out"
+    r = run_cli("autoencoder", "--workers", "10", "--p-hat", "0", "1", "--lam", "0.001", "--encoding", "3", "--rounds", "60",
+                "--max-multipliers", "2", "--jobs", "2", "--no-progress", "--out", str(out), env={"PERMK_DATA": str(d)})
+    assert r.returncode == 0, r.stderr
+    root = out / "autoencoder"
+    files = sorted((root / "runs").glob("*.jsonl"))
+    assert [f.stem for f in files] == ["lam0.001_p0", "lam0.001_p1"]
+    from permk.experiments.results import read_records
+
+    recs = read_records(files[0])
+    assert {x["method"] for x in recs} == {"marina-permk", "marina-randk", "ef21-topk"}
+    c = recs[0]["constants"]
+    assert c["data"].endswith("train-images-idx3-ubyte.gz") and c["n_images"] == 200 and c["L_minus"] > 0 and "power iteration" in c["how"]
+    assert all(x["params"]["gamma"] > 0 and x["summary"]["grad_norm_sq_0"] > 0 for x in recs)
+    assert (root / "figures" / "autoencoder_best.png").stat().st_size > 10_000
+    assert (root / "figures" / "autoencoder_topk_permk.pdf").exists()

