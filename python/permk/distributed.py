@@ -72,6 +72,7 @@ from .methods import (
     MarinaState,
     RunResult,
     _check_compressor,
+    _check_resume,
     _drive,
     _ef21_params,
     _marina_params,
@@ -580,6 +581,22 @@ def _check_common(problem: Any, compressor: Compressor, mode: str, reduce: str) 
     return n, d
 
 
+def _setup_info(problem: Any, compressor: Compressor, params: dict[str, Any], state: Any, x0: Array | None, *,
+                rounds: int, record_every: int) -> dict[str, Any]:
+    """What every rank must agree on before the first round (checked by :func:`_agree`)."""
+    n, d = params["n"], params["d"]
+    if state is not None:
+        start = _digest(state.x, state.g, [state.round, state.seed % 2**52])
+    else:
+        x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
+        if x_init.shape != (d,):
+            raise ValueError(f"x0 must have shape ({d},), got {x_init.shape}")
+        start = _digest(x_init)
+    return {"n": n, "d": d, "workers": (problem.workers[0], problem.workers[-1] + 1), "params": params,
+            "rounds": rounds, "record_every": record_every, "start": start, "compressor": repr(compressor),
+            "f_star": getattr(problem, "f_star", None) if hasattr(problem, "local_loss") else None}
+
+
 def _finish(comm: Any, c: _Comm, res: RunResult, per_round: list[tuple[int, int, int, int]], mode: str, reduce: str) -> DistributedRunResult:
     MPI = c.MPI
     arr = np.array(per_round, dtype=np.int64).reshape(-1, 4)
@@ -651,19 +668,8 @@ def marina(
         used = "fused" if (path in ("auto", "fused") and fused) else "dense"
         params.update(path=used, backend="mpi", mode=mode, reduce=reduce, n_procs=comm.Get_size())
         if state is not None:
-            if not isinstance(state, MarinaState):
-                raise TypeError("state must be a MarinaState (e.g. result.state of an earlier marina run)")
-            if state.seed != seed:
-                raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
-            start = _digest(state.x, state.g, [state.round, state.seed % 2**52])
-        else:
-            x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
-            if x_init.shape != (d,):
-                raise ValueError(f"x0 must have shape ({d},), got {x_init.shape}")
-            start = _digest(x_init)
-        return {"n": n, "d": d, "workers": (problem.workers[0], problem.workers[-1] + 1), "params": params,
-                "rounds": rounds, "record_every": record_every, "start": start, "compressor": repr(compressor),
-                "f_star": getattr(problem, "f_star", None) if hasattr(problem, "local_loss") else None}
+            _check_resume(state, MarinaState, seed)
+        return _setup_info(problem, compressor, params, state, x0, rounds=rounds, record_every=record_every)
 
     info = _agree(comm, setup)
     params = info["params"]
@@ -787,22 +793,11 @@ def ef21(
                               record_every=record_every)
         params.update(backend="mpi", mode=mode, reduce=reduce, n_procs=comm.Get_size())
         if state is not None:
-            if not isinstance(state, EF21State):
-                raise TypeError("state must be an EF21State (e.g. result.state of an earlier ef21 run)")
-            if state.seed != seed:
-                raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+            _check_resume(state, EF21State, seed)
             m = len(problem.workers)
             if state.G.shape not in ((n, d), (m, d)):
                 raise ValueError(f"state.G must hold all {n} rows or this rank's {m}, got shape {state.G.shape}")
-            start = _digest(state.x, state.g, [state.round, state.seed % 2**52])
-        else:
-            x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
-            if x_init.shape != (d,):
-                raise ValueError(f"x0 must have shape ({d},), got {x_init.shape}")
-            start = _digest(x_init)
-        return {"n": n, "d": d, "workers": (problem.workers[0], problem.workers[-1] + 1), "params": params,
-                "rounds": rounds, "record_every": record_every, "start": start, "compressor": repr(compressor),
-                "f_star": getattr(problem, "f_star", None) if hasattr(problem, "local_loss") else None}
+        return _setup_info(problem, compressor, params, state, x0, rounds=rounds, record_every=record_every)
 
     info = _agree(comm, setup)
     params = info["params"]

@@ -423,6 +423,36 @@ def _simulated_marina_step(
     return step, path
 
 
+def _set_gamma(
+    params: dict[str, Any],
+    problem: Problem,
+    gamma: float | None,
+    gamma_multiplier: float,
+    pl: bool,
+    constants: str,
+    source: str,
+    theory: Callable[[dict[str, float], float | None], float],
+) -> None:
+    """``params["gamma"]``: the user's ``gamma`` or the theory's step from the problem's
+    constants (``theory(constants, mu)``, ``mu`` only with ``pl``), times ``gamma_multiplier``."""
+    if gamma is not None:
+        params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
+        return
+    c = _constants(problem, constants)
+    mu = c.get("mu") if pl else None
+    if pl and mu is None:
+        raise ValueError("pl=True needs the problem's PL constant mu")
+    params.update(c, constants=constants, gamma_source=source, gamma=gamma_multiplier * theory(c, mu))
+
+
+def _check_resume(state: Any, cls: type, seed: int) -> None:
+    """A state to resume must be of the method's kind and carry the run's seed."""
+    if not isinstance(state, cls):
+        raise TypeError(f"state must be a {cls.__name__} (e.g. result.state of an earlier run of the same method)")
+    if state.seed != check_seed(seed):
+        raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+
+
 def _marina_params(
     problem: Problem,
     compressor: Compressor,
@@ -455,15 +485,8 @@ def _marina_params(
     p = float(p)
     params: dict[str, Any] = {"method": method, "compressor": compressor.name, "n": n, "d": d, "p": p, "A": A, "B": B,
                               "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
-    if gamma is None:
-        c = _constants(problem, constants)
-        mu = c.get("mu") if pl else None
-        if pl and mu is None:
-            raise ValueError("pl=True needs the problem's PL constant mu")
-        params.update(c, constants=constants, gamma_source="Theorem AB-PL" if pl else "Theorem AB")
-        params["gamma"] = gamma_multiplier * marina_stepsize(A, B, c["L_minus"], c["L_plus"], c["L_pm"], p, mu=mu)
-    else:
-        params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
+    _set_gamma(params, problem, gamma, gamma_multiplier, pl, constants, "Theorem AB-PL" if pl else "Theorem AB",
+               lambda c, mu: marina_stepsize(A, B, c["L_minus"], c["L_plus"], c["L_pm"], p, mu=mu))
     return params
 
 
@@ -490,15 +513,8 @@ def _ef21_params(
         raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
     params: dict[str, Any] = {"method": "ef21", "compressor": compressor.name, "n": n, "d": d, "alpha": alpha,
                               "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
-    if gamma is None:
-        c = _constants(problem, constants)
-        mu = c.get("mu") if pl else None
-        if pl and mu is None:
-            raise ValueError("pl=True needs the problem's PL constant mu")
-        params.update(c, constants=constants, gamma_source="EF21 PL theorem" if pl else "EF21 theorem")
-        params["gamma"] = gamma_multiplier * ef21_stepsize(alpha, c["L_minus"], c["L_plus"], mu=mu)
-    else:
-        params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
+    _set_gamma(params, problem, gamma, gamma_multiplier, pl, constants, "EF21 PL theorem" if pl else "EF21 theorem",
+               lambda c, mu: ef21_stepsize(alpha, c["L_minus"], c["L_plus"], mu=mu))
     return params
 
 
@@ -508,6 +524,34 @@ def marina_round_bits(compressor: Compressor, n: int, d: int, p: float, float_bi
     full = float(d * float_bits)
     expected = p * full + (1 - p) * compressor.expected_bits_per_worker(n, d, float_bits=float_bits)
     return full, float(compressor.bits_per_worker(n, d, float_bits=float_bits)), expected
+
+
+def _simulated_ef21_step(
+    problem: Problem, compressor: Compressor, *, gamma: float
+) -> tuple[Callable[[EF21State], tuple[EF21State, None]], str]:
+    """The single-process EF21 round and its path: on the synthetic quadratic with TopK one Rust
+    call (local gradients row by row, ``G`` updated in place: the same iterates bit for bit),
+    otherwise :func:`ef21_update` on all local gradients."""
+    n = int(problem.n)
+    if isinstance(problem, SyntheticQuadratic) and type(compressor) is TopK:
+        own: dict[str, Array] = {}  # G is copied once per run, so the caller's state is never mutated
+
+        def rust_step(s: EF21State) -> tuple[EF21State, None]:
+            if own.get("G") is not s.G:
+                own["G"] = np.array(s.G, dtype=np.float64, order="C")
+            x, g = s.x.copy(), s.g.copy()
+            problem._kernel.ef21_topk_round(x, g, own["G"], gamma, compressor.k)
+            return replace(s, x=x, g=g, G=own["G"], round=s.round + 1), None
+
+        return rust_step, "rust"
+
+    def step(s: EF21State) -> tuple[EF21State, None]:
+        new = ef21_update(s, gamma=gamma, local_grads=problem.local_grads,
+                          compress_rows=lambda D, t: compressor.compress_all(D, seed=s.seed, round=t),
+                          mean=lambda C: C.sum(axis=0) / n)
+        return new, None
+
+    return step, "dense"
 
 
 def marina(
@@ -552,10 +596,8 @@ def marina(
     if state is None:
         x_init = problem.x0 if x0 is None else x0
         state = marina_init(x_init, problem.grad(np.asarray(x_init, dtype=np.float64)), seed=seed)
-    elif not isinstance(state, MarinaState):
-        raise TypeError("state must be a MarinaState (e.g. result.state of an earlier marina run)")
-    elif state.seed != check_seed(seed):
-        raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+    else:
+        _check_resume(state, MarinaState, seed)
     step, used = _simulated_marina_step(problem, compressor, gamma=gamma, p=p, path=path, seed=state.seed)
     params["path"] = used
     full_bits, tail_bits, expected = marina_round_bits(compressor, n, d, p, float_bits)
@@ -614,31 +656,10 @@ def ef21(
     if state is None:
         x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
         state = ef21_init(x_init, problem.local_grads(x_init), seed=seed)
-    elif not isinstance(state, EF21State):
-        raise TypeError("state must be an EF21State (e.g. result.state of an earlier ef21 run)")
-    elif state.seed != check_seed(seed):
-        raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+    else:
+        _check_resume(state, EF21State, seed)
 
-    def step(s: EF21State) -> tuple[EF21State, None]:
-        new = ef21_update(s, gamma=gamma, local_grads=problem.local_grads,
-                          compress_rows=lambda D, t: compressor.compress_all(D, seed=s.seed, round=t),
-                          mean=lambda C: C.sum(axis=0) / n)
-        return new, None
-
-    params["path"] = "dense"
-    if isinstance(problem, SyntheticQuadratic) and type(compressor) is TopK:
-        # Fused Rust round (same iterates bit for bit): local gradients row by row, G in place.
-        # G is copied once per call, so the caller's state is never mutated.
-        own: dict[str, Array] = {}
-
-        def step(s: EF21State) -> tuple[EF21State, None]:  # noqa: F811
-            if own.get("G") is not s.G:
-                own["G"] = np.array(s.G, dtype=np.float64, order="C")
-            x, g = s.x.copy(), s.g.copy()
-            problem._kernel.ef21_topk_round(x, g, own["G"], gamma, compressor.k)
-            return replace(s, x=x, g=g, G=own["G"], round=s.round + 1), None
-
-        params["path"] = "rust"
+    step, params["path"] = _simulated_ef21_step(problem, compressor, gamma=gamma)
 
     bits = float(compressor.bits_per_worker(n, d, float_bits=float_bits, indices=count_indices))
     expected = compressor.expected_bits_per_worker(n, d, float_bits=float_bits, indices=count_indices)

@@ -31,7 +31,6 @@ iterates are exactly those of ``n`` workers, at the memory of ``S`` (each worker
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import time
@@ -41,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_pool, search_cell
+from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -354,26 +353,8 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
     from .data import load_images
 
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
-    root = Path(out) / grid.name
-    runs = root / "runs"
-    cfg_path = root / "config.json"
-    cfg = grid.to_json()
-    if runs.exists() and any(runs.glob("*.jsonl")):
-        if not resume:
-            raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
-        if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(json.dumps(cfg)):
-            raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
-    runs.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(cfg, indent=1))
-    tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume) for c in grid.cells()]
-    t0 = time.perf_counter()
-    run_pool(autoencoder_cell, tasks, jobs=jobs, desc=grid.name, total=len(tasks), progress=progress)
-    (root / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume}, indent=1))
-    if plot:
-        from .plotting import plot_experiment
-
-        plot_experiment(root)
-    return root
+    return run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume,
+                    progress=progress, plot=plot)
 
 
 def grid_from_args(args: Any) -> AutoencoderGrid:

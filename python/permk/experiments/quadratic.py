@@ -12,7 +12,6 @@ finishes; figures go to ``OUT/quadratic[-pl]/figures``.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_pool, search_cell
+from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -143,29 +142,8 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
                   progress: bool = True, plot: bool = True) -> Path:
     """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
     Returns the experiment directory."""
-    root = Path(out) / grid.name
-    runs = root / "runs"
-    cfg_path = root / "config.json"
-    cfg = grid.to_json()
-    if runs.exists() and any(runs.glob("*.jsonl")):
-        if not resume:
-            raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
-        if cfg_path.exists():
-            old = json.loads(cfg_path.read_text())
-            if old != json.loads(json.dumps(cfg)):
-                raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
-    runs.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(cfg, indent=1))
-    cells = grid.cells()
-    tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, progress and jobs <= 1) for c in cells]
-    t0 = time.perf_counter()
-    run_pool(quadratic_cell, tasks, jobs=jobs, desc=grid.name, total=len(tasks), progress=progress)
-    (root / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume}, indent=1))
-    if plot:
-        from .plotting import plot_experiment
-
-        plot_experiment(root)
-    return root
+    return run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
+                    progress=progress, plot=plot, extra=(progress and jobs <= 1,))
 
 
 def grid_from_args(args: Any) -> QuadraticGrid:

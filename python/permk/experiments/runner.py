@@ -30,10 +30,12 @@ consecutive non-diverged runs worse than its best so far. ``--no-prune`` runs ev
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -413,3 +415,41 @@ def run_pool(
         return out
     finally:
         bar.close()
+
+
+def run_grid(
+    name: str,
+    cfg: dict[str, Any],
+    cell_fn: Callable[..., Any],
+    cells: Sequence[dict[str, Any]],
+    out: str | os.PathLike[str],
+    *,
+    jobs: int,
+    resume: bool,
+    progress: bool,
+    plot: bool,
+    extra: tuple[Any, ...] = (),
+) -> Path:
+    """Run ``cell_fn(cell, cfg, runs_file, resume, *extra)`` for every cell into ``out/<name>/``:
+    ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once),
+    ``timing.json``, and the figures. An existing grid is continued only with ``resume`` and
+    only if its config is the same. Returns the experiment directory."""
+    root = Path(out) / name
+    runs = root / "runs"
+    cfg_path = root / "config.json"
+    if runs.exists() and any(runs.glob("*.jsonl")):
+        if not resume:
+            raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
+        if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(json.dumps(cfg)):
+            raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
+    runs.mkdir(parents=True, exist_ok=True)
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, *extra) for c in cells]
+    t0 = time.perf_counter()
+    run_pool(cell_fn, tasks, jobs=jobs, desc=name, total=len(tasks), progress=progress)
+    (root / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume}, indent=1))
+    if plot:
+        from .plotting import plot_experiment
+
+        plot_experiment(root)
+    return root
