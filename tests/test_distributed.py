@@ -393,3 +393,34 @@ def test_worker_order_sums_agree(n: int, d: int) -> None:
 def test_module_doctests() -> None:
     result = doctest.testmod(pd, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def _final_grad_norms(root: Path) -> dict[str, float]:
+    out = {}
+    for f in sorted((root / "quadratic" / "runs").glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "run":
+                out[rec["key"]] = rec["summary"]["final_grad_norm_sq"]
+    return out
+
+
+@needs_mpi
+def test_permk_quadratic_cli_on_mpi_matches_single_process(tmp_path: Path) -> None:
+    """`mpiexec -n 2 permk quadratic --mpi` runs the grid's methods on 2 ranks (rank 0 writes)
+    and reaches the single-process results up to the rounding of the full-gradient sums."""
+    grid = ["--quick", "--rounds", "40", "--max-multipliers", "1", "--n", "10", "1000", "--noise-scales", "0", "0.8",
+            "--no-plot", "--no-progress"]
+    cli = [sys.executable, "-m", "permk.cli", "quadratic"]
+    mpi = subprocess.run([str(MPIEXEC), "-n", "2", *cli, "--mpi", *grid, "--out", str(tmp_path / "mpi")],
+                         capture_output=True, text=True, timeout=TIMEOUT, env=_env(), stdin=subprocess.DEVNULL)
+    assert mpi.returncode == 0, mpi.stdout + mpi.stderr
+    seq = subprocess.run([*cli, *grid, "--out", str(tmp_path / "seq")], capture_output=True, text=True, timeout=TIMEOUT,
+                         env=_env(), stdin=subprocess.DEVNULL)
+    assert seq.returncode == 0, seq.stdout + seq.stderr
+    a, b = _final_grad_norms(tmp_path / "mpi"), _final_grad_norms(tmp_path / "seq")
+    assert len(a) == 12 and a.keys() == b.keys()
+    for k in a:
+        assert a[k] == pytest.approx(b[k], rel=1e-8), k
+    timing = json.loads((tmp_path / "mpi" / "quadratic" / "timing.json").read_text())
+    assert timing["mpi_ranks"] == 2

@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--n", type=_positive, nargs="+", default=None, help="numbers of workers (default 10 1000 10000)")
     q.add_argument("--noise-scales", type=float, nargs="+", default=None, help="noise scales s (default 0 0.05 0.1 0.2 0.8)")
     q.add_argument("--d", type=_positive, default=None, help="dimension (default 1000)")
-    # helper for the MPI backend (permk.distributed) may add options here, e.g. --mpi
+    q.add_argument("--mpi", action="store_true",
+                   help="run every method on MPI, one rank per block of workers (permk.distributed): "
+                        "mpiexec -n N permk quadratic --mpi ...; rank 0 writes the results")
     q.set_defaults(func=_cmd_quadratic)
 
     a = sub.add_parser("autoencoder", help="the linear autoencoder on MNIST-format data (Section 'Training an autoencoder with MNIST')",
@@ -104,9 +106,17 @@ def _cmd_quadratic(args: argparse.Namespace) -> int:
     from .experiments.quadratic import grid_from_args, run_quadratic
 
     grid = grid_from_args(args)
-    root = run_quadratic(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress, plot=not args.no_plot)
-    _report(root, args.no_plot)
+    root = run_quadratic(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress,
+                         plot=not args.no_plot, mpi=args.mpi)
+    if not args.mpi or _mpi_rank() == 0:
+        _report(root, args.no_plot)
     return 0
+
+
+def _mpi_rank() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_rank())
 
 
 def _cmd_autoencoder(args: argparse.Namespace) -> int:

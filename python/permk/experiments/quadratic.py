@@ -104,7 +104,8 @@ def _constants(q: Any) -> dict[str, float]:
     }
 
 
-def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
+def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
+                   mpi: bool = False) -> dict[str, Any]:
     """Run one cell (a process-pool task): build the instance, run the search, return a summary."""
     import permk
 
@@ -120,7 +121,7 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     problems: dict[str, Any] = {}
     compressors: dict[str, Any] = {}
-    if cell["noise_scale"] == 0 and "ef21-topk" in exps and cell["n"] > 1:
+    if cell["noise_scale"] == 0 and "ef21-topk" in exps and cell["n"] > 1 and not mpi:
         # L± = 0: all workers are the same function, so EF21's workers all hold the same g_i and
         # its iterates do not depend on n; it runs as one worker (same iterates up to rounding of
         # the mean, O(d) instead of O(nd) per round), each still sending K = ⌈d/n⌉ values.
@@ -132,18 +133,18 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
 
         bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
     recs = search_cell(q, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
-                       problems=problems, compressors=compressors)
+                       problems=problems, compressors=compressors, mpi=mpi)
     if bar is not None:
         bar.close()
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
 
 def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
-                  progress: bool = True, plot: bool = True) -> Path:
+                  progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
     Returns the experiment directory."""
     return run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
-                    progress=progress, plot=plot, extra=(progress and jobs <= 1,))
+                    progress=progress, plot=plot, extra=(progress and jobs <= 1 and not mpi, mpi), mpi=mpi)
 
 
 def grid_from_args(args: Any) -> QuadraticGrid:

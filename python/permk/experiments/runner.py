@@ -116,8 +116,9 @@ class Run:
     (``budget_factor × min(cell's best bits to target, the run's own)``)."""
 
     def __init__(self, problem: Any, method: str, multiplier: float, opts: SearchOptions, *, gamma: float | None = None,
-                 compressor: Any = None) -> None:
+                 compressor: Any = None, mpi: bool = False) -> None:
         self.problem = problem
+        self.mpi = mpi
         self.method = method
         self.multiplier = float(multiplier)
         self.opts = opts
@@ -154,7 +155,14 @@ class Run:
         kw: dict[str, Any] = dict(rounds=int(rounds), seed=self.opts.seed, gamma=self.gamma_base,
                                   gamma_multiplier=self.multiplier, pl=self.opts.pl, constants=self.opts.constants,
                                   float_bits=self.opts.float_bits, record_every=1, state=self.state)
-        if self.method.startswith("marina"):
+        if self.mpi:
+            # one MPI rank per block of workers (permk.distributed): the same iterates, every rank
+            # gets the same result, so every rank takes the same decisions
+            import permk.distributed as pd
+
+            run = pd.marina if self.method.startswith("marina") else pd.ef21
+            res = run(pd.LocalView(self.problem), self.compressor, **kw)
+        elif self.method.startswith("marina"):
             res = permk.marina(self.problem, self.compressor, **kw)
         else:
             res = permk.ef21(self.problem, self.compressor, **kw)
@@ -290,13 +298,18 @@ def search_cell(
     on_run: Callable[[dict[str, Any]], None] | None = None,
     problems: Mapping[str, Any] | None = None,
     compressors: Mapping[str, Any] | None = None,
+    mpi: bool = False,
 ) -> list[dict[str, Any]]:
     """Run (or, with ``resume``, read back) every run of one cell, writing each finished run
     to ``path`` at once. ``exponents[method]`` lists the ``j`` of the multipliers ``2^j``
     (largest first); ``gammas[method]`` is the step the multipliers scale (None: the theory's
     step from the problem's constants). ``base`` is merged into every record. Returns the
     cell's run records (in run order). ``problems`` / ``compressors`` override, per method, the
-    problem a method runs on and its compressor (the autoencoder's EF21 runs on a grouped view)."""
+    problem a method runs on and its compressor (the autoencoder's EF21 runs on a grouped view).
+    With ``mpi`` every run is distributed over the MPI ranks (``permk.distributed``); all ranks
+    must call this together; rank 0 alone writes, and its chunk sizes are used by all."""
+    comm = _mpi_comm() if mpi else None
+    writer = comm is None or comm.Get_rank() == 0
     done: dict[str, dict[str, Any]] = {}
     if resume and os.path.exists(path):
         for r in read_records(path):
@@ -315,10 +328,11 @@ def search_cell(
                 rec = done[key]
             else:
                 run = Run((problems or {}).get(method, problem), method, 2.0**j, opts, gamma=(gammas or {}).get(method),
-                          compressor=(compressors or {}).get(method))
+                          compressor=(compressors or {}).get(method), mpi=mpi)
                 while not run.finished:
                     own = run.hit_bits if run.hit_bits is not None else math.inf
-                    run.advance(_chunk(run, opts.budget_factor * min(best_hit, own), opts.max_rounds, opts.chunk_seconds))
+                    steps = _chunk(run, opts.budget_factor * min(best_hit, own), opts.max_rounds, opts.chunk_seconds)
+                    run.advance(steps if comm is None else comm.bcast(steps, root=0))
                     run.settle(best_hit)
                 summ = run.summary()
                 summ["stopped_by"] = "diverged" if run.diverged else ("budget" if run.total_bits >= opts.budget_factor * min(best_hit, run.hit_bits or math.inf) else "max_rounds")
@@ -337,7 +351,8 @@ def search_cell(
                     "summary": summ,
                     "curve": run.curve(),
                 }
-                append_record(path, rec)
+                if writer:
+                    append_record(path, rec)
                 rec = read_back(rec)
             records.append(rec)
             s = rec["summary"]
@@ -417,6 +432,15 @@ def run_pool(
         bar.close()
 
 
+def _mpi_comm() -> Any:
+    """``MPI.COMM_WORLD`` (``permk[mpi]`` needed)."""
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise ImportError("--mpi needs mpi4py: pip install 'permk[mpi]'") from e
+    return MPI.COMM_WORLD
+
+
 def run_grid(
     name: str,
     cfg: dict[str, Any],
@@ -429,11 +453,17 @@ def run_grid(
     progress: bool,
     plot: bool,
     extra: tuple[Any, ...] = (),
+    mpi: bool = False,
 ) -> Path:
     """Run ``cell_fn(cell, cfg, runs_file, resume, *extra)`` for every cell into ``out/<name>/``:
     ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once),
     ``timing.json``, and the figures. An existing grid is continued only with ``resume`` and
-    only if its config is the same. Returns the experiment directory."""
+    only if its config is the same. Returns the experiment directory. With ``mpi`` (launched by
+    ``mpiexec``) every rank runs every cell together (``jobs`` must be 1) and rank 0 writes."""
+    comm = _mpi_comm() if mpi else None
+    if comm is not None and jobs != 1:
+        raise ValueError("--mpi runs the cells one after another on all ranks: use --jobs 1")
+    writer = comm is None or comm.Get_rank() == 0
     root = Path(out) / name
     runs = root / "runs"
     cfg_path = root / "config.json"
@@ -442,12 +472,18 @@ def run_grid(
             raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
         if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(json.dumps(cfg)):
             raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
-    runs.mkdir(parents=True, exist_ok=True)
-    cfg_path.write_text(json.dumps(cfg, indent=1))
+    if writer:
+        runs.mkdir(parents=True, exist_ok=True)
+        cfg_path.write_text(json.dumps(cfg, indent=1))
+    if comm is not None:
+        comm.Barrier()
     tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, *extra) for c in cells]
     t0 = time.perf_counter()
-    run_pool(cell_fn, tasks, jobs=jobs, desc=name, total=len(tasks), progress=progress)
-    (root / "timing.json").write_text(json.dumps({"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume}, indent=1))
+    run_pool(cell_fn, tasks, jobs=jobs, desc=name, total=len(tasks), progress=progress and writer)
+    if not writer:
+        return root
+    timing = {"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume, "mpi_ranks": comm.Get_size() if comm else None}
+    (root / "timing.json").write_text(json.dumps(timing, indent=1))
     if plot:
         from .plotting import plot_experiment
 
