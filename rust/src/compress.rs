@@ -298,7 +298,11 @@ pub fn permk_plan_wide(n: usize, d: usize, pi_d: &[u32], pi_n: &[u32]) -> RoundP
 pub fn block_plan(n: usize, offsets_b: Vec<usize>, coords_b: Vec<u32>, pi: Vec<u32>) -> RoundPlan {
     let m = offsets_b.len() - 1;
     let q = n / m;
-    let slot_block = (0..n).map(|s| if s < m * q { (s / q) as u32 } else { IDLE }).collect();
+    // slot s holds block s / q (s < mq) or nothing: filled block by block, without a division
+    let mut slot_block = vec![IDLE; n];
+    for (b, slots) in slot_block[..m * q].chunks_exact_mut(q).enumerate() {
+        slots.fill(b as u32);
+    }
     RoundPlan::Blocks { pi, slot_block, offsets_b, coords_b, scale: n as f64 / q as f64 }
 }
 

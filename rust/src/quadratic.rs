@@ -126,12 +126,15 @@ impl Tridiagonal {
     pub fn compressed_mean_diff(&self, plan: &RoundPlan, x_new: &[f64], x_old: &[f64]) -> Array1<f64> {
         let d = x_new.len();
         let delta: Vec<f64> = x_new.iter().zip(x_old).map(|(a, b)| a - b).collect();
+        // (Tδ)_j and c·δ_j once per coordinate: a worker's value is then a_i·(Tδ)_j + (cδ)_j
+        let t_delta: Vec<f64> = (0..d).map(|j| t_at(&delta, j)).collect();
+        let c_delta: Vec<f64> = delta.iter().map(|v| self.c * v).collect();
         let mut out = vec![0.0f64; d];
         for i in 0..self.n() {
             let (coords, scale) = plan.worker(i);
             let ai = self.a[i];
             let mut one = |j: usize| {
-                let v = ai * t_at(&delta, j) + self.c * delta[j];
+                let v = ai * t_delta[j] + c_delta[j];
                 out[j] += if scale == 1.0 { v } else { scale * v };
             };
             match coords {
