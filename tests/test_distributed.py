@@ -71,10 +71,11 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _launch(nprocs: int, script: str, *args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+def _launch(nprocs: int, script: str, *args: str, timeout: float = TIMEOUT,
+            mpiexec_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, str(MPI_DIR / script), *args]
     if nprocs > 0:
-        cmd = [str(MPIEXEC), "-n", str(nprocs), *cmd]
+        cmd = [str(MPIEXEC), "-n", str(nprocs), *mpiexec_args, *cmd]
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=MPI_DIR,
                               stdin=subprocess.DEVNULL)
@@ -263,11 +264,12 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
         ("excepthook", "KeyError: 'rank 1 could not load its shard", "rank 1/4: uncaught exception"),
     ],
 )
-def test_a_failing_rank_aborts_the_job(kind: str, message: str, origin: str) -> None:
+def test_a_failing_rank_aborts_the_job(kind: str, message: str, origin: str, tmp_path: Path) -> None:
     start = time.perf_counter()
-    proc = _launch(4, "fail.py", kind, timeout=120)
+    proc = _launch(4, "fail.py", kind, timeout=120, mpiexec_args=("-errfile-pattern", str(tmp_path / "err.%r")))
     assert proc.returncode != 0
-    assert message in proc.stderr and origin in proc.stderr, proc.stderr
+    errs = {rank: f.read_text() for rank in range(4) if (f := tmp_path / f"err.{rank}").exists()}
+    assert any(message in e and origin in e for e in errs.values()), errs
     assert "finished (unexpected)" not in proc.stdout
     assert time.perf_counter() - start < 120
 
@@ -281,11 +283,14 @@ def test_a_failing_rank_aborts_the_job(kind: str, message: str, origin: str) -> 
         ("disagree", "the ranks disagree on params['seed']: rank 0 has 0, rank 1 has 1"),
     ],
 )
-def test_a_bad_launch_is_a_clear_error_on_every_rank(kind: str, message: str) -> None:
-    proc = _launch(4, "fail.py", kind, timeout=120)
+def test_a_bad_launch_is_a_clear_error_on_every_rank(kind: str, message: str, tmp_path: Path) -> None:
+    # each rank's stderr goes to its own file: on a shared pipe the ranks' tracebacks interleave
+    proc = _launch(4, "fail.py", kind, timeout=120, mpiexec_args=("-errfile-pattern", str(tmp_path / "err.%r")))
     assert proc.returncode != 0
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("permk.distributed.LaunchError:")]
-    assert len(errors) == 4 and all(message in line for line in errors), proc.stderr
+    for rank in range(4):
+        err = (tmp_path / f"err.{rank}").read_text()
+        errors = [line for line in err.splitlines() if line.startswith("permk.distributed.LaunchError:")]
+        assert len(errors) == 1 and message in errors[0], f"rank {rank}: {err}"
 
 
 @needs_mpi
