@@ -172,7 +172,11 @@ class LocalProblem(Protocol):
     n: int
     d: int
     x0: np.ndarray
-    workers: Sequence[int]
+
+    @property
+    def workers(self) -> Sequence[int]:
+        """The workers this process holds (a contiguous range)."""
+        ...
 
     def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
         """``∇f_i(x)``, shape ``(d,)``, for a held worker ``i``."""

@@ -248,7 +248,7 @@ def _constants(problem: Problem, constants: str) -> dict[str, float]:
     try:
         c = {"L_minus": float(problem.L_minus), "L_plus": float(problem.L_plus), "L_pm": float(problem.L_pm)}  # type: ignore[attr-defined]
         if constants == "pessimistic":
-            bound = math.sqrt(float(np.mean(np.asarray(problem.L_i, dtype=float) ** 2)))  # type: ignore[attr-defined]
+            bound = math.sqrt(float(np.mean(np.asarray(problem.L_i, dtype=np.float64) ** 2)))  # type: ignore[attr-defined]
             c["L_plus"] = c["L_pm"] = bound
     except AttributeError:
         raise ValueError(
@@ -445,7 +445,7 @@ def _set_gamma(
     params.update(c, constants=constants, gamma_source=source, gamma=gamma_multiplier * theory(c, mu))
 
 
-def _check_resume(state: Any, cls: type, seed: int) -> None:
+def _check_resume(state: Any, cls: type[MarinaState] | type[EF21State], seed: int) -> None:
     """A state to resume must be of the method's kind and carry the run's seed."""
     if not isinstance(state, cls):
         raise TypeError(f"state must be a {cls.__name__} (e.g. result.state of an earlier run of the same method)")

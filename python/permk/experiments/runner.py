@@ -161,7 +161,7 @@ class Run:
             import permk.distributed as pd
 
             run = pd.marina if self.method.startswith("marina") else pd.ef21
-            res = run(pd.LocalView(self.problem), self.compressor, **kw)
+            res: permk.RunResult = run(pd.LocalView(self.problem), self.compressor, **kw)  # type: ignore[operator]
         elif self.method.startswith("marina"):
             res = permk.marina(self.problem, self.compressor, **kw)
         else:
