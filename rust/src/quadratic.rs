@@ -130,6 +130,23 @@ impl Tridiagonal {
         let t_delta: Vec<f64> = (0..d).map(|j| t_at(&delta, j)).collect();
         let c_delta: Vec<f64> = delta.iter().map(|v| self.c * v).collect();
         let mut out = vec![0.0f64; d];
+        if let RoundPlan::Blocks { pi, slot_block, offsets_b, coords_b, scale } = plan {
+            // the block compressors (PermK for n > d): the loop of the general case below with the
+            // plan's indirections resolved inline (same values, same order)
+            for (i, &s) in pi.iter().enumerate() {
+                let b = slot_block[s as usize];
+                if b == compress::IDLE {
+                    continue;
+                }
+                let ai = self.a[i];
+                for &j in &coords_b[offsets_b[b as usize]..offsets_b[b as usize + 1]] {
+                    let j = j as usize;
+                    out[j] += scale * (ai * t_delta[j] + c_delta[j]);
+                }
+            }
+            let n = self.n() as f64;
+            return out.into_iter().map(|v| v / n).collect();
+        }
         for i in 0..self.n() {
             let (coords, scale) = plan.worker(i);
             let ai = self.a[i];
