@@ -1252,3 +1252,26 @@ def test_doctests_of_compressors_module() -> None:
 def test_public_api_exports() -> None:
     for name in permk.compressors.__all__:
         assert getattr(permk, name) is getattr(permk.compressors, name)
+
+
+@pytest.mark.parametrize(
+    ("comp", "n", "d"),
+    [
+        (permk.PermK(), 4, 10),
+        (permk.PermK(), 7, 3),
+        (permk.RandK(3), 5, 9),
+        (permk.BlockPermK(3), 7, 8),
+        (permk.NaturalCompression(), 3, 6),
+        (permk.QSGD(2), 3, 6),
+        (permk.Compose(permk.PermK(), permk.NaturalCompression()), 4, 10),
+        (permk.Compose(permk.RandK(2), permk.QSGD(3)), 3, 6),
+        (permk.Compose(permk.BlockPermK(2), permk.NaturalCompression()), 5, 6),
+    ],
+    ids=lambda v: getattr(v, "name", str(v)),
+)
+def test_stated_ab_constants_survive_permk_theory_estimate_ab(comp: permk.Compressor, n: int, d: int) -> None:
+    """permk.theory.estimate_ab (Monte Carlo on adversarial inputs, with confidence intervals)
+    finds every built-in compressor's stated (A, B) consistent with the data."""
+    est = permk.theory.estimate_ab(comp, n=n, d=d, trials=1500, seed=11)
+    assert est.stated == comp.ab_constants(n, d)
+    assert est.consistent, est
