@@ -36,11 +36,12 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell
+from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -257,19 +258,10 @@ def estimate_constants(ae: LinearAutoencoder, *, seed: int = 0, sample_splits: i
 
 
 def theory_gammas(ae: LinearAutoencoder, consts: dict[str, Any], methods: tuple[str, ...], opts: SearchOptions) -> dict[str, float]:
-    """The theory's step of each method from the estimated constants (pessimistic choice)."""
-    from permk.methods import ef21_stepsize, marina_stepsize
-
-    out: dict[str, float] = {}
-    for m in methods:
-        comp = make_compressor(m, ae.n, ae.d)
-        if m.startswith("marina"):
-            A, B = comp.ab_constants(ae.n, ae.d)
-            p = min(1.0, comp.bits_per_worker(ae.n, ae.d, float_bits=opts.float_bits) / (ae.d * opts.float_bits))
-            out[m] = float(marina_stepsize(A, B, consts["L_minus"], consts["L_plus"], consts["L_pm"], p))
-        else:
-            out[m] = float(ef21_stepsize(comp.alpha(ae.d), consts["L_minus"], consts["L_plus"]))
-    return out
+    """The theory's step of each method from the estimated constants (already the pessimistic
+    choice), as :func:`permk.marina` / :func:`permk.ef21` would choose it (no PL step)."""
+    est = SimpleNamespace(n=ae.n, d=ae.d, L_minus=consts["L_minus"], L_plus=consts["L_plus"], L_pm=consts["L_pm"])
+    return {m: theory_gamma(est, m, replace(opts, pl=False), constants="exact") for m in methods}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell
+from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -70,27 +70,6 @@ PAPER_GRID = QuadraticGrid()
 #: heterogeneous noise scale, the three largest multipliers, a budget of 10× the bits the best
 #: run needs to reach the target (20× in the full grid). About 30 s on 2 cores (``--jobs 2``).
 QUICK_GRID = QuadraticGrid(noise_scales=(0.0, 0.8), max_multipliers=3, options=SearchOptions(max_rounds=4000, budget_factor=10.0))
-
-
-def theory_gamma(problem: Any, method: str, opts: SearchOptions) -> float:
-    """The theory's step (multiplier 1) of ``method`` on ``problem`` with ``opts.constants``
-    (``"pessimistic"``: ``L_+² = L_±² = (1/n) Σ L_i²``), as :func:`permk.marina` /
-    :func:`permk.ef21` compute it."""
-    from permk.methods import ef21_stepsize, marina_stepsize
-
-    n, d = int(problem.n), int(problem.d)
-    comp = make_compressor(method, n, d)
-    L_minus = float(problem.L_minus)
-    if opts.constants == "pessimistic":
-        L_plus = L_pm = math.sqrt(float(np.mean(np.asarray(problem.L_i, dtype=float) ** 2)))
-    else:
-        L_plus, L_pm = float(problem.L_plus), float(problem.L_pm)
-    mu = float(problem.mu) if opts.pl else None
-    if method.startswith("marina"):
-        A, B = comp.ab_constants(n, d)
-        p = min(1.0, comp.bits_per_worker(n, d, float_bits=opts.float_bits) / (d * opts.float_bits))
-        return float(marina_stepsize(A, B, L_minus, L_plus, L_pm, p, mu=mu))
-    return float(ef21_stepsize(comp.alpha(d), L_minus, L_plus, mu=mu))
 
 
 def _constants(q: Any) -> dict[str, float]:

@@ -77,6 +77,23 @@ def make_compressor(method: str, n: int, d: int) -> Any:
     raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
 
 
+def theory_gamma(problem: Any, method: str, opts: SearchOptions, *, constants: str | None = None) -> float:
+    """The theory's step (multiplier 1) of ``method`` on ``problem``, chosen exactly as
+    :func:`permk.marina` / :func:`permk.ef21` choose it (p = ζ/d, Theorem AB / AB-PL, the EF21
+    theorem) from the problem's constants with ``opts.constants`` (``"pessimistic"``:
+    ``L_+² = L_±² = (1/n) Σ L_i²``) unless ``constants`` overrides it."""
+    from permk.methods import _ef21_params, _marina_params
+
+    comp = make_compressor(method, int(problem.n), int(problem.d))
+    kw: dict[str, Any] = dict(rounds=1, seed=opts.seed, gamma=None, gamma_multiplier=1.0, pl=opts.pl,
+                              constants=constants or opts.constants, float_bits=opts.float_bits, record_every=1)
+    if method.startswith("marina"):
+        params = _marina_params(problem, comp, p=None, method="marina", **kw)
+    else:
+        params = _ef21_params(problem, comp, **kw)
+    return float(params["gamma"])
+
+
 def multiplier_exponents(gamma_theory: float, L_minus: float, *, max_count: int | None = None, cap: int = 16) -> list[int]:
     """The exponents ``j`` of the multipliers ``2^j``, from the largest with
     ``2^j γ_theory ≤ 2/L_−`` (beyond it even exact gradient descent diverges) down to ``0``
