@@ -1,49 +1,122 @@
-"""Type stub of the native module (Rust, PyO3). Private: use the ``permk`` API."""
+"""Type stub of the native module (Rust, PyO3). Private: use the ``permk`` API.
+
+Errors: an invalid argument or non-finite data raises ``ValueError`` naming the argument, a
+wrong type ``TypeError``, an array the machine cannot hold ``MemoryError`` (checked before
+anything is allocated), a thread pool that cannot start ``RuntimeError``.
+"""
 
 from typing import final
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["__version__", "Spec", "Tridiagonal", "permk_plan_from_permutations", "block_plan_from_permutation", "coin"]
+__all__ = [
+    "__version__",
+    "Spec",
+    "Tridiagonal",
+    "permk_plan_from_permutations",
+    "block_plan_from_permutation",
+    "coin",
+    "permutation",
+    "set_num_threads",
+    "get_num_threads",
+]
 
 __version__: str
 
 _Plan = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+_Messages = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.floating]]
 
 @final
 class Spec:
+    """A compressor: a sparsifier followed by an optional quantizer (``C_i ∘ Q_i``).
+
+    ``sparsifier`` is one of ``"identity"``, ``"permk"``, ``"randk"`` (``k=``), ``"topk"``
+    (``k=``), ``"blockpermk"`` (``m=`` or ``labels=``) and ``"coordinate_sampling"``;
+    ``quantizer`` one of ``"none"``, ``"natural"`` and ``"qsgd"`` (``s=``). ``params`` are ints,
+    floats or lists of ints (``None`` is absent); an unknown name or parameter raises
+    ValueError naming it.
+    """
+
     def __new__(
-        cls,
-        sparsifier: str,
-        *,
-        k: int | None = None,
-        m: int | None = None,
-        labels: list[int] | None = None,
-        quantizer: str = "none",
-        s: int | None = None,
+        cls, sparsifier: str, *, quantizer: str = "none", **params: int | float | list[int] | None
     ) -> Spec: ...
-    def check(self, n: int, d: int) -> None: ...
-    def aggregate(self, a: npt.NDArray[np.floating], seed: int, round: int) -> npt.NDArray[np.floating]: ...
-    def compress_all(self, a: npt.NDArray[np.floating], seed: int, round: int) -> npt.NDArray[np.floating]: ...
+    @property
+    def name(self) -> str:
+        """The sparsifier's name (``"permk"``, ...)."""
+    @property
+    def shared_plan(self) -> bool:
+        """True when every worker's coordinates are a pure function of ``(seed, round, worker)``
+        and its values are ``scale_i * x_j``: no quantizer and not data-dependent (identity,
+        permk, randk, blockpermk, coordinate_sampling without quantizer)."""
+    def check(self, n: int, d: int) -> None:
+        """Raise ValueError unless the spec is defined for ``n`` workers in dimension ``d``."""
+    def aggregate(self, a: npt.NDArray[np.floating], seed: int, round: int) -> npt.NDArray[np.floating]:
+        """``(1/n) Σ_i C_i(a[i])`` for the ``(n, d)`` float64/float32 array ``a``: summed in
+        worker order into zeros, then divided by ``n``."""
+    def compress_all(self, a: npt.NDArray[np.floating], seed: int, round: int) -> npt.NDArray[np.floating]:
+        """The ``(n, d)`` array of compressed rows ``C_i(a[i])``."""
     def compress(
         self, x: npt.NDArray[np.floating], worker: int, n_workers: int, seed: int, round: int
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.floating]]: ...
-    def plan(self, n: int, d: int, seed: int, round: int) -> _Plan: ...
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.floating]]:
+        """Worker ``worker``'s message ``(indices, values)`` for input ``x`` (``n_workers``
+        workers in all), in message order."""
+    def compress_rows(self, a: npt.NDArray[np.floating], start: int, n_workers: int, seed: int, round: int) -> _Messages:
+        """The messages of workers ``start .. start + m`` whose inputs are the rows of the
+        ``(m, d)`` array ``a``, in one call: ``(offsets (m+1,), indices, values)``; worker
+        ``start + r`` sends ``indices[offsets[r]:offsets[r+1]]`` with the same slice of
+        ``values``. Bit for bit ``compress(a[r], start + r, n_workers, seed, round)``; values
+        have ``a``'s dtype. Works for data-dependent compressors (TopK)."""
+    def plan(self, n: int, d: int, seed: int, round: int) -> _Plan:
+        """The round's plan as CSR arrays ``(offsets, coords, scales)``: worker ``i`` sends
+        ``coords[offsets[i]:offsets[i+1]]`` scaled by ``scales[i]``. ValueError for a
+        data-dependent sparsifier (TopK)."""
+    def plan_ranges(self, n: int, d: int, seed: int, round: int) -> _Plan | None:
+        """``(starts, stops, scales)`` (int64, int64, float64, each ``(n,)``) when every worker's
+        coordinates form one contiguous range ``starts[i]:stops[i]`` (idle workers:
+        ``start == stop``), in the order of :meth:`plan`: identity, blockpermk with contiguous
+        blocks, permk with ``n >= d`` or ``n = 1``, randk with ``k = 1``, coordinate_sampling
+        with ``n = 1`` or ``d = 1``. None otherwise, and for specs without :attr:`shared_plan`.
+        ``O(n)`` work."""
 
-def permk_plan_from_permutations(n: int, d: int, pi_d: list[int], pi_n: list[int]) -> _Plan: ...
-def block_plan_from_permutation(labels: list[int], pi: list[int]) -> _Plan: ...
-def coin(seed: int, round: int, p: float) -> bool: ...
+def permk_plan_from_permutations(n: int, d: int, pi_d: list[int], pi_n: list[int]) -> _Plan:
+    """PermK's plan (``d >= n``, general form) from explicit permutations ``pi_d`` of
+    ``range(d)`` and ``pi_n`` of ``range(n)`` (exact enumeration)."""
+
+def block_plan_from_permutation(labels: list[int], pi: list[int]) -> _Plan:
+    """The block permutation plan from an explicit permutation ``pi`` of the workers;
+    ``labels[j]`` is the block of coordinate ``j`` (PermK for ``n > d``: ``range(d)``)."""
+
+def coin(seed: int, round: int, p: float) -> bool:
+    """MARINA's shared Bernoulli(``p``) coin of round ``round``."""
+
+def permutation(seed: int, round: int, n: int) -> npt.NDArray[np.int64]:
+    """A uniformly random permutation of ``range(n)`` shared by all workers: a pure function
+    of ``(seed, round)`` (its own random stream; for the permutation of mappings)."""
+
+def set_num_threads(k: int) -> None:
+    """Use ``k`` threads (``1 <= k <= 1024``) for the core's parallel kernels. Results never
+    depend on the number of threads."""
+
+def get_num_threads() -> int:
+    """The number of threads of the core's parallel kernels."""
 
 @final
 class Tridiagonal:
+    """The synthetic quadratic's oracles (Algorithm 1): ``f_i(x) = ½ xᵀA_i x − xᵀb_i`` with
+    ``A_i = a_i T + c I``, ``T = tridiag(−1, 2, −1)``, ``b_i = beta_i e_1``."""
+
     def __new__(cls, a: list[float], c: float, beta: list[float]) -> Tridiagonal: ...
-    def loss(self, x: npt.NDArray[np.float64]) -> float: ...
-    def grad(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
-    def local_grads(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]: ...
+    def loss(self, x: npt.NDArray[np.float64]) -> float:
+        """``f(x)``."""
+    def grad(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """``∇f(x)``."""
+    def local_grads(self, x: npt.NDArray[np.float64], start: int = 0, stop: int | None = None) -> npt.NDArray[np.float64]:
+        """Rows ``start:stop`` (default all ``n``) of the local gradients ``∇f_i(x)``."""
     def local_grad_coords(
         self, x: npt.NDArray[np.float64], rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.float64]: ...
+    ) -> npt.NDArray[np.float64]:
+        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``."""
     def marina_round(
         self,
         spec: Spec,
@@ -53,7 +126,8 @@ class Tridiagonal:
         p: float,
         seed: int,
         round: int,
-    ) -> bool: ...
+    ) -> bool:
+        """One MARINA round in place on ``x`` and ``g``; returns the coin."""
     def ef21_topk_round(
         self,
         x: npt.NDArray[np.float64],
@@ -61,5 +135,30 @@ class Tridiagonal:
         gmat: npt.NDArray[np.float64],
         gamma: float,
         k: int,
-    ) -> None: ...
-    def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]: ...
+    ) -> None:
+        """One fused EF21 + TopK(``k``) round in place on ``x``, ``g`` and ``gmat``."""
+    def compressed_mean_diff(
+        self, spec: Spec, x_new: npt.NDArray[np.float64], x_old: npt.NDArray[np.float64], seed: int, round: int
+    ) -> npt.NDArray[np.float64]:
+        """``(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))`` with the round's plan for the kernel's
+        ``n`` workers (``spec`` must have :attr:`Spec.shared_plan`): exactly what
+        :meth:`marina_round` adds to ``g`` on tails, without touching anything. ``(d,)``."""
+    def error_feedback(
+        self,
+        spec: Spec,
+        x: npt.NDArray[np.float64],
+        G: npt.NDArray[np.float64],
+        seed: int,
+        round: int,
+        start: int = 0,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64], bool]:
+        """EF21's worker step for workers ``start .. start + m``: ``G`` (C-contiguous writeable
+        float64 ``(m, d)``) holds their estimators ``g_i``. Worker ``i`` computes
+        ``r_i = ∇f_i(x) − G_i`` row by row, sends ``c_i = C_i(r_i)`` (the spec's plan for the
+        kernel's ``n`` workers) and sets ``G_i += c_i`` in place. Returns the messages
+        ``(offsets (m+1,), indices, values)`` in worker order and ``finite``; when a residual
+        is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged.
+        With TopK, ``g + np.bincount(indices, values, minlength=d) / n`` is
+        :meth:`ef21_topk_round`'s ``g`` bit for bit (``x`` being ``x_old − gamma * g``)."""
+    def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]:
+        """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)``."""

@@ -1,29 +1,79 @@
-//! The one error type of the core; the PyO3 glue maps it to Python exceptions.
+//! The one error type of the core; the PyO3 glue maps it to Python exceptions (one
+//! `From<CoreError> for PyErr`): invalid arguments and non-finite data to `ValueError`, wrong
+//! types to `TypeError`, memory to `MemoryError`, thread-pool failures to `RuntimeError`.
 
 use std::fmt;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum CoreError {
-    /// An argument outside its domain (maps to `ValueError`).
-    InvalidArgument { name: &'static str, message: String },
+    /// An argument outside its domain (maps to `ValueError`). `name` is the argument's name.
+    InvalidArgument { name: String, message: String },
+    /// An argument of the wrong kind, e.g. a float where an integer is needed (maps to `TypeError`).
+    WrongType { name: String, message: String },
     /// A NaN or infinity in a value the kernel reads or produces (maps to `ValueError`).
     NonFinite { what: &'static str, worker: usize, coord: usize },
+    /// An allocation the machine cannot hold: estimated before allocating (above the physical
+    /// memory), an overflowing size, or a failed allocation (maps to `MemoryError`). `what`
+    /// names the array with its shape and data type; `bytes` is its size; `note` says more.
+    Memory { what: String, bytes: u128, note: String },
+    /// The thread pool could not be started (maps to `RuntimeError`).
+    Threads(String),
 }
 
 impl CoreError {
-    pub fn invalid(name: &'static str, message: impl Into<String>) -> Self {
-        CoreError::InvalidArgument { name, message: message.into() }
+    pub fn invalid(name: impl Into<String>, message: impl Into<String>) -> Self {
+        CoreError::InvalidArgument { name: name.into(), message: message.into() }
     }
+
+    pub fn wrong_type(name: impl Into<String>, message: impl Into<String>) -> Self {
+        CoreError::WrongType { name: name.into(), message: message.into() }
+    }
+}
+
+/// A byte count as numpy writes it in its `MemoryError`s: three significant digits and a
+/// binary unit (`745 GiB`, `7.45 MiB`, `12 bytes`).
+pub fn format_bytes(bytes: u128) -> String {
+    const UNITS: [&str; 9] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut unit = ((127 - bytes.leading_zeros()) / 10) as usize;
+    let mut value = bytes as f64 / (1u128 << (10 * unit)) as f64;
+    if value.round() >= 1024.0 && unit + 1 < UNITS.len() {
+        unit += 1;
+        value /= 1024.0;
+    }
+    if unit >= UNITS.len() {
+        return format!("{bytes} bytes");
+    }
+    let digits = if value >= 99.95 {
+        0
+    } else if value >= 9.995 {
+        1
+    } else {
+        2
+    };
+    let mut s = format!("{value:.digits$}");
+    if s.contains('.') {
+        s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    format!("{s} {}", UNITS[unit])
 }
 
 impl fmt::Display for CoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            CoreError::InvalidArgument { name, message } => write!(f, "{name}: {message}"),
+            CoreError::InvalidArgument { name, message } | CoreError::WrongType { name, message } => {
+                write!(f, "{name}: {message}")
+            }
             CoreError::NonFinite { what, worker, coord } => write!(
                 f,
                 "non-finite value (NaN or inf) in {what} at worker {worker}, coordinate {coord}"
             ),
+            CoreError::Memory { what, bytes, note } => {
+                write!(f, "Unable to allocate {} for {what}{note}", format_bytes(*bytes))
+            }
+            CoreError::Threads(message) => write!(f, "could not start the thread pool: {message}"),
         }
     }
 }
@@ -31,3 +81,19 @@ impl fmt::Display for CoreError {
 impl std::error::Error for CoreError {}
 
 pub type Result<T> = std::result::Result<T, CoreError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_written_like_numpy() {
+        assert_eq!(format_bytes(12), "12 bytes");
+        assert_eq!(format_bytes(1024), "1 KiB");
+        assert_eq!(format_bytes(1536), "1.5 KiB");
+        assert_eq!(format_bytes(800_000_000_000), "745 GiB");
+        assert_eq!(format_bytes(8_000_000), "7.63 MiB");
+        assert_eq!(format_bytes((1 << 20) - 1), "1 MiB");
+        assert_eq!(format_bytes(u128::MAX), format!("{} bytes", u128::MAX));
+    }
+}

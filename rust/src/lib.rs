@@ -2,11 +2,26 @@
 //!
 //! The core is pure Rust on `ndarray` views (`cargo test --no-default-features`); the PyO3
 //! glue lives in `py.rs` behind the default `python` feature.
+//!
+//! - [`sparsify`]: the sparsifiers, one type per file, each implementing
+//!   [`sparsify::Sparsify`], listed once in the registry of `sparsify/mod.rs`;
+//! - [`compress`]: [`compress::Spec`] (sparsifier ∘ quantizer) and its entry points;
+//! - [`plan`]: assignments and plans; [`kernels`]: the aggregation kernels;
+//! - [`quadratic`]: the synthetic quadratic's oracles and fused method steps;
+//! - [`rng`]: the pinned random streams; [`mem`]: the memory guard; [`threads`]: the pool;
+//!   [`params`]: compressor parameters; [`error`]: the one error type.
 
 pub mod compress;
 pub mod error;
+pub mod kernels;
+pub mod mem;
+pub mod params;
+pub mod plan;
 pub mod quadratic;
+pub mod real;
 pub mod rng;
+pub mod sparsify;
+pub mod threads;
 
 #[cfg(feature = "python")]
 mod py;

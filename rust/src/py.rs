@@ -1,19 +1,29 @@
 //! The PyO3 glue: argument conversion, dtype dispatch, GIL release and error mapping only.
-//! Every computation lives in the pure-Rust modules.
+//! Every computation lives in the pure-Rust modules; a new sparsifier needs nothing here
+//! (`Spec(name, **params)` goes through [`Spec::from_name`]).
 
-use numpy::ndarray::{Array1, ArrayView1, ArrayView2};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1};
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use numpy::ndarray::{ArrayView1, ArrayView2};
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
 
-use crate::compress::{self, Partition, Quantizer, Real, RoundPlan, Sparsifier, Spec};
+use crate::compress::{self, CsrArrays, Messages, Real, Spec};
 use crate::error::CoreError;
-use crate::quadratic;
-use crate::rng;
+use crate::params::{Params, Value};
+use crate::plan::Ranges;
+use crate::sparsify::{blockpermk, permk};
+use crate::{quadratic, rng, threads};
 
 impl From<CoreError> for PyErr {
     fn from(e: CoreError) -> PyErr {
-        PyValueError::new_err(e.to_string())
+        let message = e.to_string();
+        match e {
+            CoreError::InvalidArgument { .. } | CoreError::NonFinite { .. } => PyValueError::new_err(message),
+            CoreError::WrongType { .. } => PyTypeError::new_err(message),
+            CoreError::Memory { .. } => PyMemoryError::new_err(message),
+            CoreError::Threads(_) => PyRuntimeError::new_err(message),
+        }
     }
 }
 
@@ -47,16 +57,43 @@ fn arr1<'py>(a: &Bound<'py, PyAny>, name: &str) -> PyResult<Arr1<'py>> {
     }
 }
 
-fn plan_arrays<'py>(py: Python<'py>, plan: RoundPlan, d: usize) -> PlanArrays<'py> {
-    let (offsets, coords, scales) = plan.to_csr(d);
-    (
-        Array1::from(offsets.into_iter().map(|o| o as i64).collect::<Vec<_>>()).into_pyarray(py),
-        Array1::from(coords.into_iter().map(i64::from).collect::<Vec<_>>()).into_pyarray(py),
-        Array1::from(scales).into_pyarray(py),
-    )
+/// One `**params` value: an int, a float or a list of ints (`None` is absent).
+fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
+    if v.is_none() {
+        return Ok(None);
+    }
+    if v.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got a bool")));
+    }
+    if let Ok(i) = v.extract::<i64>() {
+        return Ok(Some(Value::Int(i)));
+    }
+    if v.is_instance_of::<PyInt>() || v.hasattr("__index__")? {
+        return Err(PyValueError::new_err(format!("{key}: the integer {v} is out of range")));
+    }
+    if v.is_instance_of::<PyFloat>() {
+        return Ok(Some(Value::Float(v.extract::<f64>()?)));
+    }
+    if let Ok(list) = v.extract::<Vec<i64>>() {
+        return Ok(Some(Value::Ints(list)));
+    }
+    let type_name = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got {type_name}")))
 }
 
 type PlanArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);
+
+fn plan_arrays(py: Python<'_>, p: CsrArrays) -> PlanArrays<'_> {
+    (p.offsets.into_pyarray(py), p.coords.into_pyarray(py), p.scales.into_pyarray(py))
+}
+
+type FeedbackArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>, bool);
+
+type MessageArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>);
+
+fn message_arrays<T: numpy::Element>(py: Python<'_>, m: Messages<T>) -> MessageArrays<'_> {
+    (m.offsets.into_pyarray(py), m.indices.into_pyarray(py), m.values.into_pyarray(py).into_any())
+}
 
 /// A compressor specification (sparsifier ∘ quantizer) with the Rust kernels attached.
 #[pyclass(frozen, module = "permk._core", name = "Spec")]
@@ -65,30 +102,31 @@ pub struct PySpec(Spec);
 #[pymethods]
 impl PySpec {
     #[new]
-    #[pyo3(signature = (sparsifier, *, k=None, m=None, labels=None, quantizer="none", s=None))]
-    fn new(sparsifier: &str, k: Option<usize>, m: Option<usize>, labels: Option<Vec<u32>>, quantizer: &str, s: Option<u32>) -> PyResult<Self> {
-        let need_k = || k.ok_or_else(|| PyValueError::new_err(format!("{sparsifier} needs k")));
-        let sp = match sparsifier {
-            "identity" => Sparsifier::Identity,
-            "permk" => Sparsifier::PermK,
-            "randk" => Sparsifier::RandK { k: need_k()? },
-            "topk" => Sparsifier::TopK { k: need_k()? },
-            "blockpermk" => Sparsifier::BlockPermK {
-                partition: match (m, labels) {
-                    (_, Some(l)) => Partition::labels(l)?,
-                    (Some(m), None) => Partition::Contiguous { m },
-                    (None, None) => return Err(PyValueError::new_err("blockpermk needs m or labels")),
-                },
-            },
-            other => return Err(PyValueError::new_err(format!("unknown sparsifier {other:?}"))),
-        };
-        let q = match quantizer {
-            "none" => Quantizer::None,
-            "natural" => Quantizer::Natural,
-            "qsgd" => Quantizer::Qsgd { s: s.ok_or_else(|| PyValueError::new_err("qsgd needs s"))? },
-            other => return Err(PyValueError::new_err(format!("unknown quantizer {other:?}"))),
-        };
-        Ok(PySpec(Spec::new(sp, q)?))
+    #[pyo3(signature = (sparsifier, *, quantizer="none", **params))]
+    fn new(sparsifier: &str, quantizer: &str, params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut p = Params::new();
+        if let Some(params) = params {
+            for (k, v) in params.iter() {
+                let key: String = k.extract()?;
+                if let Some(value) = param_value(&key, &v)? {
+                    p.insert(&key, value);
+                }
+            }
+        }
+        Ok(PySpec(Spec::from_name(sparsifier, quantizer, p)?))
+    }
+
+    /// The sparsifier's name.
+    #[getter]
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    /// True when the coordinates are a pure function of (seed, round, worker) and the values
+    /// are `scale_i * x_j`.
+    #[getter]
+    fn shared_plan(&self) -> bool {
+        self.0.shared_plan()
     }
 
     /// Raises ValueError unless the spec is defined for `n` workers in dimension `d`.
@@ -98,28 +136,26 @@ impl PySpec {
 
     /// `(1/n) Σ_i C_i(A[i])` for the `(n, d)` array `A`.
     fn aggregate<'py>(&self, py: Python<'py>, a: &Bound<'py, PyAny>, seed: u64, round: u64) -> PyResult<Bound<'py, PyAny>> {
-        fn go<T: Real + numpy::Element>(py: Python<'_>, spec: &Spec, a: ArrayView2<T>, seed: u64, round: u64) -> PyResult<Py<PyAny>> {
+        fn go<'py, T: Real + numpy::Element>(py: Python<'py>, spec: &Spec, a: ArrayView2<T>, seed: u64, round: u64) -> PyResult<Bound<'py, PyAny>> {
             let out = py.detach(|| compress::aggregate(spec, a, seed, round))?;
-            Ok(out.into_pyarray(py).into_any().unbind())
+            Ok(out.into_pyarray(py).into_any())
         }
-        let r = match arr2(a, "A")? {
-            Arr2::F64(x) => go(py, &self.0, x.as_array(), seed, round)?,
-            Arr2::F32(x) => go(py, &self.0, x.as_array(), seed, round)?,
-        };
-        Ok(r.into_bound(py))
+        match arr2(a, "A")? {
+            Arr2::F64(x) => go(py, &self.0, x.as_array(), seed, round),
+            Arr2::F32(x) => go(py, &self.0, x.as_array(), seed, round),
+        }
     }
 
     /// The `(n, d)` array of compressed rows `C_i(A[i])`.
     fn compress_all<'py>(&self, py: Python<'py>, a: &Bound<'py, PyAny>, seed: u64, round: u64) -> PyResult<Bound<'py, PyAny>> {
-        fn go<T: Real + numpy::Element>(py: Python<'_>, spec: &Spec, a: ArrayView2<T>, seed: u64, round: u64) -> PyResult<Py<PyAny>> {
+        fn go<'py, T: Real + numpy::Element>(py: Python<'py>, spec: &Spec, a: ArrayView2<T>, seed: u64, round: u64) -> PyResult<Bound<'py, PyAny>> {
             let out = py.detach(|| compress::compress_all(spec, a, seed, round))?;
-            Ok(out.into_pyarray(py).into_any().unbind())
+            Ok(out.into_pyarray(py).into_any())
         }
-        let r = match arr2(a, "A")? {
-            Arr2::F64(x) => go(py, &self.0, x.as_array(), seed, round)?,
-            Arr2::F32(x) => go(py, &self.0, x.as_array(), seed, round)?,
-        };
-        Ok(r.into_bound(py))
+        match arr2(a, "A")? {
+            Arr2::F64(x) => go(py, &self.0, x.as_array(), seed, round),
+            Arr2::F32(x) => go(py, &self.0, x.as_array(), seed, round),
+        }
     }
 
     /// One worker's message `(indices, values)`.
@@ -133,77 +169,106 @@ impl PySpec {
         round: u64,
     ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>)> {
         #[allow(clippy::type_complexity)]
-        fn go<T: Real + numpy::Element>(
-            py: Python<'_>,
+        fn go<'py, T: Real + numpy::Element>(
+            py: Python<'py>,
             spec: &Spec,
             x: ArrayView1<T>,
             w: usize,
             n: usize,
             seed: u64,
             round: u64,
-        ) -> PyResult<(Py<PyArray1<i64>>, Py<PyAny>)> {
+        ) -> PyResult<(Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>)> {
             let (idx, val) = py.detach(|| compress::compress(spec, x, w, n, seed, round))?;
-            let idx = Array1::from(idx.into_iter().map(i64::from).collect::<Vec<_>>()).into_pyarray(py).unbind();
-            Ok((idx, Array1::from(val).into_pyarray(py).into_any().unbind()))
+            Ok((idx.into_pyarray(py), val.into_pyarray(py).into_any()))
         }
-        let (i, v) = match arr1(x, "x")? {
-            Arr1::F64(a) => go(py, &self.0, a.as_array(), worker, n_workers, seed, round)?,
-            Arr1::F32(a) => go(py, &self.0, a.as_array(), worker, n_workers, seed, round)?,
-        };
-        Ok((i.into_bound(py), v.into_bound(py)))
+        match arr1(x, "x")? {
+            Arr1::F64(a) => go(py, &self.0, a.as_array(), worker, n_workers, seed, round),
+            Arr1::F32(a) => go(py, &self.0, a.as_array(), worker, n_workers, seed, round),
+        }
     }
 
-    /// The round's plan as CSR arrays `(offsets, coords, scales)`: worker `i` sends
-    /// `coords[offsets[i]:offsets[i+1]]` scaled by `scales[i]`. Not for TopK (data-dependent).
+    /// The messages of workers `start .. start + m` (rows of the `(m, d)` array `A`):
+    /// `(offsets, indices, values)`.
+    fn compress_rows<'py>(
+        &self,
+        py: Python<'py>,
+        a: &Bound<'py, PyAny>,
+        start: usize,
+        n_workers: usize,
+        seed: u64,
+        round: u64,
+    ) -> PyResult<MessageArrays<'py>> {
+        fn go<'py, T: Real + numpy::Element>(
+            py: Python<'py>,
+            spec: &Spec,
+            a: ArrayView2<T>,
+            start: usize,
+            n: usize,
+            seed: u64,
+            round: u64,
+        ) -> PyResult<MessageArrays<'py>> {
+            let m = py.detach(|| compress::compress_rows(spec, a, start, n, seed, round))?;
+            Ok(message_arrays(py, m))
+        }
+        match arr2(a, "A")? {
+            Arr2::F64(x) => go(py, &self.0, x.as_array(), start, n_workers, seed, round),
+            Arr2::F32(x) => go(py, &self.0, x.as_array(), start, n_workers, seed, round),
+        }
+    }
+
+    /// The round's plan as CSR arrays `(offsets, coords, scales)`.
     fn plan<'py>(&self, py: Python<'py>, n: usize, d: usize, seed: u64, round: u64) -> PyResult<PlanArrays<'py>> {
-        if !self.0.has_shared_coordinates() {
-            return Err(PyValueError::new_err("TopK's coordinates depend on the data; it has no shared plan"));
-        }
-        let plan = py.detach(|| compress::round_plan::<f64>(&self.0, n, d, seed, round, None))?;
-        Ok(plan_arrays(py, plan, d))
+        let p = py.detach(|| compress::plan(&self.0, n, d, seed, round))?;
+        Ok(plan_arrays(py, p))
     }
-}
 
-fn check_perm(p: &[u32], len: usize, name: &str) -> PyResult<()> {
-    let mut seen = vec![false; len];
-    if p.len() != len || p.iter().any(|&v| (v as usize) >= len || std::mem::replace(&mut seen[v as usize], true)) {
-        return Err(PyValueError::new_err(format!("{name} must be a permutation of range({len})")));
+    /// Every worker's coordinates as one range `(starts, stops, scales)`, or None.
+    #[allow(clippy::type_complexity)]
+    fn plan_ranges<'py>(&self, py: Python<'py>, n: usize, d: usize, seed: u64, round: u64) -> PyResult<Option<PlanArrays<'py>>> {
+        let r = py.detach(|| compress::plan_ranges(&self.0, n, d, seed, round))?;
+        Ok(r.map(|Ranges { starts, stops, scales }| (starts.into_pyarray(py), stops.into_pyarray(py), scales.into_pyarray(py))))
     }
-    Ok(())
 }
 
 /// PermK's plan (`d >= n`, general form) from explicit permutations, for exact enumeration.
 #[pyfunction]
-fn permk_plan_from_permutations<'py>(py: Python<'py>, n: usize, d: usize, pi_d: Vec<u32>, pi_n: Vec<u32>) -> PyResult<PlanArrays<'py>> {
-    if n == 0 || d < n {
-        return Err(PyValueError::new_err("needs 1 <= n <= d"));
-    }
-    check_perm(&pi_d, d, "pi_d")?;
-    check_perm(&pi_n, n, "pi_n")?;
-    Ok(plan_arrays(py, compress::permk_plan_wide(n, d, &pi_d, &pi_n), d))
+fn permk_plan_from_permutations(py: Python<'_>, n: usize, d: usize, pi_d: Vec<u32>, pi_n: Vec<u32>) -> PyResult<PlanArrays<'_>> {
+    let p = py.detach(|| permk::plan_from_permutations(n, d, &pi_d, &pi_n))?;
+    Ok(plan_arrays(py, p))
 }
 
 /// The block permutation plan from an explicit permutation of the workers; `labels[j]` is the
 /// block of coordinate `j` (PermK for `n > d` is `labels = range(d)`).
 #[pyfunction]
-fn block_plan_from_permutation<'py>(py: Python<'py>, labels: Vec<u32>, pi: Vec<u32>) -> PyResult<PlanArrays<'py>> {
-    let d = labels.len();
-    let n = pi.len();
-    let spec = Spec::new(Sparsifier::BlockPermK { partition: Partition::labels(labels)? }, Quantizer::None)?;
-    spec.check(n, d)?;
-    check_perm(&pi, n, "pi")?;
-    let Sparsifier::BlockPermK { partition: Partition::Labels { labels, m } } = spec.sparsifier else { unreachable!() };
-    let mut by_block: Vec<Vec<u32>> = vec![Vec::new(); m];
-    for (j, &l) in labels.iter().enumerate() {
-        by_block[l as usize].push(j as u32);
-    }
-    let mut offsets = vec![0usize];
-    let mut coords = Vec::with_capacity(d);
-    for b in by_block {
-        coords.extend(b);
-        offsets.push(coords.len());
-    }
-    Ok(plan_arrays(py, compress::block_plan(n, offsets, coords, pi), d))
+fn block_plan_from_permutation(py: Python<'_>, labels: Vec<u32>, pi: Vec<u32>) -> PyResult<PlanArrays<'_>> {
+    let p = py.detach(|| blockpermk::plan_from_permutation(labels, pi))?;
+    Ok(plan_arrays(py, p))
+}
+
+/// MARINA's shared Bernoulli(p) coin of round `round`.
+#[pyfunction]
+fn coin(seed: u64, round: u64, p: f64) -> bool {
+    rng::coin(seed, round, p)
+}
+
+/// A uniformly random permutation of range(n) shared by all workers: a pure function of
+/// (seed, round).
+#[pyfunction]
+fn permutation(py: Python<'_>, seed: u64, round: u64, n: usize) -> PyResult<Bound<'_, PyArray1<i64>>> {
+    let p = py.detach(|| rng::shared_permutation(seed, round, n))?;
+    Ok(p.into_pyarray(py))
+}
+
+/// Sets the number of threads of the core's pool.
+#[pyfunction]
+fn set_num_threads(py: Python<'_>, k: usize) -> PyResult<()> {
+    Ok(py.detach(|| threads::set_num_threads(k))?)
+}
+
+/// The number of threads of the core's pool.
+#[pyfunction]
+fn get_num_threads(py: Python<'_>) -> PyResult<usize> {
+    Ok(py.detach(threads::num_threads)?)
 }
 
 /// The synthetic quadratic's oracles (Algorithm 1): `A_i = a_i T + c I`, `b_i = beta_i e_1`.
@@ -217,17 +282,21 @@ impl PyTridiagonal {
         Ok(PyTridiagonal(quadratic::Tridiagonal::new(a, c, beta)?))
     }
 
-    fn loss(&self, x: PyReadonlyArray1<'_, f64>) -> f64 {
-        self.0.loss(x.as_array())
-    }
-
-    fn grad<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>) -> Bound<'py, PyArray1<f64>> {
-        self.0.grad(x.as_array()).into_pyarray(py)
-    }
-
-    fn local_grads<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>) -> Bound<'py, PyArray2<f64>> {
+    fn loss(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f64>) -> PyResult<f64> {
         let x = x.as_array();
-        py.detach(|| self.0.local_grads(x)).into_pyarray(py)
+        Ok(py.detach(|| self.0.loss(x))?)
+    }
+
+    fn grad<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let x = x.as_array();
+        Ok(py.detach(|| self.0.grad(x))?.into_pyarray(py))
+    }
+
+    #[pyo3(signature = (x, start=0, stop=None))]
+    fn local_grads<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>, start: usize, stop: Option<usize>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let x = x.as_array();
+        let stop = stop.unwrap_or(self.0.n());
+        Ok(py.detach(|| self.0.local_grads(x, start, stop))?.into_pyarray(py))
     }
 
     fn local_grad_coords<'py>(
@@ -238,8 +307,7 @@ impl PyTridiagonal {
         cols: PyReadonlyArray1<'py, i64>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let (x, rows, cols) = (x.as_array(), rows.as_array(), cols.as_array());
-        let (rows, cols) = (rows.to_vec(), cols.to_vec());
-        Ok(py.detach(|| self.0.local_grad_coords(x, &rows, &cols))?.into_pyarray(py))
+        Ok(py.detach(|| self.0.local_grad_coords(x, rows, cols))?.into_pyarray(py))
     }
 
     /// One MARINA round in place on `x`, `g` (float64, writeable); returns the coin.
@@ -266,7 +334,7 @@ impl PyTridiagonal {
         py: Python<'_>,
         mut x: PyReadwriteArray1<'_, f64>,
         mut g: PyReadwriteArray1<'_, f64>,
-        mut gmat: numpy::PyReadwriteArray2<'_, f64>,
+        mut gmat: PyReadwriteArray2<'_, f64>,
         gamma: f64,
         k: usize,
     ) -> PyResult<()> {
@@ -274,17 +342,44 @@ impl PyTridiagonal {
         Ok(py.detach(|| self.0.ef21_topk_round(x, g, gmat, gamma, k))?)
     }
 
-    /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.
-    fn solve_mean<'py>(&self, py: Python<'py>, rhs: Vec<f64>) -> Bound<'py, PyArray1<f64>> {
-        let mean = self.0.a.iter().sum::<f64>() / self.0.n() as f64;
-        Array1::from(quadratic::solve_mean(mean, self.0.c, &rhs)).into_pyarray(py)
+    /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` for a spec with a shared plan.
+    fn compressed_mean_diff<'py>(
+        &self,
+        py: Python<'py>,
+        spec: &PySpec,
+        x_new: PyReadonlyArray1<'py, f64>,
+        x_old: PyReadonlyArray1<'py, f64>,
+        seed: u64,
+        round: u64,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let (x_new, x_old) = (x_new.as_array(), x_old.as_array());
+        Ok(py.detach(|| self.0.compressed_mean_diff(&spec.0, x_new, x_old, seed, round))?.into_pyarray(py))
     }
-}
 
-/// MARINA's shared Bernoulli(p) coin of round `round`.
-#[pyfunction]
-fn coin(seed: u64, round: u64, p: f64) -> bool {
-    rng::coin(seed, round, p)
+    /// EF21's worker step for workers `start .. start + m` (`G` is their `(m, d)` estimators,
+    /// updated in place): `(offsets, indices, values, finite)`.
+    #[allow(non_snake_case, clippy::too_many_arguments)]
+    #[pyo3(signature = (spec, x, G, seed, round, start=0))]
+    fn error_feedback<'py>(
+        &self,
+        py: Python<'py>,
+        spec: &PySpec,
+        x: PyReadonlyArray1<'py, f64>,
+        mut G: PyReadwriteArray2<'py, f64>,
+        seed: u64,
+        round: u64,
+        start: usize,
+    ) -> PyResult<FeedbackArrays<'py>> {
+        let (x, gmat) = (x.as_array(), G.as_array_mut());
+        let fb = py.detach(|| self.0.error_feedback(&spec.0, x, gmat, seed, round, start))?;
+        let (o, i, v) = message_arrays(py, fb.messages);
+        Ok((o, i, v, fb.finite))
+    }
+
+    /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.
+    fn solve_mean<'py>(&self, py: Python<'py>, rhs: Vec<f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        Ok(py.detach(|| self.0.solve_mean(&rhs))?.into_pyarray(py))
+    }
 }
 
 #[pymodule]
@@ -296,5 +391,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permk_plan_from_permutations, m)?)?;
     m.add_function(wrap_pyfunction!(block_plan_from_permutation, m)?)?;
     m.add_function(wrap_pyfunction!(coin, m)?)?;
+    m.add_function(wrap_pyfunction!(permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())
 }

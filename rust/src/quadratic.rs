@@ -1,13 +1,19 @@
 //! The synthetic quadratic of the paper's Algorithm 1 ("Quadratic optimization task
 //! generation"): `f_i(x) = ½ xᵀA_i x − xᵀb_i` with `A_i = a_i T + c I`, `T = tridiag(−1, 2, −1)`
 //! and `b_i = β_i e_1`. It stores `O(n)` numbers; every oracle costs `O(1)` per coordinate.
+//!
+//! Every method validates all its arguments and estimates its memory before computing; the
+//! in-place ones ([`Tridiagonal::marina_round`], [`Tridiagonal::error_feedback`],
+//! [`Tridiagonal::ef21_topk_round`]) compute into buffers and write their outputs last.
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut1, ArrayViewMut2};
 use rayon::prelude::*;
 
-use crate::compress::{self, RoundPlan, Spec};
+use crate::compress::{self, emit_worker, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
 use crate::error::{CoreError, Result};
-use crate::rng;
+use crate::mem::{self, Need};
+use crate::plan::{with_owner, Blocks, Label, IDLE};
+use crate::{rng, threads};
 
 #[derive(Clone, Debug)]
 pub struct Tridiagonal {
@@ -34,14 +40,59 @@ fn t_at(x: &[f64], j: usize) -> f64 {
     v
 }
 
-fn contiguous<'a>(x: &'a ArrayView1<f64>, buf: &'a mut Vec<f64>) -> &'a [f64] {
+/// `x` as a slice: borrowed when contiguous, else copied (fallibly) into `buf`.
+fn contiguous<'a>(x: &'a ArrayView1<f64>, buf: &'a mut Vec<f64>, name: &str) -> Result<&'a [f64]> {
     match x.as_slice() {
-        Some(s) => s,
+        Some(s) => Ok(s),
         None => {
-            *buf = x.to_vec();
-            buf
+            *buf = mem::collect(name, x.len(), x.iter().copied())?;
+            Ok(buf)
         }
     }
+}
+
+/// Fails unless the vector `name` has at least one coordinate.
+fn nonempty(name: &str, d: usize) -> Result<()> {
+    if d == 0 {
+        return Err(CoreError::invalid(name, "must have at least one coordinate"));
+    }
+    Ok(())
+}
+
+/// `n·d` at least this large runs the workers of the EF21 steps on the pool's threads.
+const EF21_PAR_MIN: usize = 1 << 16;
+
+/// One worker's EF21 message, computed before `G` is touched.
+enum WorkerMsg {
+    Top1(u32, f64),
+    Sparse(Vec<(u32, f64)>),
+    NonFinite,
+}
+
+impl WorkerMsg {
+    fn len(&self) -> usize {
+        match self {
+            WorkerMsg::Top1(..) => 1,
+            WorkerMsg::Sparse(v) => v.len(),
+            WorkerMsg::NonFinite => 0,
+        }
+    }
+
+    fn for_each(&self, mut f: impl FnMut(usize, f64)) {
+        match self {
+            WorkerMsg::Top1(j, v) => f(*j as usize, *v),
+            WorkerMsg::Sparse(s) => s.iter().for_each(|&(j, v)| f(j as usize, v)),
+            WorkerMsg::NonFinite => {}
+        }
+    }
+}
+
+/// The messages of an EF21 worker step ([`Tridiagonal::error_feedback`]) and whether every
+/// residual was finite (when not, the messages are empty and `G` is unchanged).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Feedback {
+    pub messages: Messages<f64>,
+    pub finite: bool,
 }
 
 impl Tridiagonal {
@@ -62,110 +113,197 @@ impl Tridiagonal {
         self.a.len()
     }
 
+    /// `ā = (1/n) Σ a_i`.
+    pub fn a_mean(&self) -> f64 {
+        self.a_mean
+    }
+
     /// `f(x) = ½ xᵀ(ā T + c I)x − β̄ x_1`.
-    pub fn loss(&self, x: ArrayView1<f64>) -> f64 {
+    pub fn loss(&self, x: ArrayView1<f64>) -> Result<f64> {
+        nonempty("x", x.len())?;
+        Need::new().array::<f64>("a copy of x", &[x.len()]).check()?;
         let mut buf = Vec::new();
-        let x = contiguous(&x, &mut buf);
+        let x = contiguous(&x, &mut buf, "a copy of x")?;
         let quad: f64 = (0..x.len()).map(|j| x[j] * (self.a_mean * t_at(x, j) + self.c * x[j])).sum();
-        0.5 * quad - self.beta_mean * x[0]
+        Ok(0.5 * quad - self.beta_mean * x[0])
     }
 
     /// `∇f(x) = (ā T + c I)x − β̄ e_1`.
-    pub fn grad(&self, x: ArrayView1<f64>) -> Array1<f64> {
+    pub fn grad(&self, x: ArrayView1<f64>) -> Result<Array1<f64>> {
+        nonempty("x", x.len())?;
+        Need::new().array::<f64>("the gradient", &[x.len()]).array::<f64>("a copy of x", &[x.len()]).check()?;
         let mut buf = Vec::new();
-        let x = contiguous(&x, &mut buf);
-        let mut g: Array1<f64> = (0..x.len()).map(|j| self.a_mean * t_at(x, j) + self.c * x[j]).collect();
-        g[0] -= self.beta_mean;
-        g
+        let x = contiguous(&x, &mut buf, "a copy of x")?;
+        Ok(Array1::from(self.grad_of(x)?))
     }
 
-    /// The `(n, d)` local gradients `∇f_i(x) = (a_i T + c I)x − β_i e_1`.
-    pub fn local_grads(&self, x: ArrayView1<f64>) -> Array2<f64> {
-        let mut buf = Vec::new();
-        let x = contiguous(&x, &mut buf);
-        let d = x.len();
-        let tx: Vec<f64> = (0..d).map(|j| t_at(x, j)).collect();
-        let mut out = Array2::<f64>::zeros((self.n(), d));
-        for (i, mut row) in out.rows_mut().into_iter().enumerate() {
-            let r = row.as_slice_mut().expect("fresh array");
-            for j in 0..d {
-                r[j] = self.a[i] * tx[j] + self.c * x[j];
-            }
-            r[0] -= self.beta[i];
+    fn grad_of(&self, x: &[f64]) -> Result<Vec<f64>> {
+        let mut g = mem::collect("the gradient", x.len(), (0..x.len()).map(|j| self.a_mean * t_at(x, j) + self.c * x[j]))?;
+        g[0] -= self.beta_mean;
+        Ok(g)
+    }
+
+    /// Rows `start..stop` of the `(n, d)` local gradients `∇f_i(x) = (a_i T + c I)x − β_i e_1`.
+    pub fn local_grads(&self, x: ArrayView1<f64>, start: usize, stop: usize) -> Result<Array2<f64>> {
+        let n = self.n();
+        if stop > n {
+            return Err(CoreError::invalid("stop", format!("stop = {stop} exceeds n = {n}")));
         }
-        out
+        if start > stop {
+            return Err(CoreError::invalid("start", format!("start = {start} exceeds stop = {stop}")));
+        }
+        let d = x.len();
+        nonempty("x", d)?;
+        let rows = stop - start;
+        Need::new().array::<f64>("the local gradients", &[rows, d]).array::<f64>("T x", &[d]).array::<f64>("a copy of x", &[d]).check()?;
+        let mut buf = Vec::new();
+        let x = contiguous(&x, &mut buf, "a copy of x")?;
+        let tx = mem::collect("T x", d, (0..d).map(|j| t_at(x, j)))?;
+        let mut out = mem::zeros::<f64>("the local gradients", &[rows, d])?;
+        for (r, row) in out.chunks_mut(d).enumerate() {
+            let i = start + r;
+            for j in 0..d {
+                row[j] = self.a[i] * tx[j] + self.c * x[j];
+            }
+            row[0] -= self.beta[i];
+        }
+        Array2::from_shape_vec((rows, d), out).map_err(|e| CoreError::invalid("x", e.to_string()))
     }
 
     /// `∇f_{rows[k]}(x)[cols[k]]` for every `k`: `O(1)` each.
-    pub fn local_grad_coords(&self, x: ArrayView1<f64>, rows: &[i64], cols: &[i64]) -> Result<Array1<f64>> {
-        let mut buf = Vec::new();
-        let x = contiguous(&x, &mut buf);
-        let (n, d) = (self.n() as i64, x.len() as i64);
+    pub fn local_grad_coords(&self, x: ArrayView1<f64>, rows: ArrayView1<i64>, cols: ArrayView1<i64>) -> Result<Array1<f64>> {
+        nonempty("x", x.len())?;
         if rows.len() != cols.len() {
-            return Err(CoreError::invalid("rows", "rows and cols must have the same length"));
+            return Err(CoreError::invalid("rows", format!("rows and cols must have the same length, got {} and {}", rows.len(), cols.len())));
         }
-        rows.iter()
-            .zip(cols)
-            .map(|(&i, &j)| {
-                if !(0..n).contains(&i) {
-                    return Err(CoreError::invalid("rows", format!("worker {i} is outside [0, {n})")));
-                }
-                if !(0..d).contains(&j) {
-                    return Err(CoreError::invalid("cols", format!("coordinate {j} is outside [0, {d})")));
-                }
-                let (i, j) = (i as usize, j as usize);
-                let v = self.a[i] * t_at(x, j) + self.c * x[j];
-                Ok(if j == 0 { v - self.beta[i] } else { v })
-            })
-            .collect()
+        Need::new().array::<f64>("the gradient coordinates", &[rows.len()]).array::<f64>("a copy of x", &[x.len()]).check()?;
+        let mut buf = Vec::new();
+        let x = contiguous(&x, &mut buf, "a copy of x")?;
+        let (n, d) = (self.n() as i64, x.len() as i64);
+        let mut out = mem::vec("the gradient coordinates", rows.len())?;
+        for (&i, &j) in rows.iter().zip(cols.iter()) {
+            if !(0..n).contains(&i) {
+                return Err(CoreError::invalid("rows", format!("worker {i} is outside [0, {n})")));
+            }
+            if !(0..d).contains(&j) {
+                return Err(CoreError::invalid("cols", format!("coordinate {j} is outside [0, {d})")));
+            }
+            let (i, j) = (i as usize, j as usize);
+            let v = self.a[i] * t_at(x, j) + self.c * x[j];
+            out.push(if j == 0 { v - self.beta[i] } else { v });
+        }
+        Ok(Array1::from(out))
     }
 
-    /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` for a sparsifier without quantizer, evaluating
-    /// only the sent coordinates: `(∇f_i(x_new) − ∇f_i(x_old))_j = a_i (Tδ)_j + c δ_j`,
-    /// `δ = x_new − x_old`. Summed in worker order, then divided by `n`, like `aggregate`.
-    pub fn compressed_mean_diff(&self, plan: &RoundPlan, x_new: &[f64], x_old: &[f64]) -> Array1<f64> {
+    /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
+    fn mean_diff_bytes(d: usize) -> u128 {
+        4 * 8 * d as u128
+    }
+
+    /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on a plan, evaluating only the sent
+    /// coordinates: `(∇f_i(x_new) − ∇f_i(x_old))_j = a_i (Tδ)_j + c δ_j`, `δ = x_new − x_old`.
+    /// Summed in worker order, then divided by `n`, like `aggregate`.
+    pub fn compressed_mean_diff_with_plan(&self, plan: &RoundPlan, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
+        self.mean_diff(&Assignment::Plan(plan.clone()), x_new, x_old)
+    }
+
+    /// [`Self::compressed_mean_diff_with_plan`] on an assignment: owners (PermK for `d >= n`,
+    /// CoordinateSampling) are read directly, with the plan's arithmetic (one value per
+    /// coordinate: `(0 + scale·v) / n`).
+    fn mean_diff(&self, asg: &Assignment, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         let d = x_new.len();
-        let delta: Vec<f64> = x_new.iter().zip(x_old).map(|(a, b)| a - b).collect();
-        // (Tδ)_j and c·δ_j once per coordinate: a worker's value is then a_i·(Tδ)_j + (cδ)_j
-        let t_delta: Vec<f64> = (0..d).map(|j| t_at(&delta, j)).collect();
-        let c_delta: Vec<f64> = delta.iter().map(|v| self.c * v).collect();
-        let mut out = vec![0.0f64; d];
-        if let RoundPlan::Blocks { pi, slot_block, offsets_b, coords_b, scale } = plan {
-            // the block compressors (PermK for n > d): the loop of the general case below with the
-            // plan's indirections resolved inline (same values, same order)
-            for (i, &s) in pi.iter().enumerate() {
-                let b = slot_block[s as usize];
-                if b == compress::IDLE {
-                    continue;
-                }
-                let ai = self.a[i];
-                for &j in &coords_b[offsets_b[b as usize]..offsets_b[b as usize + 1]] {
-                    let j = j as usize;
-                    out[j] += scale * (ai * t_delta[j] + c_delta[j]);
-                }
-            }
-            let n = self.n() as f64;
-            return out.into_iter().map(|v| v / n).collect();
-        }
-        for i in 0..self.n() {
-            let (coords, scale) = plan.worker(i);
-            let ai = self.a[i];
-            let mut one = |j: usize| {
-                let v = ai * t_delta[j] + c_delta[j];
-                out[j] += if scale == 1.0 { v } else { scale * v };
-            };
-            match coords {
-                None => (0..d).for_each(&mut one),
-                Some(c) => c.iter().for_each(|&j| one(j as usize)),
-            }
-        }
         let n = self.n() as f64;
-        out.into_iter().map(|v| v / n).collect()
+        let delta = mem::collect("δ = x_new − x_old", d, x_new.iter().zip(x_old).map(|(a, b)| a - b))?;
+        // (Tδ)_j and c·δ_j once per coordinate: a worker's value is then a_i·(Tδ)_j + (cδ)_j
+        let t_delta = mem::collect("T δ", d, (0..d).map(|j| t_at(&delta, j)))?;
+        let c_delta = mem::collect("c δ", d, delta.iter().map(|v| self.c * v))?;
+        drop(delta);
+        let mut out = mem::zeros::<f64>("the compressed mean difference", &[d])?;
+        match asg {
+            Assignment::Owners { owner, scale, .. } => {
+                let scale = *scale;
+                with_owner!(owner, v => {
+                    for (j, (o, &w)) in out.iter_mut().zip(v.iter()).enumerate() {
+                        let x = self.a[w.idx()] * t_delta[j] + c_delta[j];
+                        *o += if scale == 1.0 { x } else { scale * x };
+                    }
+                });
+            }
+            Assignment::Plan(RoundPlan::Blocks { pi, slot_block, blocks, scale }) => {
+                // the block compressors (PermK for n > d): the loop of the general case below
+                // with the plan's indirections resolved inline (same values, same order)
+                for (i, &s) in pi.iter().enumerate() {
+                    let b = slot_block[s as usize];
+                    if b == IDLE {
+                        continue;
+                    }
+                    let ai = self.a[i];
+                    match blocks {
+                        Blocks::Ranges(bounds) => {
+                            let (lo, hi) = (bounds[b as usize], bounds[b as usize + 1]);
+                            for ((o, &t), &c) in out[lo..hi].iter_mut().zip(&t_delta[lo..hi]).zip(&c_delta[lo..hi]) {
+                                *o += scale * (ai * t + c);
+                            }
+                        }
+                        Blocks::Listed { offsets, coords } => {
+                            for &j in &coords[offsets[b as usize]..offsets[b as usize + 1]] {
+                                let j = j as usize;
+                                out[j] += scale * (ai * t_delta[j] + c_delta[j]);
+                            }
+                        }
+                    }
+                }
+            }
+            Assignment::Plan(plan) => {
+                for i in 0..plan.n() {
+                    let (coords, scale) = plan.worker(i);
+                    let ai = self.a[i];
+                    coords.for_each(d, |j| {
+                        let v = ai * t_delta[j] + c_delta[j];
+                        out[j] += if scale == 1.0 { v } else { scale * v };
+                    });
+                }
+            }
+        }
+        out.iter_mut().for_each(|v| *v /= n);
+        Ok(out)
+    }
+
+    /// Checks that `spec` has a shared plan (the fused MARINA steps need one).
+    fn check_shared(spec: &Spec) -> Result<()> {
+        if !spec.shared_plan() {
+            return Err(CoreError::invalid(
+                "compressor",
+                "the fused round needs a sparsifier with shared coordinates and no quantizer",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` for a spec with a shared plan (round
+    /// `round`'s plan for `n` workers): exactly what [`Self::marina_round`] adds to `g` on
+    /// tails, without touching anything.
+    pub fn compressed_mean_diff(&self, spec: &Spec, x_new: ArrayView1<f64>, x_old: ArrayView1<f64>, seed: u64, round: u64) -> Result<Array1<f64>> {
+        let d = x_new.len();
+        nonempty("x_new", d)?;
+        if x_old.len() != d {
+            return Err(CoreError::invalid("x_old", format!("x_new and x_old must have the same length, got {d} and {}", x_old.len())));
+        }
+        Self::check_shared(spec)?;
+        spec.check(self.n(), d)?;
+        let fp = spec.sparsifier.footprint(self.n(), d);
+        Need::new().bytes("the round's plan", fp.assign).bytes("the difference's temporaries", Self::mean_diff_bytes(d) + 16 * d as u128).check()?;
+        let (mut b1, mut b2) = (Vec::new(), Vec::new());
+        let x_new = contiguous(&x_new, &mut b1, "a copy of x_new")?;
+        let x_old = contiguous(&x_old, &mut b2, "a copy of x_old")?;
+        let asg = spec.sparsifier.assign::<f64>(self.n(), d, seed, round, None)?;
+        Ok(Array1::from(self.mean_diff(&asg, x_new, x_old)?))
     }
 
     /// One round of MARINA (Algorithm "MARINA") in place: `x ← x − γ g`; the shared coin of
     /// `(seed, round)`; on heads `g ← ∇f(x)`, on tails `g ← g + (1/n) Σ_i C_i(∇f_i(x) − ∇f_i(x_old))`.
-    /// Returns the coin. `spec` must be a sparsifier with shared coordinates and no quantizer.
+    /// Returns the coin. `spec` must have a shared plan. Everything is validated and computed
+    /// before `x` and `g` are written.
     #[allow(clippy::too_many_arguments)]
     pub fn marina_round(
         &self,
@@ -178,50 +316,254 @@ impl Tridiagonal {
         round: u64,
     ) -> Result<bool> {
         let d = x.len();
+        nonempty("x", d)?;
         if g.len() != d {
             return Err(CoreError::invalid("g", "x and g must have the same length"));
         }
-        if !spec.has_shared_coordinates() || spec.quantizer != compress::Quantizer::None {
-            return Err(CoreError::invalid("compressor", "the fused round needs a sparsifier with shared coordinates and no quantizer"));
-        }
-        let x_old: Vec<f64> = x.to_vec();
-        x.zip_mut_with(&g, |xi, gi| *xi -= gamma * gi);
+        Self::check_shared(spec)?;
+        spec.check(self.n(), d)?;
+        let fp = spec.sparsifier.footprint(self.n(), d);
+        Need::new().bytes("the round's plan", fp.assign).bytes("the round's temporaries", Self::mean_diff_bytes(d) + 24 * d as u128).check()?;
         let heads = rng::coin(seed, round, p);
-        if heads {
-            g.assign(&self.grad(x.view()));
+        let x_old = mem::collect("a copy of x", d, x.iter().copied())?;
+        let x_new = mem::collect("the new x", d, x_old.iter().zip(g.iter()).map(|(&xi, &gi)| xi - gamma * gi))?;
+        let g_new = if heads {
+            self.grad_of(&x_new)?
         } else {
-            let plan = compress::round_plan::<f64>(spec, self.n(), d, seed, round, None)?;
-            let x_new = x.to_vec();
-            let m = self.compressed_mean_diff(&plan, &x_new, &x_old);
-            g.zip_mut_with(&m, |gi, mi| *gi += mi);
-        }
+            let asg = spec.sparsifier.assign::<f64>(self.n(), d, seed, round, None)?;
+            let m = self.mean_diff(&asg, &x_new, &x_old)?;
+            mem::collect("the new g", d, g.iter().zip(&m).map(|(&gi, &mi)| gi + mi))?
+        };
+        x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
+        g.iter_mut().zip(&g_new).for_each(|(gi, &v)| *gi = v);
         Ok(heads)
     }
-}
 
-// ---------------------------------------------------------------------------------------------
-// Fused EF21 + TopK round (issue 5: makes the paper's full EF21 grid feasible at n = 10^4).
-// ---------------------------------------------------------------------------------------------
+    /// EF21's worker step for workers `start .. start + m` at `x` (issue 5's fused round,
+    /// generalised): worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly (never the
+    /// `(m, d)` local gradients), sends `c_i = C_i(r_i)` (the plan of `spec` for the kernel's
+    /// `n` workers; worker index `start + row`) and sets `G_i ← G_i + c_i`. `G` is the
+    /// C-contiguous `(m, d)` array of their estimators. Returns the messages in worker order.
+    /// TopK without quantizer keeps the fused round's selection (bit for bit); any other spec
+    /// compresses the residual row with its per-worker selection and [`emit_worker`]. Workers
+    /// run on the pool's threads for large inputs; nothing depends on the thread count. A
+    /// non-finite residual (or message) returns `finite = false` and leaves `G` unchanged.
+    pub fn error_feedback(&self, spec: &Spec, x: ArrayView1<f64>, mut gmat: ArrayViewMut2<f64>, seed: u64, round: u64, start: usize) -> Result<Feedback> {
+        let d = x.len();
+        let n = self.n();
+        nonempty("x", d)?;
+        let (m, gd) = gmat.dim();
+        if gd != d {
+            return Err(CoreError::invalid("G", format!("G must have d = {d} columns (the length of x), got shape ({m}, {gd})")));
+        }
+        if start.checked_add(m).map_or(true, |stop| stop > n) {
+            return Err(CoreError::invalid("start", format!("the workers start .. start + m = {start} .. {start} + {m} exceed n = {n}")));
+        }
+        if !gmat.is_standard_layout() {
+            return Err(CoreError::invalid("G", "G must be C-contiguous"));
+        }
+        spec.check(n, d)?;
+        Self::feedback_need(spec, n, d, m)?;
+        let mut buf = Vec::new();
+        let xs = contiguous(&x, &mut buf, "a copy of x")?;
+        let (tx, cx) = self.tx_cx(xs)?;
+        let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
+        self.feedback(spec, &tx, &cx, rows, m, d, seed, round, start)
+    }
 
-/// `n·d` at least this large runs the workers of [`Tridiagonal::ef21_topk_round`] on rayon.
-const EF21_PAR_MIN: usize = 1 << 16;
+    /// The memory of an EF21 step for `m` workers.
+    fn feedback_need(spec: &Spec, n: usize, d: usize, m: usize) -> Result<()> {
+        let fp = spec.sparsifier.footprint(n, d);
+        let threads = threads::num_threads()? as u128;
+        let plan = if spec.sparsifier.data_dependent() { 0 } else { fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24) };
+        Need::new()
+            .bytes("T x and c x", 3 * 8 * d as u128)
+            .bytes("the workers' buffers", threads * 24 * d as u128)
+            .bytes("the round's plan", plan)
+            .bytes("the messages", 2 * compress::messages_bytes::<f64>(&fp, m))
+            .check()
+    }
 
-/// Worker `i`'s TopK message in one EF21 round: `(coordinate, value)` pairs, or the first
-/// non-finite coordinate.
-enum Ef21Msg {
-    Top1(u32, f64),
-    TopK(Vec<(u32, f64)>),
-    NonFinite,
-}
+    /// `(T x)_j` and `c x_j` for every coordinate.
+    fn tx_cx(&self, x: &[f64]) -> Result<(Vec<f64>, Vec<f64>)> {
+        let d = x.len();
+        let tx = mem::collect("T x", d, (0..d).map(|j| t_at(x, j)))?;
+        let cx = mem::collect("c x", d, x.iter().map(|&v| self.c * v))?;
+        Ok((tx, cx))
+    }
 
-impl Tridiagonal {
+    /// The EF21 step on validated arguments: messages first (`G` read only), then `G += c`.
+    #[allow(clippy::too_many_arguments)]
+    fn feedback(&self, spec: &Spec, tx: &[f64], cx: &[f64], rows: &mut [f64], m: usize, d: usize, seed: u64, round: u64, start: usize) -> Result<Feedback> {
+        let n = self.n();
+        let parallel = m >= 2 && m * d >= EF21_PAR_MIN;
+        let msgs: Vec<Result<WorkerMsg>> = match (&spec.sparsifier, spec.quantizer) {
+            (compress::Sparsifier::TopK(TopK { k }), Quantizer::None) => {
+                let k = *k;
+                let worker = |r: usize, row: &[f64]| self.topk_worker(tx, cx, start + r, row, k);
+                if parallel {
+                    threads::install(|| rows.par_chunks(d).enumerate().map(|(r, row)| worker(r, row)).collect())?
+                } else {
+                    rows.chunks(d).enumerate().map(|(r, row)| worker(r, row)).collect()
+                }
+            }
+            _ => {
+                let plan = if spec.sparsifier.data_dependent() {
+                    None
+                } else {
+                    Some(spec.sparsifier.assign_rows::<f64>(n, d, seed, round, start, m, None)?)
+                };
+                let worker = |buf: &mut Result<Vec<f64>>, r: usize, row: &[f64]| -> Result<WorkerMsg> {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
+                    self.generic_worker(spec, plan.as_ref(), tx, cx, buf, r, row, seed, round, start)
+                };
+                let init = || mem::vec::<f64>("the residual", d);
+                if parallel {
+                    threads::install(|| rows.par_chunks(d).enumerate().map_init(init, |buf, (r, row)| worker(buf, r, row)).collect())?
+                } else {
+                    let mut buf = init();
+                    rows.chunks(d).enumerate().map(|(r, row)| worker(&mut buf, r, row)).collect()
+                }
+            }
+        };
+        // the first error in worker order, whatever the thread count
+        let mut list = mem::vec::<WorkerMsg>("the messages", m)?;
+        for msg in msgs {
+            list.push(msg?);
+        }
+        if list.iter().any(|w| matches!(w, WorkerMsg::NonFinite)) {
+            let offsets = mem::filled("the messages' offsets", m + 1, 0i64)?;
+            return Ok(Feedback { messages: Messages { offsets, indices: Vec::new(), values: Vec::new() }, finite: false });
+        }
+        // every message is known: G_i += c_i, then the messages in worker order
+        let apply = |row: &mut [f64], w: &WorkerMsg| w.for_each(|j, v| row[j] += v);
+        if parallel {
+            threads::install(|| rows.par_chunks_mut(d).zip(list.par_iter()).for_each(|(row, w)| apply(row, w)))?;
+        } else {
+            rows.chunks_mut(d).zip(&list).for_each(|(row, w)| apply(row, w));
+        }
+        let total = list.iter().map(WorkerMsg::len).sum();
+        let mut out = Messages::with_capacity(m, total)?;
+        for w in &list {
+            w.for_each(|j, v| {
+                out.indices.push(j as i64);
+                out.values.push(v);
+            });
+            out.end_worker();
+        }
+        Ok(Feedback { messages: out, finite: true })
+    }
+
+    /// The fused round's TopK(`k`) selection of worker `i` on `r = ∇f_i(x) − G_i` (`row` is
+    /// `G_i`), message sorted by coordinate.
+    fn topk_worker(&self, tx: &[f64], cx: &[f64], i: usize, row: &[f64], k: usize) -> Result<WorkerMsg> {
+        let d = row.len();
+        let (ai, bi) = (self.a[i], self.beta[i]);
+        let r_at = |j: usize, gij: f64| {
+            let v = ai * tx[j] + cx[j];
+            (if j == 0 { v - bi } else { v }) - gij
+        };
+        if k == 1 {
+            // Pass 1: the largest |r_j| (8 independent lanes, so it vectorizes) and a NaN
+            // probe (r·0 is NaN iff r is not finite); pass 2: its first index.
+            let r0 = r_at(0, row[0]);
+            let (mut lanes, mut probe) = ([0.0f64; 8], [0.0f64; 8]);
+            let (tx1, cx1, g1) = (&tx[1..], &cx[1..], &row[1..]);
+            let mut tail_best = 0.0f64;
+            let mut tail_probe = 0.0f64;
+            let chunks = g1.len() / 8;
+            for ((gc, tc), cc) in g1.chunks_exact(8).zip(tx1.chunks_exact(8)).zip(cx1.chunks_exact(8)) {
+                let (Ok(gc), Ok(tc), Ok(cc)) = (<&[f64; 8]>::try_from(gc), <&[f64; 8]>::try_from(tc), <&[f64; 8]>::try_from(cc)) else {
+                    continue; // chunks_exact(8) yields exactly 8
+                };
+                for l in 0..8 {
+                    let r = (ai * tc[l] + cc[l]) - gc[l];
+                    let m = r.abs();
+                    lanes[l] = if m > lanes[l] { m } else { lanes[l] };
+                    probe[l] += r * 0.0;
+                }
+            }
+            for j in chunks * 8..g1.len() {
+                let r = (ai * tx1[j] + cx1[j]) - g1[j];
+                tail_best = if r.abs() > tail_best { r.abs() } else { tail_best };
+                tail_probe += r * 0.0;
+            }
+            let best = lanes.iter().fold(tail_best.max(r0.abs()), |m, &v| if v > m { v } else { m });
+            let nan = probe.iter().sum::<f64>() + tail_probe + r0 * 0.0;
+            if !nan.is_finite() || !best.is_finite() {
+                return Ok(WorkerMsg::NonFinite);
+            }
+            let found = if r0.abs() == best { Some((0, r0)) } else { (1..d).map(|j| (j, r_at(j, row[j]))).find(|(_, r)| r.abs() == best) };
+            // the maximum of finite values is attained
+            return Ok(found.map_or(WorkerMsg::NonFinite, |(bj, bv)| WorkerMsg::Top1(bj as u32, bv)));
+        }
+        let mut keyed: Vec<(f64, u32, f64)> = mem::vec("TopK's residual", d)?;
+        for (j, gij) in row.iter().enumerate() {
+            let r = r_at(j, *gij);
+            if !r.is_finite() {
+                return Ok(WorkerMsg::NonFinite);
+            }
+            keyed.push((r.abs(), j as u32, r));
+        }
+        if k < d {
+            keyed.select_nth_unstable_by(k - 1, |a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        }
+        keyed.truncate(k);
+        let mut sel = mem::collect("TopK's message", k, keyed.iter().map(|&(_, j, r)| (j, r)))?;
+        sel.sort_unstable_by_key(|p| p.0);
+        Ok(WorkerMsg::Sparse(sel))
+    }
+
+    /// Any other spec: the residual row into `buf`, then the spec's selection and
+    /// [`emit_worker`] (a non-finite residual or message is `NonFinite`).
+    #[allow(clippy::too_many_arguments)]
+    fn generic_worker(
+        &self,
+        spec: &Spec,
+        plan: Option<&RoundPlan>,
+        tx: &[f64],
+        cx: &[f64],
+        buf: &mut Vec<f64>,
+        r: usize,
+        row: &[f64],
+        seed: u64,
+        round: u64,
+        start: usize,
+    ) -> Result<WorkerMsg> {
+        let (n, d, i) = (self.n(), row.len(), start + r);
+        let (ai, bi) = (self.a[i], self.beta[i]);
+        buf.clear();
+        buf.extend(row.iter().enumerate().map(|(j, &gij)| {
+            let v = ai * tx[j] + cx[j];
+            (if j == 0 { v - bi } else { v }) - gij
+        }));
+        if !buf.iter().all(|v| v.is_finite()) {
+            return Ok(WorkerMsg::NonFinite);
+        }
+        let residual = ArrayView1::from(buf.as_slice());
+        let owned;
+        let (coords, scale) = match plan {
+            Some(p) => p.worker(r),
+            None => {
+                owned = spec.sparsifier.select(n, d, seed, round, i, Some(residual))?;
+                (owned.0.as_coords(), owned.1)
+            }
+        };
+        let mut msg = mem::vec("the message", coords.len(d))?;
+        match emit_worker(spec, residual, coords, scale, seed, round, i, |j, v| msg.push((j as u32, v))) {
+            Ok(()) => Ok(WorkerMsg::Sparse(msg)),
+            Err(CoreError::NonFinite { .. }) => Ok(WorkerMsg::NonFinite),
+            Err(e) => Err(e),
+        }
+    }
+
     /// One EF21 round with TopK(`k`) in place, without ever forming the `(n, d)` local gradients:
     /// `x ← x − γ g`; worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly, sends
     /// `c_i = TopK_k(r_i)` (largest magnitudes, ties: lower index), and sets `G_i ← G_i + c_i`;
     /// `g ← g + (1/n) Σ_i c_i` (summed in worker order, then divided by `n`). Bit for bit the
-    /// dense round `ef21_update(local_grads, TopK.compress_all, C.sum(0)/n)`. Workers run on rayon
-    /// when `n·d` is large; the reduction is sequential, so the result does not depend on the
-    /// number of threads. A non-finite residual sets `g` to NaN (the driver reports divergence).
+    /// dense round `ef21_update(local_grads, TopK.compress_all, C.sum(0)/n)`. Everything is
+    /// validated before anything is written. A non-finite residual sets `g` to NaN (the driver
+    /// reports divergence) and leaves `G` unchanged (`x` takes its step).
     pub fn ef21_topk_round(
         &self,
         mut x: ArrayViewMut1<f64>,
@@ -232,6 +574,7 @@ impl Tridiagonal {
     ) -> Result<()> {
         let d = x.len();
         let n = self.n();
+        nonempty("x", d)?;
         if g.len() != d {
             return Err(CoreError::invalid("g", "x and g must have the same length"));
         }
@@ -241,105 +584,46 @@ impl Tridiagonal {
         if k == 0 || k > d {
             return Err(CoreError::invalid("k", format!("k must be in [1, d = {d}], got {k}")));
         }
-        x.zip_mut_with(&g, |xi, gi| *xi -= gamma * gi);
-        let mut buf = Vec::new();
-        let xs = contiguous(&x.view(), &mut buf).to_vec();
-        let tx: Vec<f64> = (0..d).map(|j| t_at(&xs, j)).collect();
-        let cx: Vec<f64> = xs.iter().map(|&v| self.c * v).collect();
-        let rows = gmat
-            .as_slice_mut()
-            .ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
-        let worker = |i: usize, row: &mut [f64]| -> Ef21Msg {
-            let (ai, bi) = (self.a[i], self.beta[i]);
-            let r_at = |j: usize, gij: f64| {
-                let v = ai * tx[j] + cx[j];
-                (if j == 0 { v - bi } else { v }) - gij
-            };
-            if k == 1 {
-                // Pass 1: the largest |r_j| (8 independent lanes, so it vectorizes) and a NaN
-                // probe (r·0 is NaN iff r is not finite); pass 2: its first index.
-                let r0 = r_at(0, row[0]);
-                let (mut lanes, mut probe) = ([0.0f64; 8], [0.0f64; 8]);
-                let (tx1, cx1, g1) = (&tx[1..], &cx[1..], &row[1..]);
-                let mut tail_best = 0.0f64;
-                let mut tail_probe = 0.0f64;
-                let chunks = g1.len() / 8;
-                for ((gc, tc), cc) in g1.chunks_exact(8).zip(tx1.chunks_exact(8)).zip(cx1.chunks_exact(8)) {
-                    let gc: &[f64; 8] = gc.try_into().expect("chunk of 8");
-                    let tc: &[f64; 8] = tc.try_into().expect("chunk of 8");
-                    let cc: &[f64; 8] = cc.try_into().expect("chunk of 8");
-                    for l in 0..8 {
-                        let r = (ai * tc[l] + cc[l]) - gc[l];
-                        let m = r.abs();
-                        lanes[l] = if m > lanes[l] { m } else { lanes[l] };
-                        probe[l] += r * 0.0;
-                    }
-                }
-                for j in chunks * 8..g1.len() {
-                    let r = (ai * tx1[j] + cx1[j]) - g1[j];
-                    tail_best = if r.abs() > tail_best { r.abs() } else { tail_best };
-                    tail_probe += r * 0.0;
-                }
-                let best = lanes.iter().fold(tail_best.max(r0.abs()), |m, &v| if v > m { v } else { m });
-                let nan = probe.iter().sum::<f64>() + tail_probe + r0 * 0.0;
-                if !nan.is_finite() || !best.is_finite() {
-                    return Ef21Msg::NonFinite;
-                }
-                let (bj, bv) = if r0.abs() == best {
-                    (0, r0)
-                } else {
-                    (1..d).map(|j| (j, r_at(j, row[j]))).find(|(_, r)| r.abs() == best).expect("the maximum is attained")
-                };
-                row[bj] += bv;
-                Ef21Msg::Top1(bj as u32, bv)
-            } else {
-                let mut keyed: Vec<(f64, u32, f64)> = Vec::with_capacity(d);
-                for (j, gij) in row.iter().enumerate() {
-                    let r = r_at(j, *gij);
-                    if !r.is_finite() {
-                        return Ef21Msg::NonFinite;
-                    }
-                    keyed.push((r.abs(), j as u32, r));
-                }
-                if k < d {
-                    keyed.select_nth_unstable_by(k - 1, |a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
-                }
-                let sel: Vec<(u32, f64)> = keyed[..k].iter().map(|&(_, j, r)| (j, r)).collect();
-                for &(j, r) in &sel {
-                    row[j as usize] += r;
-                }
-                Ef21Msg::TopK(sel)
-            }
-        };
-        let msgs: Vec<Ef21Msg> = if n >= 2 && n * d >= EF21_PAR_MIN {
-            rows.par_chunks_mut(d).enumerate().map(|(i, row)| worker(i, row)).collect()
-        } else {
-            rows.chunks_mut(d).enumerate().map(|(i, row)| worker(i, row)).collect()
-        };
-        let mut acc = vec![0.0f64; d];
-        for m in &msgs {
-            match m {
-                Ef21Msg::Top1(j, v) => acc[*j as usize] += v,
-                Ef21Msg::TopK(sel) => sel.iter().for_each(|&(j, v)| acc[j as usize] += v),
-                Ef21Msg::NonFinite => {
-                    g.fill(f64::NAN);
-                    return Ok(());
-                }
-            }
+        if !gmat.is_standard_layout() {
+            return Err(CoreError::invalid("G", "G must be C-contiguous"));
+        }
+        let spec = Spec::new(TopK { k }, Quantizer::None)?;
+        spec.check(n, d)?;
+        Self::feedback_need(&spec, n, d, n)?;
+        Need::new().bytes("the round's vectors", 16 * d as u128).check()?;
+        let x_new = mem::collect("the new x", d, x.iter().zip(g.iter()).map(|(&xi, &gi)| xi - gamma * gi))?;
+        let (tx, cx) = self.tx_cx(&x_new)?;
+        let mut acc = mem::zeros::<f64>("the messages' sum", &[d])?;
+        let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
+        let fb = self.feedback(&spec, &tx, &cx, rows, n, d, 0, 0, 0)?;
+        x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
+        if !fb.finite {
+            g.fill(f64::NAN);
+            return Ok(());
+        }
+        for (&j, &v) in fb.messages.indices.iter().zip(&fb.messages.values) {
+            acc[j as usize] += v;
         }
         let nf = n as f64;
-        g.zip_mut_with(&Array1::from(acc), |gi, ai| *gi += ai / nf);
+        g.iter_mut().zip(&acc).for_each(|(gi, &ai)| *gi += ai / nf);
         Ok(())
+    }
+
+    /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)` (with the stored `ā`).
+    pub fn solve_mean(&self, rhs: &[f64]) -> Result<Vec<f64>> {
+        solve_mean(self.a_mean, self.c, rhs)
     }
 }
 
 /// Solves the symmetric tridiagonal system `(ā T + c I) x = rhs` (Thomas algorithm, `O(d)`).
-pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Vec<f64> {
+pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Result<Vec<f64>> {
     let d = rhs.len();
+    nonempty("rhs", d)?;
+    Need::new().array::<f64>("the solution", &[d]).bytes("the solver's temporaries", 16 * d as u128).check()?;
     let diag = 2.0 * a_mean + c;
     let off = -a_mean;
-    let mut cp = vec![0.0; d];
-    let mut dp = vec![0.0; d];
+    let mut cp = mem::filled("the solver's temporaries", d, 0.0)?;
+    let mut dp = mem::filled("the solver's temporaries", d, 0.0)?;
     cp[0] = off / diag;
     dp[0] = rhs[0] / diag;
     for j in 1..d {
@@ -347,40 +631,69 @@ pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Vec<f64> {
         cp[j] = off / m;
         dp[j] = (rhs[j] - off * dp[j - 1]) / m;
     }
-    let mut x = vec![0.0; d];
+    let mut x = mem::filled("the solution", d, 0.0)?;
     x[d - 1] = dp[d - 1];
     for j in (0..d - 1).rev() {
         x[j] = dp[j] - cp[j] * x[j + 1];
     }
-    x
+    Ok(x)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compress::{Quantizer, Sparsifier};
-    use ndarray::arr1;
+    use crate::compress::{BlockPermK, CoordinateSampling, Identity, Partition, PermK, RandK, Sparsifier};
+    use ndarray::{arr1, s, Array2};
 
     fn problem() -> Tridiagonal {
         Tridiagonal::new(vec![0.25, 0.3, 0.2], 0.01, vec![-0.25, 0.1, -0.3]).unwrap()
+    }
+
+    /// n workers with varied coefficients.
+    fn problem_n(n: usize) -> Tridiagonal {
+        let a = (0..n).map(|i| 0.2 + 0.1 * ((i * 7) % 5) as f64).collect();
+        let beta = (0..n).map(|i| -0.3 + 0.05 * ((i * 3) % 7) as f64).collect();
+        Tridiagonal::new(a, 0.01, beta).unwrap()
+    }
+
+    fn vector(d: usize, salt: usize) -> Array1<f64> {
+        Array1::from_shape_fn(d, |j| ((j * 7919 + salt * 104729) % 1009) as f64 / 97.0 - 5.0)
+    }
+
+    fn spec(s: impl Into<Sparsifier>) -> Spec {
+        Spec::new(s, Quantizer::None).unwrap()
+    }
+
+    fn shared_specs() -> Vec<Spec> {
+        vec![
+            spec(PermK),
+            spec(RandK { k: 2 }),
+            spec(Identity),
+            spec(BlockPermK { partition: Partition::Contiguous { m: 2 } }),
+            spec(BlockPermK { partition: Partition::labels(vec![1, 0, 1, 0, 1, 1, 0]).unwrap() }),
+            spec(CoordinateSampling),
+        ]
     }
 
     #[test]
     fn gradients_are_consistent() {
         let q = problem();
         let x = arr1(&[1.0, -2.0, 0.5, 3.0]);
-        let lg = q.local_grads(x.view());
-        let g = q.grad(x.view());
+        let lg = q.local_grads(x.view(), 0, 3).unwrap();
+        let g = q.grad(x.view()).unwrap();
         let mean = lg.mean_axis(ndarray::Axis(0)).unwrap();
         for j in 0..4 {
             assert!((g[j] - mean[j]).abs() < 1e-12);
         }
-        let rows = [0i64, 2, 1];
-        let cols = [0i64, 3, 1];
-        let c = q.local_grad_coords(x.view(), &rows, &cols).unwrap();
+        let rows = arr1(&[0i64, 2, 1]);
+        let cols = arr1(&[0i64, 3, 1]);
+        let c = q.local_grad_coords(x.view(), rows.view(), cols.view()).unwrap();
         for k in 0..3 {
             assert_eq!(c[k], lg[[rows[k] as usize, cols[k] as usize]]);
         }
+        // rows start..stop are those rows of all local gradients
+        assert_eq!(q.local_grads(x.view(), 1, 3).unwrap(), lg.slice(s![1..3, ..]));
+        assert_eq!(q.local_grads(x.view(), 2, 2).unwrap().dim(), (0, 4));
         // finite-difference check of the loss gradient
         let h = 1e-6;
         for j in 0..4 {
@@ -388,20 +701,57 @@ mod tests {
             xp[j] += h;
             let mut xm = x.clone();
             xm[j] -= h;
-            let fd = (q.loss(xp.view()) - q.loss(xm.view())) / (2.0 * h);
+            let fd = (q.loss(xp.view()).unwrap() - q.loss(xm.view()).unwrap()) / (2.0 * h);
             assert!((fd - g[j]).abs() < 1e-6, "{fd} vs {}", g[j]);
         }
-        assert!(q.local_grad_coords(x.view(), &[3], &[0]).is_err());
+        // strided x is read like a contiguous one
+        let wide = arr1(&[1.0, 9.0, -2.0, 9.0, 0.5, 9.0, 3.0, 9.0]);
+        assert_eq!(q.grad(wide.slice(s![..;2])).unwrap(), g);
+        assert_eq!(q.loss(wide.slice(s![..;2])).unwrap(), q.loss(x.view()).unwrap());
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        let q = problem();
+        let empty = Array1::<f64>::zeros(0);
+        let name = |e: CoreError| match e {
+            CoreError::InvalidArgument { name, .. } => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(name(q.loss(empty.view()).unwrap_err()), "x");
+        assert_eq!(name(q.grad(empty.view()).unwrap_err()), "x");
+        assert_eq!(name(q.local_grads(empty.view(), 0, 3).unwrap_err()), "x");
+        assert_eq!(name(q.solve_mean(&[]).unwrap_err()), "rhs");
+        let x = arr1(&[1.0, 2.0]);
+        assert_eq!(name(q.local_grads(x.view(), 0, 4).unwrap_err()), "stop");
+        assert_eq!(name(q.local_grads(x.view(), 3, 2).unwrap_err()), "start");
+        assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[3]).view(), arr1(&[0]).view()).unwrap_err()), "rows");
+        assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[0]).view(), arr1(&[-1]).view()).unwrap_err()), "cols");
+        assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[0, 1]).view(), arr1(&[0]).view()).unwrap_err()), "rows");
+        assert_eq!(name(q.compressed_mean_diff(&spec(PermK), x.view(), arr1(&[1.0]).view(), 0, 0).unwrap_err()), "x_old");
+        assert_eq!(name(q.compressed_mean_diff(&spec(crate::compress::TopK { k: 1 }), x.view(), x.view(), 0, 0).unwrap_err()), "compressor");
+        assert!(Tridiagonal::new(vec![], 0.0, vec![]).is_err());
+        assert!(Tridiagonal::new(vec![f64::NAN], 0.0, vec![0.0]).is_err());
+        // sizes are checked before allocating: 10^5 workers × 10^6 coordinates
+        let big = Tridiagonal::new(vec![0.25; 100_000], 0.1, vec![0.0; 100_000]).unwrap();
+        let x = Array1::<f64>::zeros(1_000_000);
+        let e = big.local_grads(x.view(), 0, 100_000).unwrap_err();
+        assert!(matches!(e, CoreError::Memory { .. }));
+        assert!(e.to_string().contains("the local gradients with shape (100000, 1000000) and data type float64"), "{e}");
     }
 
     #[test]
     fn solve_mean_solves() {
         let rhs = [1.0, 0.0, -2.0, 0.5, 0.25];
-        let x = solve_mean(0.25, 0.1, &rhs);
+        let x = solve_mean(0.25, 0.1, &rhs).unwrap();
         for j in 0..5 {
             let tx = t_at(&x, j);
             assert!((0.25 * tx + 0.1 * x[j] - rhs[j]).abs() < 1e-12);
         }
+        // the method uses the stored mean of the a_i (the glue used to recompute it)
+        let q = problem();
+        let mean = q.a.iter().sum::<f64>() / q.n() as f64;
+        assert_eq!(q.solve_mean(&rhs).unwrap(), solve_mean(mean, q.c, &rhs).unwrap());
     }
 
     #[test]
@@ -410,13 +760,13 @@ mod tests {
         let d = 7;
         let x0 = arr1(&[1.0, -2.0, 0.5, 3.0, 0.0, 1.5, -0.5]);
         for k in [1usize, 3] {
-            let mut gm = q.local_grads(x0.view());
+            let mut gm = q.local_grads(x0.view(), 0, 3).unwrap();
             let mut g = gm.mean_axis(ndarray::Axis(0)).unwrap();
             let mut x = x0.clone();
             for _ in 0..5 {
                 // the dense reference
                 let x_new = &x - &(0.3 * &g);
-                let r = q.local_grads(x_new.view()) - &gm;
+                let r = q.local_grads(x_new.view(), 0, 3).unwrap() - &gm;
                 let mut c = Array2::<f64>::zeros((3, d));
                 for i in 0..3 {
                     let mut idx: Vec<usize> = (0..d).collect();
@@ -437,18 +787,185 @@ mod tests {
         }
     }
 
+    /// The reference: marina's tail on the per-worker CSR plan (the pre-refactor code path).
+    fn tail_reference(q: &Tridiagonal, sp: &Spec, x_new: &[f64], x_old: &[f64], seed: u64, round: u64) -> Vec<f64> {
+        let plan = compress::round_plan::<f64>(sp, q.n(), x_new.len(), seed, round, None).unwrap();
+        q.compressed_mean_diff_with_plan(&plan, x_new, x_old).unwrap()
+    }
+
     #[test]
-    fn fused_diff_matches_dense_aggregate() {
-        let q = problem();
-        let spec = Spec::new(Sparsifier::PermK, Quantizer::None).unwrap();
-        let x_old = arr1(&[1.0, -2.0, 0.5, 3.0, 0.0, 1.5]);
-        let x_new = arr1(&[0.5, -1.0, 0.25, 2.0, 0.1, 1.0]);
-        let plan = compress::round_plan::<f64>(&spec, 3, 6, 4, 9, None).unwrap();
-        let fused = q.compressed_mean_diff(&plan, x_new.as_slice().unwrap(), x_old.as_slice().unwrap());
-        let diff = q.local_grads(x_new.view()) - q.local_grads(x_old.view());
-        let dense = compress::aggregate(&spec, diff.view(), 4, 9).unwrap();
-        for j in 0..6 {
-            assert!((fused[j] - dense[j]).abs() < 1e-12);
+    fn compressed_mean_diff_is_marinas_tail_bit_for_bit() {
+        for (n, d) in [(3, 7), (5, 3), (4, 4), (11, 2), (6, 50)] {
+            let q = problem_n(n);
+            let (x0, g0) = (vector(d, 1), vector(d, 2));
+            for sp in &shared_specs() {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                for round in 0..3 {
+                    let (mut x, mut g) = (x0.clone(), g0.clone());
+                    // p = 0: always tails
+                    let heads = q.marina_round(sp, x.view_mut(), g.view_mut(), 0.1, 0.0, 5, round).unwrap();
+                    assert!(!heads);
+                    let x_new = &x0 - &(0.1 * &g0);
+                    assert_eq!(x, x_new);
+                    let cmd = q.compressed_mean_diff(sp, x_new.view(), x0.view(), 5, round).unwrap();
+                    for j in 0..d {
+                        assert_eq!(g[j].to_bits(), (g0[j] + cmd[j]).to_bits(), "{sp:?} n={n} d={d}");
+                    }
+                    let reference = tail_reference(&q, sp, x_new.as_slice().unwrap(), x0.as_slice().unwrap(), 5, round);
+                    assert!(cmd.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{sp:?}");
+                    // and it is the aggregate of the local gradient differences (to rounding)
+                    let diff = q.local_grads(x_new.view(), 0, n).unwrap() - q.local_grads(x0.view(), 0, n).unwrap();
+                    let dense = compress::aggregate(sp, diff.view(), 5, round).unwrap();
+                    for j in 0..d {
+                        assert!((cmd[j] - dense[j]).abs() <= 1e-9 * (1.0 + dense[j].abs()), "{sp:?} {} vs {}", cmd[j], dense[j]);
+                    }
+                }
+            }
         }
+        // heads: g is the gradient at the new x
+        let q = problem_n(4);
+        let (mut x, mut g) = (vector(6, 1), vector(6, 2));
+        assert!(q.marina_round(&spec(PermK), x.view_mut(), g.view_mut(), 0.1, 1.0, 0, 0).unwrap());
+        assert_eq!(g, q.grad(x.view()).unwrap());
+    }
+
+    #[test]
+    fn in_place_kernels_validate_before_writing() {
+        let q = problem_n(3);
+        let (x0, g0) = (vector(5, 1), vector(5, 2));
+        let (mut x, mut g) = (x0.clone(), g0.clone());
+        let topk = spec(crate::compress::TopK { k: 1 });
+        assert!(q.marina_round(&topk, x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(q.marina_round(&spec(BlockPermK { partition: Partition::Contiguous { m: 4 } }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(q.marina_round(&spec(RandK { k: 9 }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        let mut short = g0.slice(s![..4]).to_owned();
+        assert!(q.marina_round(&spec(PermK), x.view_mut(), short.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert_eq!((&x, &g), (&x0, &g0));
+        // EF21: wrong shapes, k, or a non-contiguous G change nothing
+        let mut gm = Array2::<f64>::ones((3, 10));
+        let gm0 = gm.clone();
+        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..;2]), 0.1, 1).is_err());
+        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 1).is_err());
+        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 0).is_err());
+        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![..2, ..5]), 0.1, 1).is_err());
+        assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![.., ..;2]), 0, 0, 0).is_err());
+        assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![.., ..4]), 0, 0, 0).is_err());
+        assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![..2, ..5]), 0, 0, 2).is_err());
+        assert!(q.error_feedback(&spec(RandK { k: 6 }), x.view(), gm.slice_mut(s![..2, ..5]), 0, 0, 0).is_err());
+        assert_eq!((&x, &g, &gm), (&x0, &g0, &gm0));
+    }
+
+    #[test]
+    fn error_feedback_is_the_fused_ef21_round_bit_for_bit() {
+        for (n, d, k) in [(3, 7, 1), (3, 7, 3), (4, 1, 1), (9, 40_000, 1), (9, 40_000, 17), (2, 5, 5)] {
+            let q = problem_n(n);
+            let x0 = vector(d, 3);
+            let mut gm = q.local_grads(x0.view(), 0, n).unwrap();
+            gm.mapv_inplace(|v| v * 0.9);
+            let g0 = vector(d, 4);
+            let sp = spec(crate::compress::TopK { k });
+            // the fused round
+            let (mut x1, mut g1, mut gm1) = (x0.clone(), g0.clone(), gm.clone());
+            q.ef21_topk_round(x1.view_mut(), g1.view_mut(), gm1.view_mut(), 0.2, k).unwrap();
+            // the worker step at x - γ g, in two pieces
+            let x_new = &x0 - &(0.2 * &g0);
+            assert_eq!(x1, x_new);
+            let mut gm2 = gm.clone();
+            let cut = n / 2;
+            let fa = q.error_feedback(&sp, x_new.view(), gm2.slice_mut(s![..cut, ..]), 0, 0, 0).unwrap();
+            let fb = q.error_feedback(&sp, x_new.view(), gm2.slice_mut(s![cut.., ..]), 0, 0, cut).unwrap();
+            assert!(fa.finite && fb.finite);
+            assert_eq!(gm2, gm1);
+            let mut acc = vec![0.0f64; d];
+            for f in [&fa, &fb] {
+                assert_eq!(f.messages.offsets.len(), f.messages.offsets.len());
+                for (&j, &v) in f.messages.indices.iter().zip(&f.messages.values) {
+                    acc[j as usize] += v;
+                }
+            }
+            for j in 0..d {
+                assert_eq!((g0[j] + acc[j] / n as f64).to_bits(), g1[j].to_bits());
+            }
+            // each message is TopK's compress of the residual (sorted, bit for bit)
+            let r = q.local_grads(x_new.view(), 0, n).unwrap() - &gm;
+            for i in 0..cut {
+                let (idx, val) = compress::compress(&sp, r.row(i), i, n, 0, 0).unwrap();
+                let (lo, hi) = (fa.messages.offsets[i] as usize, fa.messages.offsets[i + 1] as usize);
+                assert_eq!(fa.messages.indices[lo..hi], idx[..]);
+                assert!(fa.messages.values[lo..hi].iter().zip(&val).all(|(a, b)| a.to_bits() == b.to_bits()));
+            }
+        }
+    }
+
+    #[test]
+    fn error_feedback_compresses_the_residual_with_any_spec() {
+        let (n, d) = (5, 7);
+        let q = problem_n(n);
+        let x = vector(d, 5);
+        let gm = q.local_grads(vector(d, 6).view(), 0, n).unwrap();
+        let mut specs = shared_specs();
+        specs.push(Spec::new(PermK, Quantizer::Qsgd { s: 3 }).unwrap());
+        specs.push(Spec::new(crate::compress::TopK { k: 3 }, Quantizer::Natural).unwrap());
+        for sp in &specs {
+            let mut g2 = gm.clone();
+            let f = q.error_feedback(sp, x.view(), g2.slice_mut(s![1.., ..]), 4, 7, 1).unwrap();
+            assert!(f.finite);
+            let r = q.local_grads(x.view(), 0, n).unwrap() - &gm;
+            let mut expect = gm.clone();
+            for w in 1..n {
+                let (idx, val) = compress::compress(sp, r.row(w), w, n, 4, 7).unwrap();
+                let (lo, hi) = (f.messages.offsets[w - 1] as usize, f.messages.offsets[w] as usize);
+                assert_eq!(f.messages.indices[lo..hi], idx[..], "{sp:?}");
+                assert!(f.messages.values[lo..hi].iter().zip(&val).all(|(a, b)| a.to_bits() == b.to_bits()));
+                for (&j, &v) in idx.iter().zip(&val) {
+                    expect[[w, j as usize]] += v;
+                }
+            }
+            assert_eq!(g2, expect, "{sp:?}");
+        }
+    }
+
+    #[test]
+    fn non_finite_residuals_leave_g_unchanged() {
+        let (n, d) = (4, 9);
+        let q = problem_n(n);
+        let x = vector(d, 1);
+        let mut gm = q.local_grads(x.view(), 0, n).unwrap();
+        gm[[2, 5]] = f64::NAN;
+        for sp in [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 3 }), spec(PermK), Spec::new(PermK, Quantizer::Qsgd { s: 2 }).unwrap()] {
+            let before = gm.clone();
+            let f = q.error_feedback(&sp, x.view(), gm.view_mut(), 0, 0, 0).unwrap();
+            assert!(!f.finite);
+            assert!(f.messages.indices.is_empty() && f.messages.offsets == vec![0; n + 1]);
+            assert!(gm.iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()));
+        }
+        // the fused round reports it as g = NaN, G unchanged
+        let (mut x1, mut g1) = (x.clone(), vector(d, 2));
+        let before = gm.clone();
+        q.ef21_topk_round(x1.view_mut(), g1.view_mut(), gm.view_mut(), 0.1, 2).unwrap();
+        assert!(g1.iter().all(|v| v.is_nan()));
+        assert!(gm.iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    #[test]
+    fn ef21_steps_do_not_depend_on_the_thread_count() {
+        let (n, d) = (8, 20_000);
+        let q = problem_n(n);
+        let x = vector(d, 1);
+        let gm = q.local_grads(vector(d, 2).view(), 0, n).unwrap();
+        let run = |sp: &Spec| {
+            let mut g = gm.clone();
+            let f = q.error_feedback(sp, x.view(), g.view_mut(), 3, 3, 0).unwrap();
+            (f, g)
+        };
+        let specs = [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 40 }), spec(PermK), spec(RandK { k: 100 })];
+        let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        crate::threads::set_num_threads(1).unwrap();
+        let one: Vec<_> = specs.iter().map(run).collect();
+        crate::threads::set_num_threads(3).unwrap();
+        let three: Vec<_> = specs.iter().map(run).collect();
+        assert!(one == three);
     }
 }

@@ -7,6 +7,9 @@
 //! recomputes it identically, on any thread count.
 
 use rand::RngExt;
+
+use crate::error::{CoreError, Result};
+use crate::mem;
 use rand_chacha::rand_core::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -25,6 +28,10 @@ pub enum Purpose {
     Quantizer = 3,
     /// MARINA's Bernoulli(p) coin.
     Coin = 4,
+    /// CoordinateSampling's owner of every coordinate.
+    CoordinateSampling = 5,
+    /// The shared permutation of [`shared_permutation`] (the permutation of mappings).
+    Mapping = 6,
 }
 
 /// The ChaCha8 stream of `(seed, purpose, worker)` at `round`.
@@ -41,7 +48,7 @@ pub fn stream(seed: u64, purpose: Purpose, worker: u64, round: u64) -> ChaCha8Rn
 /// Uniform integer in `0..=hi`, unbiased (rand's `unbiased` feature: Lemire's widening
 /// multiply with Canon's correction).
 #[inline(always)]
-fn below_inclusive(rng: &mut ChaCha8Rng, hi: usize) -> usize {
+pub(crate) fn below_inclusive(rng: &mut ChaCha8Rng, hi: usize) -> usize {
     if hi <= u32::MAX as usize {
         below_inclusive_u32(rng, hi as u32) as usize
     } else {
@@ -100,11 +107,31 @@ pub fn shuffle_visit<T: Copy>(rng: &mut ChaCha8Rng, v: &mut [T], mut visit: impl
     }
 }
 
-/// A uniformly random permutation of `0..len`.
+/// A uniformly random permutation of `0..len` (`len <= 2^32`).
 pub fn permutation(rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
     let mut p: Vec<u32> = (0..len as u32).collect();
     shuffle(rng, &mut p);
     p
+}
+
+/// [`permutation`] (the same draws, the same result) allocated fallibly: `what` names it in
+/// the error.
+pub fn try_permutation(rng: &mut ChaCha8Rng, len: usize, what: &str) -> Result<Vec<u32>> {
+    if len > 1 << 32 {
+        return Err(CoreError::invalid("n", format!("a permutation of {len} elements needs more than 32-bit labels")));
+    }
+    let mut p = mem::collect(what, len, (0..len as u64).map(|v| v as u32))?;
+    shuffle(rng, &mut p);
+    Ok(p)
+}
+
+/// A uniformly random permutation of `0..n` shared by all workers: a pure function of
+/// `(seed, round)` (its own stream, [`Purpose::Mapping`]).
+pub fn shared_permutation(seed: u64, round: u64, n: usize) -> Result<Vec<i64>> {
+    mem::Need::new().array::<i64>("the permutation", &[n]).check()?;
+    let mut p = mem::collect("the permutation", n, (0..n as u64).map(|v| v as i64))?;
+    shuffle(&mut stream(seed, Purpose::Mapping, SHARED, round), &mut p);
+    Ok(p)
 }
 
 /// First `k` entries of a partial Fisher–Yates shuffle of `buf` (which must hold a permutation
@@ -145,16 +172,30 @@ const EMPTY: u32 = u32::MAX;
 
 impl Sampler {
     /// A sampler of `k`-subsets (`1 <= k <= d < 2^32`).
-    pub fn new(d: usize, k: usize) -> Self {
-        let sparse = d > 4096 && d > 16 * k;
+    pub fn new(d: usize, k: usize) -> Result<Self> {
+        let sparse = Self::is_sparse(d, k);
         let (keys, vals, shift) = if sparse {
             let cap = (2 * k).next_power_of_two().max(16);
-            (vec![EMPTY; cap], vec![0; cap], 64 - cap.trailing_zeros())
+            (mem::filled("RandK's sample table", cap, EMPTY)?, mem::filled("RandK's sample table", cap, 0)?, 64 - cap.trailing_zeros())
         } else {
             (Vec::new(), Vec::new(), 0)
         };
-        let dense = if sparse { Vec::new() } else { (0..d as u32).collect() };
-        Sampler { d, dense, swaps: Vec::with_capacity(if sparse { 0 } else { k }), keys, vals, shift }
+        let dense = if sparse { Vec::new() } else { mem::collect("RandK's sample buffer", d, 0..d as u32)? };
+        let swaps = mem::vec("RandK's sample buffer", if sparse { 0 } else { k })?;
+        Ok(Sampler { d, dense, swaps, keys, vals, shift })
+    }
+
+    fn is_sparse(d: usize, k: usize) -> bool {
+        d > 4096 && d > 16 * k
+    }
+
+    /// The bytes [`Self::new`] allocates.
+    pub fn bytes(d: usize, k: usize) -> u128 {
+        if Self::is_sparse(d, k) {
+            8 * (2 * k as u128).next_power_of_two().max(16)
+        } else {
+            12 * d as u128
+        }
     }
 
     #[inline]
@@ -299,7 +340,7 @@ mod tests {
     fn sampler_matches_the_dense_partial_shuffle() {
         for (d, k) in [(1usize, 1usize), (5, 5), (4097, 3), (10_000, 1), (10_000, 600), (100_000, 100), (70_000, 4375)] {
             let mut buf: Vec<u32> = (0..d as u32).collect();
-            let mut sampler = Sampler::new(d, k);
+            let mut sampler = Sampler::new(d, k).unwrap();
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for round in 0..20 {
                 let kk = 1 + (round as usize * 7919) % k;

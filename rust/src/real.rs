@@ -1,0 +1,44 @@
+//! The float types the kernels accept.
+
+use num_traits::Float;
+
+pub trait Real: Float + crate::mem::Zeroed + Send + Sync + std::fmt::Debug + std::ops::AddAssign + 'static {
+    fn of(x: f64) -> Self;
+    fn f64(self) -> f64;
+    /// The magnitude as an integer key, ordered like `|x|` for finite `x` (the bits with the
+    /// sign cleared); `>= Self::NON_FINITE_KEY` exactly for NaN and ±inf.
+    fn magnitude_key(self) -> u64;
+    const NON_FINITE_KEY: u64;
+}
+
+impl Real for f64 {
+    #[inline]
+    fn of(x: f64) -> Self {
+        x
+    }
+    #[inline]
+    fn f64(self) -> f64 {
+        self
+    }
+    #[inline]
+    fn magnitude_key(self) -> u64 {
+        self.to_bits() & 0x7FFF_FFFF_FFFF_FFFF
+    }
+    const NON_FINITE_KEY: u64 = 0x7FF0_0000_0000_0000;
+}
+
+impl Real for f32 {
+    #[inline]
+    fn of(x: f64) -> Self {
+        x as f32
+    }
+    #[inline]
+    fn f64(self) -> f64 {
+        self as f64
+    }
+    #[inline]
+    fn magnitude_key(self) -> u64 {
+        (self.to_bits() & 0x7FFF_FFFF) as u64
+    }
+    const NON_FINITE_KEY: u64 = 0x7F80_0000;
+}

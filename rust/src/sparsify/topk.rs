@@ -1,0 +1,155 @@
+//! Deterministic TopK: each worker sends its `k` largest-magnitude coordinates (ties: lower
+//! index first), unscaled. Data-dependent: there is no shared plan.
+
+use ndarray::{ArrayView1, ArrayView2};
+use rayon::prelude::*;
+
+use super::{Footprint, Sparsify};
+use crate::error::{CoreError, Result};
+use crate::params::Params;
+use crate::plan::{Assignment, OwnedCoords, RoundPlan, Selection};
+use crate::real::Real;
+use crate::{mem, threads};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopK {
+    pub k: usize,
+}
+
+/// Rows at least this large (`n·d` elements) select on the pool's threads (each row's
+/// selection is independent of the thread count).
+pub const PAR_THRESHOLD: usize = 1 << 16;
+
+impl Sparsify for TopK {
+    const NAME: &'static str = "topk";
+    const TITLE: &'static str = "TopK";
+    const PARAMS: &'static [&'static str] = &["k"];
+
+    fn from_params(params: &mut Params) -> Result<Self> {
+        let k = params.take_count("k", 1)?.ok_or_else(|| CoreError::invalid("k", "topk needs k"))?;
+        Ok(TopK { k })
+    }
+
+    fn check(&self, _n: usize, d: usize) -> Result<()> {
+        if self.k > d {
+            return Err(CoreError::invalid("k", format!("k = {} is outside [1, d] with d = {d}", self.k)));
+        }
+        Ok(())
+    }
+
+    fn footprint(&self, n: usize, d: usize) -> Footprint {
+        let (n128, k) = (n as u128, self.k as u128);
+        let threads = threads::num_threads().unwrap_or(1) as u128;
+        Footprint {
+            // the lists, the plan and every thread's candidate buffer
+            assign: 8 * n128 * k + 16 * n128 + 8 + threads * (16 * (2 * k + 32).min(d as u128 + 1) + 4 * k),
+            plan: 0,
+            coords: n128 * k,
+            worker_max: k,
+            scratch: 0,
+        }
+    }
+
+    fn assign<T: Real>(&self, n: usize, d: usize, seed: u64, round: u64, data: Option<ArrayView2<T>>) -> Result<Assignment> {
+        Ok(Assignment::Plan(self.assign_rows(n, d, seed, round, 0, n, data)?))
+    }
+
+    /// The rows' selections, on the pool's threads for large inputs.
+    fn assign_rows<T: Real>(&self, _n: usize, d: usize, _seed: u64, _round: u64, start: usize, m: usize, data: Option<ArrayView2<T>>) -> Result<RoundPlan> {
+        let k = self.k;
+        let a = data.ok_or_else(|| CoreError::invalid("A", "TopK needs the data to choose coordinates"))?;
+        if a.dim() != (m, d) {
+            return Err(CoreError::invalid("A", format!("must have shape ({m}, {d}), got {:?}", a.dim())));
+        }
+        let lists: Vec<Result<Vec<u32>>> = if m * d >= PAR_THRESHOLD && m > 1 {
+            threads::install(|| (0..m).into_par_iter().map(|i| topk_coords(a.row(i), k, start + i)).collect())?
+        } else {
+            (0..m).map(|i| topk_coords(a.row(i), k, start + i)).collect()
+        };
+        let mut offsets = mem::vec("the plan's offsets", m + 1)?;
+        offsets.push(0);
+        let mut coords = mem::vec("the plan's coordinates", m * k)?;
+        for l in lists {
+            // the first failing worker in worker order, whatever the thread count
+            coords.extend_from_slice(&l?);
+            offsets.push(coords.len());
+        }
+        let scales = mem::filled("the plan's scales", m, 1.0)?;
+        Ok(RoundPlan::Csr { offsets, coords, scales })
+    }
+
+    fn select<T: Real>(&self, _n: usize, _d: usize, _seed: u64, _round: u64, worker: usize, x: Option<ArrayView1<T>>) -> Result<Selection> {
+        let x = x.ok_or_else(|| CoreError::invalid("x", "TopK needs the data to choose coordinates"))?;
+        Ok((OwnedCoords::List(topk_coords(x, self.k, worker)?), 1.0))
+    }
+
+    fn data_dependent(&self) -> bool {
+        true
+    }
+}
+
+/// The `k` largest-magnitude coordinates of `row` (ties: lower index), in increasing order.
+///
+/// One pass keeps a buffer of candidates: once it holds `k` of them, only values of larger
+/// magnitude than the current `k`-th can still enter (a later equal magnitude has a larger
+/// index, so it ranks lower); when the buffer fills up it is cut back to its top `k`. On long
+/// rows a strided sample first suggests a starting bar (about the `2k`-th largest magnitude);
+/// if fewer than `k` values clear it, the pass is redone without it. This is `O(d)` work,
+/// typically one comparison per coordinate, and selects exactly the set a full sort by
+/// (magnitude descending, index ascending) would.
+pub fn topk_coords<T: Real>(row: ArrayView1<T>, k: usize, worker: usize) -> Result<Vec<u32>> {
+    fn scan(keys: impl Iterator<Item = u64>, k: usize, cap: usize, lo: u64) -> Result<(Vec<(u64, u32)>, u64)> {
+        let by_rank = |a: &(u64, u32), b: &(u64, u32)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+        let mut buf: Vec<(u64, u32)> = mem::vec("TopK's candidates", cap)?;
+        let mut lo = lo; // keys >= lo may still be in the top k
+        let mut max_key = 0u64;
+        for (j, key) in keys.enumerate() {
+            max_key = max_key.max(key);
+            if key >= lo {
+                buf.push((key, j as u32));
+                if buf.len() == cap {
+                    buf.select_nth_unstable_by(k - 1, by_rank);
+                    buf.truncate(k);
+                    lo = buf.iter().map(|p| p.0).min().unwrap_or(0) + 1;
+                }
+            }
+        }
+        if buf.len() > k {
+            buf.select_nth_unstable_by(k - 1, by_rank);
+            buf.truncate(k);
+        }
+        Ok((buf, max_key))
+    }
+    let d = row.len();
+    if k == 0 || k > d {
+        return Err(CoreError::invalid("k", format!("k = {k} is outside [1, d] with d = {d}")));
+    }
+    let cap = (2 * k + 32).min(d + 1);
+    let run = |lo: u64| match row.as_slice() {
+        Some(s) => scan(s.iter().map(|v| v.magnitude_key()), k, cap, lo),
+        None => scan(row.iter().map(|v| v.magnitude_key()), k, cap, lo),
+    };
+    // A starting bar from a strided sample of m keys: its r-th largest, r about twice the
+    // sample's expected share of the top k (so about 2k values clear it).
+    const M: usize = 4096;
+    let r = 2 * k * M / d.max(1);
+    let bar = if d >= 4 * M && (8..M).contains(&r) {
+        let step = d / M;
+        let mut sample: Vec<u64> = (0..M).map(|t| row[t * step].magnitude_key()).collect();
+        let (_, &mut v, _) = sample.select_nth_unstable_by(r, |a, b| b.cmp(a));
+        v.min(T::NON_FINITE_KEY)
+    } else {
+        0
+    };
+    let (mut buf, mut max_key) = run(bar)?;
+    if buf.len() < k {
+        (buf, max_key) = run(0)?;
+    }
+    if max_key >= T::NON_FINITE_KEY {
+        let j = row.iter().position(|v| !v.is_finite()).unwrap_or(0);
+        return Err(CoreError::NonFinite { what: "input", worker, coord: j });
+    }
+    let mut out: Vec<u32> = mem::collect("TopK's coordinates", k, buf.into_iter().map(|p| p.1))?;
+    out.sort_unstable();
+    Ok(out)
+}

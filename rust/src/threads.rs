@@ -1,0 +1,85 @@
+//! The core's own rayon thread pool: every parallel kernel runs inside it, so its size is set
+//! here ([`set_num_threads`]) without touching rayon's global pool. Kernels split their work
+//! by sizes, never by the number of threads, and reduce in a fixed order: results never depend
+//! on the pool's size.
+
+use std::sync::{Arc, RwLock};
+
+use rayon::{ThreadPool, ThreadPoolBuilder};
+
+use crate::error::{CoreError, Result};
+
+/// The largest pool [`set_num_threads`] builds.
+pub const MAX_THREADS: usize = 1024;
+
+static POOL: RwLock<Option<Arc<ThreadPool>>> = RwLock::new(None);
+
+fn build(threads: Option<usize>) -> Result<Arc<ThreadPool>> {
+    let mut b = ThreadPoolBuilder::new().thread_name(|i| format!("permk-{i}"));
+    if let Some(k) = threads {
+        b = b.num_threads(k);
+    }
+    b.build().map(Arc::new).map_err(|e| CoreError::Threads(e.to_string()))
+}
+
+/// The pool, built on first use with rayon's default size (`RAYON_NUM_THREADS`, else one
+/// thread per logical CPU).
+pub fn pool() -> Result<Arc<ThreadPool>> {
+    if let Some(p) = POOL.read().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        return Ok(Arc::clone(p));
+    }
+    let mut slot = POOL.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(p) = slot.as_ref() {
+        return Ok(Arc::clone(p));
+    }
+    let p = build(None)?;
+    *slot = Some(Arc::clone(&p));
+    Ok(p)
+}
+
+/// Replaces the pool by one of `k` threads (`1 <= k <= MAX_THREADS`). Calls already running
+/// finish on the old pool.
+pub fn set_num_threads(k: usize) -> Result<()> {
+    if !(1..=MAX_THREADS).contains(&k) {
+        return Err(CoreError::invalid("k", format!("the number of threads must be in [1, {MAX_THREADS}], got {k}")));
+    }
+    let p = build(Some(k))?;
+    *POOL.write().unwrap_or_else(|e| e.into_inner()) = Some(p);
+    Ok(())
+}
+
+/// The number of threads of the pool.
+pub fn num_threads() -> Result<usize> {
+    Ok(pool()?.current_num_threads())
+}
+
+/// Runs `f` inside the pool (directly when already on one of its threads).
+pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> Result<R> {
+    Ok(pool()?.install(f))
+}
+
+/// Serialises the tests that resize the pool.
+#[cfg(test)]
+pub(crate) static TEST_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+
+    #[test]
+    fn the_pool_can_be_resized() {
+        let _lock = TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        assert!(set_num_threads(0).is_err());
+        assert!(set_num_threads(MAX_THREADS + 1).is_err());
+        let sum = |_: ()| install(|| (0..10_000u64).into_par_iter().map(|v| v * v).sum::<u64>()).unwrap();
+        let before = sum(());
+        set_num_threads(1).unwrap();
+        assert_eq!(num_threads().unwrap(), 1);
+        assert_eq!(install(rayon::current_num_threads).unwrap(), 1);
+        assert_eq!(sum(()), before);
+        set_num_threads(3).unwrap();
+        assert_eq!(num_threads().unwrap(), 3);
+        assert_eq!(sum(()), before);
+    }
+}
