@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -123,7 +124,7 @@ def test_claim_ef21_does_not_improve_with_n(quick: Path) -> None:
 def test_ef21_identical_workers_independent_of_n() -> None:
     """The claim on real multi-worker runs: with L± = 0, EF21+TopK with n = 100 and n = 200
     workers (both K = ⌈d/n⌉ = 1) has the same iterates (to rounding)."""
-    runs = [permk.ef21(permk.Quadratic.synthetic(n, 100, 1e-3, 0.0, seed=0), permk.TopK(1), rounds=300,
+    runs = [permk.ef21(permk.Quadratic.synthetic(n, 100, 1e-3, 0.0, seed=0), permk.TopK(1), rounds=300, seed=0,
                        gamma_multiplier=64, constants="pessimistic") for n in (100, 200)]
     np.testing.assert_allclose(runs[0].grad_norm_sq, runs[1].grad_norm_sq, rtol=1e-8)
     np.testing.assert_array_equal(runs[0].bits_per_worker, runs[1].bits_per_worker)
@@ -185,15 +186,14 @@ def test_resume_after_kill(tmp_path: Path) -> None:
 
 def test_search_does_not_depend_on_chunks(tmp_path: Path) -> None:
     """Where runs stop (budget, divergence) is decided round by round, not by chunk sizes."""
-    from permk.experiments.quadratic import theory_gamma
-    from permk.experiments.runner import SearchOptions, search_cell
+    from permk.experiments.runner import SearchOptions, Spec, search_cell, theory_gamma
 
     q = permk.Quadratic.synthetic(40, 100, 1e-4, 0.3, seed=0)
     cell = {"id": "c", "n": 40, "d": 100, "noise_scale": 0.3, "lam": 1e-4, "row": 0, "col": 0}
     out = []
     for k, secs in enumerate((1e-9, 5.0)):
         opts = SearchOptions(max_rounds=3000, budget_factor=3.0, chunk_seconds=secs, tol=1e-4)
-        exps = {m: multiplier_exponents(theory_gamma(q, m, opts), q.L_minus, max_count=3) for m in ("marina-permk", "ef21-topk", "marina-randk")}
+        exps = {m: multiplier_exponents(theory_gamma(q, Spec.parse(m), opts), q.L_minus, max_count=3) for m in ("marina-permk", "ef21-topk", "marina-randk")}
         out.append(search_cell(q, cell, exps, opts, str(tmp_path / f"{k}.jsonl")))
     assert [r["key"] for r in out[0]] == [r["key"] for r in out[1]]
     for a, b in zip(*out):
@@ -203,14 +203,82 @@ def test_search_does_not_depend_on_chunks(tmp_path: Path) -> None:
         assert a["curve"]["grad_norm_sq"] == b["curve"]["grad_norm_sq"]
 
 
+def _run_record(key: str, **extra: object) -> dict[str, object]:
+    from permk.experiments.results import RUN_FIELDS
+
+    rec: dict[str, object] = {f: 0 for f in RUN_FIELDS}
+    rec.update(kind="run", key=key, **extra)
+    return rec
+
+
 def test_truncated_record_is_skipped(tmp_path: Path) -> None:
     p = tmp_path / "x.jsonl"
-    append_record(p, {"kind": "run", "key": "a", "v": float("nan"), "w": np.arange(3)})
+    append_record(p, _run_record("a", v=float("nan"), w=np.arange(3)))
     with open(p, "a") as fh:
         fh.write('{"kind": "run", "key": "b", "v"')
-    with pytest.warns(RuntimeWarning, match="incomplete record"):
+    with pytest.warns(RuntimeWarning, match="cut-short last record"):
         recs = read_records(p)
     assert len(recs) == 1 and recs[0]["key"] == "a" and math.isnan(recs[0]["v"]) and recs[0]["w"] == [0, 1, 2]
+
+
+def test_an_append_after_a_cut_short_line_starts_a_line_of_its_own(tmp_path: Path) -> None:
+    """What a kill during a write leaves (a last line without its newline) is set aside by the
+    next append: the new record is whole, and the tail is kept in <file>.partial."""
+    p = tmp_path / "x.jsonl"
+    for k in range(3):
+        append_record(p, _run_record(f"r{k}"))
+    whole = p.read_bytes()
+    p.write_bytes(whole[: len(whole) - len(whole.splitlines()[-1]) // 2 - 1])  # the last line cut in half
+    with pytest.warns(RuntimeWarning, match="set aside"):
+        append_record(p, _run_record("r2-again"))
+    assert [r["key"] for r in read_records(p)] == ["r0", "r1", "r2-again"]
+    assert (tmp_path / "x.jsonl.partial").read_text().startswith('{"kind":"run","key":"r2"')
+
+
+def test_corrupt_files_are_errors_naming_the_file_and_line(tmp_path: Path) -> None:
+    from permk.experiments.results import read_json
+
+    p = tmp_path / "x.jsonl"
+    append_record(p, _run_record("a"))
+    with open(p, "a") as fh:
+        fh.write("{not json}\n")
+    append_record(p, _run_record("b"))
+    with pytest.raises(ValueError, match=r"x\.jsonl:2: not a valid record"):
+        read_records(p)
+    q = tmp_path / "y.jsonl"
+    rec = _run_record("a")
+    del rec["summary"]
+    with open(q, "w") as fh:
+        fh.write(json.dumps(rec) + "\n")
+    with pytest.raises(ValueError, match=r"y\.jsonl:1: the run record has no summary"):
+        read_records(q)
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"ns": [10,\n "oops"')
+    with pytest.raises(ValueError, match=r"config\.json:2: not valid JSON"):
+        read_json(cfg)
+
+
+def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> None:
+    """SIGKILL a process appending large records in a loop, at a random moment, several times:
+    every complete line is a whole record, and the next append (what --resume does) is whole."""
+    p = tmp_path / "k.jsonl"
+    code = ("import sys, numpy as np; from permk.experiments.results import append_record\n"
+            "k = 0\n"
+            "while True:\n"
+            "    append_record(sys.argv[1], {'kind': 'run', 'key': f'r{k}', 'curve': np.arange(200_000), "
+            "**{f: 0 for f in ('experiment', 'cell', 'method', 'label', 'compressor', 'j', 'multiplier', 'options', 'params', 'summary')}})\n"
+            "    k += 1\n")
+    for attempt in range(3):
+        with subprocess.Popen([sys.executable, "-c", code, str(p)]) as proc:
+            time.sleep(0.5 + 0.37 * attempt)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            append_record(p, _run_record(f"after-kill-{attempt}"))
+            recs = read_records(p)
+        assert recs[-1]["key"] == f"after-kill-{attempt}"
+        assert all(len(r["curve"]) == 200_000 for r in recs if r["key"].startswith("r"))
 
 
 def test_multiplier_exponents() -> None:
@@ -332,8 +400,8 @@ def test_autoencoder_grouped_ef21_equals_all_workers() -> None:
     ae = _small_ae(p_hat=0.6)
     assert ae.n_splits < ae.n
     k = -(-ae.d // ae.n)
-    full = permk.ef21(ae, permk.TopK(k), rounds=30, gamma=1e-3)
-    grouped = permk.ef21(ae.grouped(), permk.TopK(k), rounds=30, gamma=1e-3)
+    full = permk.ef21(ae, permk.TopK(k), rounds=30, seed=0, gamma=1e-3)
+    grouped = permk.ef21(ae.grouped(), permk.TopK(k), rounds=30, seed=0, gamma=1e-3)
     np.testing.assert_allclose(grouped.x, full.x, rtol=1e-9, atol=1e-12)
     np.testing.assert_array_equal(grouped.bits_per_worker, full.bits_per_worker)
 
@@ -368,8 +436,8 @@ class _Plain:
 @pytest.mark.parametrize("n,d,k,s", [(7, 50, 1, 0.3), (30, 200, 7, 0.8), (300, 1000, 4, 0.1), (5, 20, 20, 0.0)])
 def test_fused_ef21_is_bit_identical_to_dense(n: int, d: int, k: int, s: float) -> None:
     q = permk.Quadratic.synthetic(n, d, 1e-6, s, seed=1)
-    fused = permk.ef21(q, permk.TopK(k), rounds=60, gamma_multiplier=64, constants="pessimistic")
-    dense = permk.ef21(_Plain(q), permk.TopK(k), rounds=60, gamma_multiplier=64, constants="pessimistic")
+    fused = permk.ef21(q, permk.TopK(k), rounds=60, seed=0, gamma_multiplier=64, constants="pessimistic")
+    dense = permk.ef21(_Plain(q), permk.TopK(k), rounds=60, seed=0, gamma_multiplier=64, constants="pessimistic")
     assert fused.params["path"] == "rust" and dense.params["path"] == "dense"
     np.testing.assert_array_equal(fused.x, dense.x)
     np.testing.assert_array_equal(fused.state.G, dense.state.G)
@@ -378,15 +446,15 @@ def test_fused_ef21_is_bit_identical_to_dense(n: int, d: int, k: int, s: float) 
 
 def test_fused_ef21_resume_and_no_mutation() -> None:
     q = permk.Quadratic.synthetic(50, 100, 1e-6, 0.2, seed=0)
-    whole = permk.ef21(q, permk.TopK(2), rounds=40, gamma_multiplier=32)
-    half = permk.ef21(q, permk.TopK(2), rounds=20, gamma_multiplier=32)
+    whole = permk.ef21(q, permk.TopK(2), rounds=40, seed=0, gamma_multiplier=32)
+    half = permk.ef21(q, permk.TopK(2), rounds=20, seed=0, gamma_multiplier=32)
     G_before = half.state.G.copy()
-    rest = permk.ef21(q, permk.TopK(2), rounds=20, gamma_multiplier=32, state=half.state)
+    rest = permk.ef21(q, permk.TopK(2), rounds=20, seed=0, gamma_multiplier=32, state=half.state)
     np.testing.assert_array_equal(half.state.G, G_before)  # the caller's state is not mutated
     np.testing.assert_array_equal(rest.x, whole.x)
 
 
 def test_fused_ef21_reports_divergence() -> None:
     q = permk.Quadratic.synthetic(10, 50, 1e-6, 0.5, seed=0)
-    r = permk.ef21(q, permk.TopK(1), rounds=5000, gamma=50.0)
+    r = permk.ef21(q, permk.TopK(1), rounds=5000, seed=0, gamma=50.0)
     assert r.diverged_at is not None and np.isfinite(r.grad_norm_sq).all()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import permk
-from permk.methods import marina_stepsize
+from permk import marina_stepsize
 
 
 def synthetic(n: int = 10, d: int = 50, lam: float = 1e-3, s: float = 0.0, seed: int = 0) -> permk.SyntheticQuadratic:
@@ -97,9 +97,9 @@ def test_resume_equals_uninterrupted_run(path: str, tmp_path: pytest.TempPathFac
 
 def test_ef21_resume() -> None:
     q = synthetic(5, 20, 1e-2, 0.5)
-    full = permk.ef21(q, permk.TopK(2), rounds=50, gamma_multiplier=8)
-    first = permk.ef21(q, permk.TopK(2), rounds=20, gamma_multiplier=8)
-    second = permk.ef21(q, permk.TopK(2), rounds=30, gamma_multiplier=8, state=first.state)
+    full = permk.ef21(q, permk.TopK(2), rounds=50, seed=0, gamma_multiplier=8)
+    first = permk.ef21(q, permk.TopK(2), rounds=20, seed=0, gamma_multiplier=8)
+    second = permk.ef21(q, permk.TopK(2), rounds=30, seed=0, gamma_multiplier=8, state=first.state)
     np.testing.assert_array_equal(second.x, full.x)
 
 
@@ -144,13 +144,13 @@ def test_marina_pl_rate() -> None:
 
 def test_gd_contracts_and_ef21_with_full_topk_is_gd() -> None:
     q = synthetic(6, 30, 0.05, 0.4)
-    g = permk.gd(q, rounds=100)
+    g = permk.gd(q, rounds=100, seed=0)
     assert g.params["gamma"] == pytest.approx(1 / q.L_minus)
     delta0 = q.loss(q.x0) - q.f_star
     # strongly convex quadratic with step 1/L: f(x^T) − f* ≤ (1 − μ/L)^T Δ⁰
     assert g.f_gap[-1] <= (1 - q.mu / q.L_minus) ** 100 * delta0
     assert g.coins.all() and g.bits_per_worker[-1] == 100 * 30 * 32
-    e = permk.ef21(q, permk.TopK(30), rounds=100)
+    e = permk.ef21(q, permk.TopK(30), rounds=100, seed=0)
     # α = 1: θ = 1, β = 0, the step is 1/L− and C = identity, so EF21 is GD
     assert e.params["gamma"] == pytest.approx(1 / q.L_minus)
     np.testing.assert_allclose(e.x, g.x, rtol=1e-10, atol=1e-12)
@@ -188,7 +188,7 @@ def test_paper_claim_permk_needs_fewer_bits_at_zero_hessian_variance() -> None:
 
     perm = bits_to_target(permk.marina(q, permk.PermK(), rounds=3000, seed=0))
     rand = bits_to_target(permk.marina(q, permk.RandK(k), rounds=3000, seed=0))
-    top = bits_to_target(permk.ef21(q, permk.TopK(k), rounds=3000))
+    top = bits_to_target(permk.ef21(q, permk.TopK(k), rounds=3000, seed=0))
     assert perm < math.inf
     assert perm < rand and perm < top, (perm, rand, top)
 
@@ -218,7 +218,7 @@ def test_bad_parameters() -> None:
     with pytest.raises(ValueError, match="unbiased"):
         permk.marina(q, permk.TopK(3), rounds=5, seed=0)
     with pytest.raises(ValueError, match="contractive"):
-        permk.ef21(q, permk.RandK(3), rounds=5)
+        permk.ef21(q, permk.RandK(3), rounds=5, seed=0)
     with pytest.raises(ValueError, match="path"):
         permk.marina(q, permk.Compose(permk.PermK(), permk.QSGD(2)), rounds=5, seed=0, path="fused")
     with pytest.raises(ValueError, match="smoothness constants"):

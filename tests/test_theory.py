@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import tracemalloc
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +20,7 @@ import scipy.sparse.linalg as sla
 
 import permk
 from permk import theory
-from permk.methods import marina_stepsize
+from permk import marina_stepsize
 from permk.theory import complexity, estimate_ab, group_hessian_variance, smoothness
 
 
@@ -149,6 +149,11 @@ def local_constants(mats: np.ndarray) -> dict[str, float]:
 CONSTANTS = ("L_minus", "L_plus", "L_pm")
 
 
+def _kw(n: int, d: int, L_minus: float, L_plus: float, L_pm: float, eps: float, delta0: float, mu: float | None = None) -> dict[str, Any]:
+    """The keyword arguments of complexity()/table_complexity() in the paper's order."""
+    return dict(n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps, delta0=delta0, mu=mu)
+
+
 def stated_ab(c: permk.Compressor, n: int, d: int) -> tuple[float, float]:
     ab = c.ab_constants(n, d)
     assert ab is not None
@@ -213,12 +218,44 @@ def test_exact_sparse_indefinite_has_no_mu_and_small_dims() -> None:
     np.testing.assert_allclose(np.array(s.L_i), ref["L_i"], rtol=1e-9)
 
 
+class _HessiansOnly:
+    """A problem seen only through its protocol and Hessians (no closed-form constants)."""
+
+    def __init__(self, q: Any) -> None:
+        self.q, self.n, self.d, self.x0 = q, q.n, q.d, q.x0
+
+    def hessians(self) -> list[Any]:
+        return self.q.hessians()  # type: ignore[no-any-return]
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return self.q.local_grads(x)  # type: ignore[no-any-return]
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        return self.q.grad(x)  # type: ignore[no-any-return]
+
+    def loss(self, x: np.ndarray) -> float:
+        return float(self.q.loss(x))
+
+
 def test_exact_on_the_paper_synthetic_quadratic() -> None:
+    """Lanczos on the Hessians agrees with the closed forms, which smoothness() uses for it
+    (capability exact_smoothness), for the whole problem and for a group of workers."""
     q = permk.Quadratic.synthetic(6, 150, lam=1e-3, noise_scale=0.3, seed=4)
-    s = smoothness(q)
+    s = smoothness(_HessiansOnly(q))
+    assert "closed form" not in s.note
+    closed = smoothness(q)
+    assert "closed form" in closed.note and closed.kind == "exact"
     for k in (*CONSTANTS, "mu"):
         assert getattr(s, k) == pytest.approx(getattr(q, k), rel=1e-9)
+        assert getattr(closed, k) == getattr(q, k)
     np.testing.assert_allclose(np.array(s.L_i), q.L_i, rtol=1e-9)
+    group = [1, 4, 5]
+    sg, cg = smoothness(_HessiansOnly(q), workers=group), smoothness(q, workers=group)
+    for k in CONSTANTS:
+        assert getattr(sg, k) == pytest.approx(getattr(cg, k), rel=1e-9)
+    # a huge synthetic quadratic: closed forms, no Hessian formed, no memory
+    big = permk.Quadratic.synthetic(n=10**5, d=10**6, lam=1e-6, noise_scale=0.1)
+    assert smoothness(big).L_pm == big.L_pm
 
 
 def test_exact_rejects_what_it_cannot_do() -> None:
@@ -574,8 +611,8 @@ def test_marina_rounds_and_floats_follow_the_theorems() -> None:
     n, d, Lm, Lp, Lpm, eps, delta0 = 10, 100, 1.0, 2.0, 0.5, 1e-3, 3.0
     for comp in (permk.PermK(), permk.RandK(4), permk.Compose(permk.PermK(), permk.NaturalCompression())):
         A, B = stated_ab(comp, n, d)
-        zeta = comp.floats_per_worker(n, d)
-        c = complexity("marina", comp, n, d, Lm, Lp, Lpm, eps, delta0)
+        zeta = comp.expected_floats_per_worker(n, d)
+        c = complexity(permk.marina, comp, **_kw(n, d, Lm, Lp, Lpm, eps, delta0))
         assert c.p is not None
         M = Lm + math.sqrt((1 - c.p) / c.p * ((A - B) * Lp**2 + B * Lpm**2))
         assert c.gamma == pytest.approx(1 / M, rel=1e-12)
@@ -583,7 +620,7 @@ def test_marina_rounds_and_floats_follow_the_theorems() -> None:
         assert c.floats_per_round == pytest.approx(c.p * d + (1 - c.p) * zeta, rel=1e-12)
         assert c.floats == pytest.approx(c.rounds * c.floats_per_round, rel=1e-12)
         mu = 0.05
-        c = complexity("marina", comp, n, d, Lm, Lp, Lpm, eps, delta0, mu=mu)
+        c = complexity(permk.marina, comp, **_kw(n, d, Lm, Lp, Lpm, eps, delta0, mu))
         assert c.p is not None
         gamma = min(1 / (Lm + math.sqrt(2 * (1 - c.p) / c.p * ((A - B) * Lp**2 + B * Lpm**2))), c.p / (2 * mu))
         assert c.gamma == pytest.approx(gamma, rel=1e-12) and c.pl
@@ -596,22 +633,22 @@ def test_ef21_rounds_follow_its_theorems() -> None:
         alpha = k / d
         theta = 1 - math.sqrt(1 - alpha)
         beta = (1 - alpha) / (1 - math.sqrt(1 - alpha))
-        c = complexity("ef21", permk.TopK(k), n, d, Lm, Lp, 0.0, eps, delta0)
+        c = complexity(permk.ef21, permk.TopK(k), **_kw(n, d, Lm, Lp, 0.0, eps, delta0))
         assert c.gamma == pytest.approx(1 / (Lm + Lp * math.sqrt(beta / theta)), rel=1e-12)
         assert c.rounds == math.ceil(2 * delta0 / (c.gamma * eps)) and c.floats == c.rounds * k
-        c = complexity("ef21", permk.TopK(k), n, d, Lm, Lp, 0.0, eps, delta0, mu=0.1)
+        c = complexity(permk.ef21, permk.TopK(k), **_kw(n, d, Lm, Lp, 0.0, eps, delta0, 0.1))
         gamma = min(1 / (Lm + Lp * math.sqrt(2 * beta / theta)), theta / (2 * 0.1))
         assert c.gamma == pytest.approx(gamma, rel=1e-12)
         assert c.rounds == math.ceil(math.log(delta0 / eps) / (gamma * 0.1))
     # Lemma (optimal parameters), part 3: EF21 + TopK is best with K = d
-    assert complexity("ef21", permk.TopK, n, d, Lm, Lp, 0.0, eps, delta0).K == d
+    assert complexity(permk.ef21, permk.TopK, **_kw(n, d, Lm, Lp, 0.0, eps, delta0)).K == d
 
 
 def _continuous_floats(comp: permk.Compressor, p: float, n: int, d: int, L: tuple[float, float, float], mu: float | None) -> float:
     A, B = stated_ab(comp, n, d)
     gamma = marina_stepsize(A, B, *L, p, mu=mu)
     T = 2.0 / (gamma * 1e-3) if mu is None else math.log(1e3) / (gamma * mu)
-    return T * (p * d + (1 - p) * comp.floats_per_worker(n, d))
+    return T * (p * d + (1 - p) * comp.expected_floats_per_worker(n, d))
 
 
 @pytest.mark.parametrize("mu", [None, 0.01])
@@ -619,12 +656,12 @@ def test_optimal_p_and_k_are_optimal(mu: float | None) -> None:
     n, d, L = 6, 40, (1.0, 1.5, 0.3)
     ps = np.geomspace(1e-5, 1.0, 4000)
     for comp in (permk.PermK(), permk.RandK(3)):
-        c = complexity("marina", comp, n, d, *L, 1e-3, 1.0, mu)
+        c = complexity(permk.marina, comp, **_kw(n, d, *L, 1e-3, 1.0, mu))
         assert c.p is not None
         best_grid = min(_continuous_floats(comp, float(p), n, d, L, mu) for p in ps)
         assert _continuous_floats(comp, c.p, n, d, L, mu) <= best_grid * (1 + 1e-7)
-    best = complexity("marina", permk.RandK, n, d, *L, 1e-3, 1.0, mu)
-    every_k = min(complexity("marina", permk.RandK(k), n, d, *L, 1e-3, 1.0, mu).floats for k in range(1, d + 1))
+    best = complexity(permk.marina, permk.RandK, **_kw(n, d, *L, 1e-3, 1.0, mu))
+    every_k = min(complexity(permk.marina, permk.RandK(k), **_kw(n, d, *L, 1e-3, 1.0, mu)).floats for k in range(1, d + 1))
     assert best.floats == every_k
 
 
@@ -637,11 +674,11 @@ def test_numeric_optimum_matches_the_tables_in_every_regime() -> None:
     mus: list[float | None] = [None, 1e-3, 0.5]
     for (n, d), Lpm, top, mu in itertools.product(configs, [0.0, 1e-3, 0.1, 1.0, 10.0], [False, True], mus):
         Lp = math.sqrt(1.0 + Lpm**2) if top else max(1.0, Lpm)  # both ends allowed by the Lemma
-        rows: tuple[tuple[Literal["marina", "ef21"], type[permk.Compressor]], ...] = (
-            ("marina", permk.PermK), ("marina", permk.RandK), ("ef21", permk.TopK),
+        rows: tuple[tuple[permk.Method, type[permk.Compressor]], ...] = (
+            (permk.marina, permk.PermK), (permk.marina, permk.RandK), (permk.ef21, permk.TopK),
         )  # fmt: skip
         for method, comp in rows:
-            c = complexity(method, comp, n, d, 1.0, Lp, Lpm, 1e-4, 1.0, mu)
+            c = complexity(method, comp, **_kw(n, d, 1.0, Lp, Lpm, 1e-4, 1.0, mu))
             assert c.ratio is not None and (1.0 if mu is None else 0.5) * (1 - 1e-9) <= c.ratio <= 8.0, (n, d, Lpm, Lp, mu, c)
             regimes.add(c.table_ref)
     assert len(regimes) == 12  # 3 rows × {nonconvex, PL} × {d ≥ n, d ≤ n}
@@ -658,55 +695,60 @@ def test_technical_lemma_of_the_complexity_bounds() -> None:
 
 
 def test_table_closed_forms() -> None:
-    row = theory.table_complexity("marina", permk.RandK(3), 100, 10, 1.0, 2.0, 0.5, 1e-2, 1.0, mu=0.1)
+    row = theory.table_complexity(permk.marina, permk.RandK(3), **_kw(100, 10, 1.0, 2.0, 0.5, 1e-2, 1.0, 0.1))
     assert row is not None
     v, ref = row
     assert ref == "Table 'communication_complexity_pl' (d ≤ n): MARINA + RandK"
     assert v == pytest.approx(math.log(100) * max(min(10.0, 1.0 + 10 / 10 * 2.0) / 0.1, 10))
-    assert theory.table_complexity("marina", permk.Identity(), 4, 8, 1, 1, 0, 1e-2, 1.0) is None
-    assert theory.table_complexity("ef21", permk.TopK, 4, 8, 2.0, 3.0, 0.0, 1e-2, 1.0) == (
+    assert theory.table_complexity(permk.marina, permk.Identity(), **_kw(4, 8, 1, 1, 0, 1e-2, 1.0)) is None
+    assert theory.table_complexity(permk.ef21, permk.TopK, **_kw(4, 8, 2.0, 3.0, 0.0, 1e-2, 1.0)) == (
         pytest.approx(100 * 8 * 2.0),
         "Table 'communication_complexity' (d ≥ n): EF21 + TopK",
     )
 
 
 def test_complexity_errors() -> None:
-    args = (4, 8, 1.0, 1.0, 0.0, 1e-3, 1.0)
-    with pytest.raises(ValueError, match="method"):
-        complexity("adam", permk.PermK, *args)  # type: ignore[arg-type]
+    args = _kw(4, 8, 1.0, 1.0, 0.0, 1e-3, 1.0)
+    with pytest.raises(TypeError, match="method"):
+        complexity("marina", permk.PermK, **args)  # a method object, not a name
     with pytest.raises(ValueError, match="AB constants"):
-        complexity("marina", permk.TopK(2), *args)
+        complexity(permk.marina, permk.TopK(2), **args)
     with pytest.raises(ValueError, match="contractive"):
-        complexity("ef21", permk.RandK, *args)
+        complexity(permk.ef21, permk.RandK, **args)
     with pytest.raises(ValueError, match="mu"):
-        complexity("marina", permk.PermK, *args, mu=2.0)
+        complexity(permk.marina, permk.PermK, **{**args, "mu": 2.0})
     with pytest.raises(ValueError, match="eps"):
-        complexity("marina", permk.PermK, 4, 8, 1.0, 1.0, 0.0, 0.0, 1.0)
+        complexity(permk.marina, permk.PermK, **{**args, "eps": 0.0})
     with pytest.raises(TypeError, match="real"):
-        complexity("marina", permk.PermK, 4, 8, "1", 1.0, 0.0, 1e-3, 1.0)  # type: ignore[arg-type]
+        complexity(permk.marina, permk.PermK, **{**args, "L_minus": "1"})
     with pytest.raises(TypeError):
-        complexity("marina", permk.BlockPermK, *args)  # needs m: pass an instance
+        complexity(permk.marina, permk.BlockPermK, **args)  # needs m: pass an instance
     with pytest.raises(TypeError, match="Compressor"):
-        complexity("marina", "PermK", *args)  # type: ignore[arg-type]
+        complexity(permk.marina, "PermK", **args)
+    with pytest.raises(TypeError):
+        complexity(permk.marina, permk.PermK, 4, 8, 1.0, 1.0, 0.0, 1e-3, 1.0)  # type: ignore[misc]  # keyword-only
 
 
 def test_complexity_cli_and_plot(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from permk.cli import add_complexity_parser, main
+    from permk.experiments.plotting import complexity_plot
+
     argv = ["--n", "10", "--d", "1000", "--L-minus", "1", "--L-plus", "1.2", "--L-pm", "0.05", "--eps", "1e-3", "--delta0", "1"]
-    assert theory.complexity_cli(argv) == 0
+    assert main(["complexity", *argv]) == 0
     out = capsys.readouterr().out
     for name in ("PermK", "RandK(k=", "TopK(k=", "Identity", "paper Θ"):
         assert name in out
     png = tmp_path / "c.png"
-    assert theory.complexity_cli([*argv, "--mu", "0.01", "--plot", str(png), "--L-pm-grid", "0", "0.01", "0.1", "1", "2"]) == 0
+    assert main(["complexity", *argv, "--mu", "0.01", "--plot", str(png), "--L-pm-grid", "0", "0.01", "0.1", "1", "2"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "PL (μ = 0.01)" in capsys.readouterr().out
     import argparse
 
     parser = argparse.ArgumentParser(prog="permk")
-    theory.add_complexity_parser(parser.add_subparsers(dest="command"))
+    add_complexity_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["complexity", *argv])
     assert args.func(args) == 0
     with pytest.raises(SystemExit):
-        theory.complexity_cli(["--n", "10"])
+        main(["complexity", "--n", "10"])
     with pytest.raises(ValueError, match="L_pm_grid"):
-        theory.complexity_plot(10, 100, 1.0, 1.0, 1e-3, 1.0, [-1.0], tmp_path / "x.png")
+        complexity_plot(10, 100, 1.0, 1.0, 1e-3, 1.0, [-1.0], tmp_path / "x.png")

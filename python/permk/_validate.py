@@ -1,8 +1,14 @@
-"""Argument checks shared by the public API: clear ValueError/TypeError naming the argument."""
+"""Argument checks shared by every layer of the package: a clear ValueError/TypeError naming the
+argument, and allocation guards that raise MemoryError before a huge array is built.
+
+This module is the package's shared internals: it imports nothing from permk.
+"""
 
 from __future__ import annotations
 
+import math
 import numbers
+import os
 from typing import Any
 
 import numpy as np
@@ -11,7 +17,11 @@ _U64 = 2**64
 
 
 def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None) -> int:
-    """``value`` as a Python int in ``[low, high)`` (``high=None``: below 2**64)."""
+    """``value`` as a Python int in ``[low, high)`` (``high=None``: below 2**64).
+
+    Integers (Python or numpy) are accepted; bools, floats (even integral ones) and strings are a
+    TypeError.
+    """
     if type(value) is int:  # the common case, without the slower ABC checks below
         if low <= value < (_U64 if high is None else high):
             return value
@@ -25,6 +35,32 @@ def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None) -
     return v
 
 
+def check_real(value: Any, name: str, *, low: float | None = None, strict: bool = False, high: float | None = None) -> float:
+    """``value`` as a finite Python float, at least ``low`` (more than ``low`` with ``strict``)
+    and at most ``high``. Numbers (Python or numpy) are accepted; bools and strings are a
+    TypeError, NaN and infinities a ValueError naming the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    if low is not None and (v <= low if strict else v < low):
+        raise ValueError(f"{name} must be {'>' if strict else '>='} {low:g}, got {v:g}")
+    if high is not None and v > high:
+        raise ValueError(f"{name} must be <= {high:g}, got {v:g}")
+    return v
+
+
+def check_probability(value: Any, name: str = "p") -> float:
+    """A probability in ``(0, 1]`` (MARINA's ``p``)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in (0, 1], got {type(value).__name__}")
+    v = float(value)
+    if not 0.0 < v <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in (0, 1], got {v:g}")
+    return v
+
+
 def check_seed(seed: Any) -> int:
     """A seed shared by all workers: a non-negative integer below 2**64."""
     if seed is None:
@@ -35,10 +71,18 @@ def check_seed(seed: Any) -> int:
     return check_int(seed, "seed")
 
 
+def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    """One of the strings ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value
+
+
 def as_float_array(a: Any, ndim: int, name: str) -> np.ndarray:
     """``a`` as a float64/float32 array of ``ndim`` dimensions, without copying when possible.
 
-    Integer and boolean arrays are converted to float64; complex or object arrays raise TypeError.
+    Integer and boolean arrays are converted to float64; complex, object and string arrays raise
+    TypeError (complex input would silently lose its imaginary part).
     """
     arr = np.asarray(a)
     if arr.dtype not in (np.float64, np.float32):
@@ -52,3 +96,60 @@ def as_float_array(a: Any, ndim: int, name: str) -> np.ndarray:
     if arr.size == 0:
         raise ValueError(f"{name} must be non-empty, got shape {arr.shape}")
     return arr
+
+
+def as_vector(x: Any, d: int, name: str = "x") -> np.ndarray:
+    """``x`` as a C-contiguous float64 vector of shape ``(d,)`` (integer input converted; complex,
+    object and string input a TypeError)."""
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must be a real vector, got dtype {arr.dtype}")
+    v = np.ascontiguousarray(arr, dtype=np.float64)
+    if v.shape != (d,):
+        raise ValueError(f"{name} must have shape ({d},), got {v.shape}")
+    return v
+
+
+def check_output(value: Any, shape: tuple[int, ...], name: str, *, finite: bool = False) -> np.ndarray:
+    """A user oracle's answer as a float64 array of exactly ``shape``; ``name`` names the
+    oracle (``"problem.grad(x)"``). Non-real dtypes are a TypeError; with ``finite`` a NaN or
+    infinity is a ValueError (the drivers treat it as divergence instead)."""
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name} returned dtype {arr.dtype}, expected real numbers")
+    if arr.shape != shape:
+        raise ValueError(f"{name} returned shape {arr.shape}, expected {shape}")
+    out = np.asarray(arr, dtype=np.float64)
+    if finite and not np.isfinite(out).all():
+        raise ValueError(f"{name} returned non-finite values")
+    return out
+
+
+def physical_memory() -> int | None:
+    """The machine's physical memory in bytes, or None when unknown."""
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - non-POSIX
+        return None
+
+
+def _human(nbytes: float) -> str:
+    for unit, f in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= f:
+            return f"{nbytes / f:.3g} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
+def check_alloc(shape: tuple[int, ...], what: str, *, itemsize: int = 8, count: int = 1) -> None:
+    """Raise MemoryError (numpy's wording) when ``count`` arrays of ``shape`` would exceed the
+    machine's physical memory: refuse before allocating instead of being OOM-killed later."""
+    nbytes = float(itemsize) * float(count)
+    for s in shape:
+        nbytes *= float(s)
+    limit = physical_memory()
+    if limit is not None and nbytes > limit:
+        total = f"{count} arrays of " if count > 1 else ""
+        raise MemoryError(
+            f"Unable to allocate {_human(nbytes)} for {total}{what} with shape {tuple(shape)} "
+            f"(the machine has {_human(limit)})"
+        )

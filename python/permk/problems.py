@@ -1,28 +1,37 @@
 """Distributed problems ``f = (1/n) Σ_i f_i`` on ``R^d`` (eq. (1) of the paper).
 
 A *problem* is any object with the attributes and methods of :class:`Problem`; users plug in
-their own with numpy only. A problem that can evaluate single coordinates of local gradients
-cheaply also implements ``local_grad_coords(x, rows, cols)``, which lets MARINA with PermK or
-RandK evaluate only the coordinates that are sent (``O(d)`` work per round instead of ``O(nd)``).
+their own with numpy only. Optional capabilities, used when present:
+
+* ``local_grad_coords(x, rows, cols)`` — ``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``: MARINA
+  with PermK or RandK then evaluates only the coordinates that are sent (``O(d)`` work per
+  round instead of ``O(nd)``; the same signature serves one MPI rank's workers);
+* ``kernel`` — a native (Rust) kernel of the oracles (:meth:`Quadratic.synthetic`): whole
+  rounds run in Rust (``path="rust"``);
+* ``exact_smoothness(workers)`` — the exact constants in closed form, for
+  :func:`permk.theory.smoothness`;
+* ``f_star`` and the constants ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu`` for the
+  theory's step sizes and the record of ``f(x) − f*``.
 
 :class:`Quadratic` holds ``f_i(x) = ½ xᵀA_i x − xᵀb_i`` from user matrices (dense or
-``scipy.sparse``); :meth:`Quadratic.synthetic` is the paper's generator (Algorithm 1) with its
-oracles in Rust and its constants in closed form.
+``scipy.sparse``), with each constant computed when first read; :meth:`Quadratic.synthetic` is
+the paper's generator (Algorithm 1) with its oracles in Rust and its constants in closed form.
 """
 
 from __future__ import annotations
 
 import math
 from functools import cached_property
+from types import MappingProxyType
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
-import scipy.sparse as sp
 
 from . import _core
-from ._validate import check_int, check_seed
+from ._validate import as_vector, check_alloc, check_int, check_real, check_seed
+from .theory.smoothness import ExactConstants, Smoothness
 
-__all__ = ["Problem", "Quadratic", "SyntheticQuadratic"]
+__all__ = ["Problem", "Quadratic", "SyntheticQuadratic", "index_array"]
 
 
 @runtime_checkable
@@ -51,11 +60,18 @@ class Problem(Protocol):
         ...
 
 
-def _vector(x: Any, d: int, name: str = "x") -> np.ndarray:
-    v = np.ascontiguousarray(x, dtype=np.float64)
-    if v.shape != (d,):
-        raise ValueError(f"{name} must have shape ({d},), got {v.shape}")
-    return v
+_vector = as_vector
+
+
+def index_array(v: Any, name: str) -> np.ndarray:
+    """``v`` as a 1-D C-contiguous int64 array of indices: integer input only (a float such as
+    1.7 or a bool is a TypeError, not silently truncated)."""
+    arr = np.asarray(v)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of indices, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer indices, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 class Quadratic:
@@ -68,8 +84,10 @@ class Quadratic:
     vectors : (n, d) array of the ``b_i``.
     x0 : starting point (default: zeros).
 
-    The smoothness constants (``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu``) are computed
-    exactly from eigenvalues on first use (:func:`permk.theory.smoothness`).
+    The smoothness constants (``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu``) are exact,
+    from eigenvalues (:class:`permk.theory.smoothness.ExactConstants`), each computed when first
+    read and kept; ``f_star`` is one linear solve. Every Lanczos run starts from a seeded vector,
+    so the constants are the same in every process.
 
     >>> import numpy as np
     >>> q = Quadratic([np.eye(2), 3 * np.eye(2)], np.zeros((2, 2)), x0=np.ones(2))
@@ -78,32 +96,44 @@ class Quadratic:
     """
 
     def __init__(self, matrices: Sequence[Any], vectors: Any, x0: Any = None) -> None:
+        import scipy.sparse as sp
+
         mats = list(matrices)
         if not mats:
             raise ValueError("matrices must hold at least one matrix")
         self.n = len(mats)
-        shape = mats[0].shape
+        shape: tuple[int, ...] = tuple(getattr(mats[0], "shape", ()))
         if len(shape) != 2 or shape[0] != shape[1] or shape[0] < 1:
             raise ValueError(f"matrices must be square (d, d), got {shape}")
         self.d = int(shape[0])
         self._A: list[Any] = []
         for i, A in enumerate(mats):
+            kind = (A.dtype if sp.issparse(A) else np.asarray(A).dtype).kind
+            if kind not in "biuf":
+                raise TypeError(f"matrices[{i}] must hold real numbers, got dtype kind {kind!r}")
             A = sp.csr_array(A, dtype=np.float64) if sp.issparse(A) else np.asarray(A, dtype=np.float64)
             if A.shape != (self.d, self.d):
                 raise ValueError(f"matrices[{i}] has shape {A.shape}, expected ({self.d}, {self.d})")
+            values = A.data if sp.issparse(A) else A
+            if not np.isfinite(values).all():
+                raise ValueError(f"matrices[{i}] must be finite")
             asym = abs(A - A.T)
             if (asym.max() if asym.size else 0.0) > 1e-10 * (1.0 + abs(A).max()):
                 raise ValueError(f"matrices[{i}] must be symmetric")
             self._A.append(A)
-        b = np.asarray(vectors, dtype=np.float64)
+        b = np.asarray(vectors)
+        if b.dtype.kind not in "biuf":
+            raise TypeError(f"vectors must hold real numbers, got dtype {b.dtype}")
+        b = b.astype(np.float64)
         if b.shape != (self.n, self.d):
             raise ValueError(f"vectors must have shape ({self.n}, {self.d}), got {b.shape}")
-        if not (np.isfinite(b).all() and all(np.isfinite(A.data if sp.issparse(A) else A).all() for A in self._A)):
-            raise ValueError("matrices and vectors must be finite")
+        if not np.isfinite(b).all():
+            raise ValueError("vectors must be finite")
         self._b = b
         self._b_mean = b.mean(axis=0)
         self._H = sum(self._A[1:], self._A[0]) / self.n
-        self.x0 = np.zeros(self.d) if x0 is None else _vector(x0, self.d, "x0")
+        self._exact = ExactConstants(self._A)
+        self.x0 = np.zeros(self.d) if x0 is None else _start(x0, self.d)
 
     @staticmethod
     def synthetic(n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> SyntheticQuadratic:
@@ -130,45 +160,37 @@ class Quadratic:
         x = _vector(x, self.d)
         return np.stack([np.asarray(A @ x) for A in self._A]) - self._b
 
-    @cached_property
-    def _constants(self) -> Any:
-        from .theory import smoothness
-
-        return smoothness(self, method="exact")
-
     @property
     def L_minus(self) -> float:
         """``L_−``: the smoothness constant of ``f`` (``‖(1/n) Σ A_i‖``)."""
-        return float(self._constants.L_minus)
+        return float(self._exact.L_minus)
 
     @property
     def L_plus(self) -> float:
         """``L_+`` of Assumption "L+" (``λ_max((1/n) Σ A_i²)^{1/2}``)."""
-        return float(self._constants.L_plus)
+        return float(self._exact.L_plus)
 
     @property
     def L_pm(self) -> float:
         """``L_±`` (Definition "Hessian variance"); ``L_pm**2 = λ_max((1/n)ΣA_i² − ((1/n)ΣA_i)²)``."""
-        return float(self._constants.L_pm)
+        return float(self._exact.L_pm)
 
     @property
     def L_i(self) -> np.ndarray:
         """The smoothness constants ``L_i = ‖A_i‖`` of the ``f_i``."""
-        return np.asarray(self._constants.L_i)
+        return np.asarray(self._exact.L_i)
 
     @property
     def mu(self) -> float | None:
         """The PL constant ``λ_min((1/n) Σ A_i)`` when positive, else None."""
-        return self._constants.mu
+        return self._exact.mu
 
     @cached_property
     def f_star(self) -> float | None:
-        """``min f`` when ``(1/n) Σ A_i`` is positive definite, else None."""
-        if self.mu is None:
-            return None
-        H = self._H.toarray() if sp.issparse(self._H) else self._H
-        x_star = np.linalg.solve(H, self._b_mean)
-        return float(-0.5 * self._b_mean @ x_star)
+        """``min f = −½ b̄ᵀH⁻¹b̄`` when ``H = (1/n) Σ A_i`` is positive definite (one factorisation:
+        Cholesky, or a sparse ``LDLᵀ`` with positive pivots), else None."""
+        x_star = _solve_if_positive_definite(self._H, self._b_mean)
+        return None if x_star is None else float(-0.5 * self._b_mean @ x_star)
 
     @property
     def L_sq_mean(self) -> float:
@@ -177,6 +199,34 @@ class Quadratic:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, d={self.d})"
+
+
+def _start(x0: Any, d: int) -> np.ndarray:
+    v = np.array(_vector(x0, d, "x0"))
+    if not np.isfinite(v).all():
+        raise ValueError("x0 must be finite")
+    return v
+
+
+def _solve_if_positive_definite(H: Any, rhs: np.ndarray) -> np.ndarray | None:
+    """``H⁻¹ rhs`` when the symmetric ``H`` is positive definite, else None."""
+    import scipy.sparse as sp
+
+    if not sp.issparse(H):
+        try:
+            L = np.linalg.cholesky(H)
+        except np.linalg.LinAlgError:
+            return None
+        return np.asarray(np.linalg.solve(L.T, np.linalg.solve(L, rhs)))
+    import scipy.sparse.linalg as sla
+
+    try:  # symmetric elimination with diagonal pivots: positive pivots iff H ≻ 0 (Sylvester)
+        lu = sla.splu(sp.csc_matrix(H), diag_pivot_thresh=0.0, options={"SymmetricMode": True})
+    except RuntimeError:
+        return None
+    if not (np.array_equal(lu.perm_r, lu.perm_c) and (lu.U.diagonal() > 0).all()):
+        return None
+    return np.asarray(lu.solve(rhs))
 
 
 def _tridiagonal_extremes(d: int) -> tuple[float, float]:
@@ -192,9 +242,10 @@ class SyntheticQuadratic(Quadratic):
     with ``numpy.random.default_rng(seed)`` as an ``(n, 2)`` array), ``b_i = (ν_i^s/4)(−1 + ν_i^b) e_1``
     and ``A_i = (ν_i^s/4) T + (λ − λ_min(mean A)) I`` with ``T = tridiag(−1, 2, −1)``;
     ``x^0 = (√d, 0, …, 0)``. Only ``O(n + d)`` numbers are stored; the oracles are Rust kernels
-    (``O(1)`` per coordinate) and every constant is exact and in closed form, since all ``A_i``
-    are polynomials in ``T`` (eigenvalues ``t_k = 4 sin²(kπ/(2(d+1)))``):
-    ``L_±² = Var(ν^s/4) · t_max²``, ``L_+² = max_{t ∈ {t_min, t_max}} (1/n) Σ (a_i t + c)²``, ...
+    (``kernel``, ``O(1)`` per coordinate) and every constant is exact and in closed form, since
+    all ``A_i`` are polynomials in ``T`` (eigenvalues ``t_k = 4 sin²(kπ/(2(d+1)))``):
+    ``L_±² = Var(ν^s/4) · t_max²``, ``L_+² = max_{t ∈ {t_min, t_max}} (1/n) Σ (a_i t + c)²``, …,
+    for the whole problem or any group of its workers (:meth:`exact_smoothness`).
 
     >>> q = Quadratic.synthetic(10, 100, lam=1e-6, noise_scale=0.0, seed=0)
     >>> q.L_pm, round(q.mu, 12)
@@ -202,14 +253,10 @@ class SyntheticQuadratic(Quadratic):
     """
 
     def __init__(self, n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> None:
-        self.n = check_int(n, "n", low=1)
-        self.d = check_int(d, "d", low=1)
-        if not (math.isfinite(lam) and lam > 0):
-            raise ValueError(f"lam must be a positive finite number (f must be strongly convex), got {lam}")
-        if not (math.isfinite(noise_scale) and noise_scale >= 0):
-            raise ValueError(f"noise_scale must be a non-negative finite number, got {noise_scale}")
-        self.lam = float(lam)
-        self.noise_scale = float(noise_scale)
+        self.n = check_int(n, "n", low=1, high=2**32)
+        self.d = check_int(d, "d", low=1, high=2**32)
+        self.lam = check_real(lam, "lam", low=0.0, strict=True)
+        self.noise_scale = check_real(noise_scale, "noise_scale", low=0.0)
         self.seed = check_seed(seed)
         xi = np.random.default_rng(self.seed).standard_normal((self.n, 2))
         nu_s = 1.0 + self.noise_scale * xi[:, 0]
@@ -221,39 +268,38 @@ class SyntheticQuadratic(Quadratic):
         lam_min_mean = min(a_mean * t_min, a_mean * t_max)
         self.shift = self.lam - lam_min_mean
         self._t = (t_min, t_max)
-        self._kernel = _core.Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
+        #: The native oracles (``permk._core.Tridiagonal``): the ``"rust"`` paths use them.
+        self.kernel = _core.Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
         self.x0 = np.zeros(self.d)
         self.x0[0] = math.sqrt(self.d)
 
     def hessians(self) -> list[Any]:
         """The ``A_i`` as ``scipy.sparse`` tridiagonal matrices (``O(nd)`` memory: small n only)."""
+        import scipy.sparse as sp
+
+        check_alloc((self.n, 3 * self.d), "the tridiagonal Hessians", itemsize=16)
         T = sp.diags_array([-np.ones(self.d - 1), 2 * np.ones(self.d), -np.ones(self.d - 1)], offsets=[-1, 0, 1])
         eye = sp.eye_array(self.d)
         return [sp.csr_array(a * T + self.shift * eye) for a in self.a]
 
     def loss(self, x: Any) -> float:
-        return float(self._kernel.loss(_vector(x, self.d)))
+        return float(self.kernel.loss(_vector(x, self.d)))
 
     def grad(self, x: Any) -> np.ndarray:
-        return self._kernel.grad(_vector(x, self.d))
+        return self.kernel.grad(_vector(x, self.d))  # type: ignore[no-any-return]
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         i = check_int(i, "i", high=self.n)
-        cols = np.arange(self.d, dtype=np.int64)
-        return self.local_grad_coords(x, np.full(self.d, i, dtype=np.int64), cols)
+        return self.kernel.local_grads(_vector(x, self.d), i, i + 1)[0]  # type: ignore[no-any-return]
 
     def local_grads(self, x: Any) -> np.ndarray:
-        return self._kernel.local_grads(_vector(x, self.d))
+        check_alloc((self.n, self.d), "the local gradients")
+        return self.kernel.local_grads(_vector(x, self.d))  # type: ignore[no-any-return]
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
         """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k`` (``O(1)`` each)."""
-        r = np.ascontiguousarray(rows, dtype=np.int64)
-        c = np.ascontiguousarray(cols, dtype=np.int64)
-        return self._kernel.local_grad_coords(_vector(x, self.d), r, c)
-
-    def marina_round(self, spec: Any, x: np.ndarray, g: np.ndarray, gamma: float, p: float, seed: int, round: int) -> bool:
-        """One fused MARINA round in place (Rust): see :func:`permk.methods.marina`."""
-        return bool(self._kernel.marina_round(spec, x, g, gamma, p, seed, round))
+        r, c = index_array(rows, "rows"), index_array(cols, "cols")
+        return self.kernel.local_grad_coords(_vector(x, self.d), r, c)  # type: ignore[no-any-return]
 
     # -- exact constants in closed form --------------------------------------------------------
     def _eig_extremes(self, a: np.ndarray) -> np.ndarray:
@@ -261,18 +307,44 @@ class SyntheticQuadratic(Quadratic):
         t = np.array(self._t)
         return np.multiply.outer(a, t) + self.shift
 
+    def exact_smoothness(self, workers: Sequence[int] | None = None) -> Smoothness:
+        """The exact constants in closed form, of ``f`` or of ``(1/|G|) Σ_{i ∈ G} f_i`` for the
+        group ``workers`` (appendix "Group Hessian Variance"); what
+        :func:`permk.theory.smoothness` returns for this problem (no Hessian is formed)."""
+        if workers is None:
+            a = self.a
+        else:
+            idx = [check_int(i, "worker index", high=self.n) for i in workers]
+            if not idx or len(set(idx)) != len(idx):
+                raise ValueError(f"workers must be a non-empty set of distinct indices in range({self.n})")
+            a = self.a[idx]
+        L_minus, L_plus, L_pm, mu = self._constants_of(a)
+        return Smoothness(
+            L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, method="exact",
+            uncertainty=MappingProxyType({"L_minus": 0.0, "L_plus": 0.0, "L_pm": 0.0}),
+            L_i=tuple(float(v) for v in np.abs(self._eig_extremes(a)).max(axis=1)), mu=mu,
+            note="exact: closed form (Algorithm 1: A_i = a_i T + cI, eigenvalues of T in closed form)",
+        )  # fmt: skip
+
+    def _constants_of(self, a: np.ndarray) -> tuple[float, float, float, float | None]:
+        mean = self._eig_extremes(np.array([a.mean()]))
+        L_minus = float(np.abs(mean).max())
+        L_plus = float(math.sqrt(np.max(np.mean(self._eig_extremes(a) ** 2, axis=0))))
+        L_pm = math.sqrt(float(np.mean((a - a.mean()) ** 2))) * self._t[1]
+        low = float(mean.min())
+        return L_minus, L_plus, L_pm, (low if low > 0 else None)
+
     @property
     def L_minus(self) -> float:
-        return float(np.abs(self._eig_extremes(np.array([self.a.mean()]))).max())
+        return self._constants_of(self.a)[0]
 
     @property
     def L_plus(self) -> float:
-        return float(math.sqrt(np.max(np.mean(self._eig_extremes(self.a) ** 2, axis=0))))
+        return self._constants_of(self.a)[1]
 
     @property
     def L_pm(self) -> float:
-        var = float(np.mean((self.a - self.a.mean()) ** 2))
-        return math.sqrt(var) * self._t[1]
+        return self._constants_of(self.a)[2]
 
     @property
     def L_i(self) -> np.ndarray:
@@ -286,9 +358,8 @@ class SyntheticQuadratic(Quadratic):
     def f_star(self) -> float:
         rhs = np.zeros(self.d)
         rhs[0] = self.beta.mean()
-        x_star = self._kernel.solve_mean(rhs.tolist())
+        x_star = self.kernel.solve_mean(rhs.tolist())
         return float(-0.5 * rhs[0] * x_star[0])
 
     def __repr__(self) -> str:
         return f"Quadratic.synthetic(n={self.n}, d={self.d}, lam={self.lam}, noise_scale={self.noise_scale}, seed={self.seed})"
-

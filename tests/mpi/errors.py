@@ -23,7 +23,8 @@ def main() -> None:
     q = permk.Quadratic.synthetic(n=2, d=6, lam=1e-3, noise_scale=0.1, seed=0)
     v = pd.LocalView(q)
     calls: dict[str, Callable[[], Any]] = {
-        "global_problem": lambda: pd.marina(q, permk.PermK(), rounds=3, seed=0),
+        "global_problem": lambda: print(f"global_problem_same|{np.array_equal(pd.marina(q, permk.PermK(), rounds=3, seed=0).x, pd.marina(v, permk.PermK(), rounds=3, seed=0).x)}|", flush=True),
+        "not_a_problem": lambda: pd.marina(object(), permk.PermK(), rounds=3, seed=0),
         "mode": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, mode="ring"),  # type: ignore[arg-type]
         "reduce": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, reduce="tree"),  # type: ignore[arg-type]
         "path": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, path="rust"),
@@ -36,7 +37,7 @@ def main() -> None:
         "x0": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, x0=np.zeros(5)),
         "ef21_state_rows": lambda: pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=permk.EF21State(
             x=np.zeros(6), g=np.zeros(6), G=np.zeros((3, 6)), round=0, seed=0)),
-        "resume_seed": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=1, state=permk.marina_init(q.x0, q.grad(q.x0), seed=2)),
+        "resume_seed": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=1, state=permk.MarinaState(x=q.x0, g=q.grad(q.x0), seed=2)),
         "not_held": lambda: pd.LocalView(q, workers=[1]).local_grad(0, q.x0),
         "not_contiguous": lambda: pd.LocalView(permk.Quadratic.synthetic(n=4, d=6, lam=1e-3, noise_scale=0.1), workers=[0, 2]),
     }

@@ -4,7 +4,10 @@
 * ``excepthook``: rank 1's own script raises before the run, with install_excepthook();
 * ``bad_workers``: every rank holds one worker of n=8 (the blocks must be 2 per rank);
 * ``too_few_workers``: n=3 workers on 4 processes;
-* ``disagree``: the ranks pass different seeds.
+* ``disagree``: the ranks pass different seeds;
+* ``disagree_compressor``: the ranks pass RandK with different k;
+* ``plain_raise``: rank 1's script raises before any MPI call or driver, without
+  install_excepthook() (importing permk.distributed installs it under mpiexec).
 
 Each must end the job with a non-zero exit and the error on stderr, never hang.
 """
@@ -21,15 +24,15 @@ import permk.distributed as pd
 
 
 class Flaky(pd.LocalView):
-    """A local view whose gradient raises on rank 2 after a few calls."""
+    """A local view whose gradients raise on rank 2 after a few calls."""
 
     calls = 0
 
-    def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
         self.calls += 1
         if MPI.COMM_WORLD.rank == 2 and self.calls > 4:
             raise FloatingPointError("worker 2's data is corrupt (injected failure)")
-        return super().local_grad(i, x)
+        return super().local_grads(x)
 
 
 def main(kind: str) -> None:
@@ -49,6 +52,8 @@ def main(kind: str) -> None:
         pd.marina(pd.LocalView(q3), permk.PermK(), rounds=5, seed=1)
     elif kind == "disagree":
         pd.marina(pd.LocalView(q), permk.PermK(), rounds=5, seed=comm.rank)
+    elif kind == "disagree_compressor":
+        pd.marina(q, permk.RandK(1 + comm.rank), rounds=5, seed=1)
     else:
         raise SystemExit(f"unknown kind {kind}")
     print(f"rank {comm.rank}: finished (unexpected)", flush=True)

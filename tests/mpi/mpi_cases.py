@@ -28,6 +28,12 @@ CASES: dict[str, dict[str, Any]] = {
     "gd": dict(method="gd", n=4, d=10, comp=None, mode="p2p", reduce="ordered"),
     # a user's LocalProblem whose data only ever exists on the rank holding the worker
     "marina_permk_own_data": dict(method="marina", n=4, d=10, comp=("PermK",), mode="p2p", reduce="ordered", problem="lsq", gamma=0.05),
+    # a compressor defined in Python outside the package (no Rust kernel, no shared plan): pairs
+    "marina_python_compressor": dict(method="marina", n=4, d=12, comp=("Rand1",), mode="p2p", reduce="ordered"),
+    "marina_python_compressor_server": dict(method="marina", n=8, d=6, comp=("Rand1",), mode="server", reduce="ordered"),
+    # DCGD, defined once (permk.methods) and run on both backends
+    "dcgd_randk": dict(method="dcgd", n=4, d=20, comp=("RandK", 4), mode="p2p", reduce="ordered", gamma=0.2),
+    "dcgd_permk_fused": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", gamma=0.2),
     # rounding differences bounded (full gradients by Allreduce vs the closed-form ∇f)
     "marina_permk_allreduce": dict(method="marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="allreduce"),
     "marina_permk_allreduce_server": dict(method="marina", n=4, d=12, comp=("PermK",), mode="server", reduce="allreduce"),
@@ -82,15 +88,37 @@ class LeastSquaresGlobal(LeastSquaresShard):
         return acc / self.n
 
 
+class Rand1(permk.Compressor):
+    """A user's compressor, written in Python outside the package: each worker sends one
+    coordinate drawn from its own stream, scaled by d (independent Rand1: ω = d − 1). It has no
+    custom ``__repr__``: the MPI launch check compares its fingerprint (type and parameters)."""
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return 1
+
+    def ab_constants(self, n: int, d: int) -> tuple[float, float]:
+        return ((d - 1) / n, 0.0)
+
+    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
+        x = np.asarray(x, dtype=np.float64)
+        j = int(np.random.default_rng([seed, round, worker]).integers(x.size))
+        return permk.Message(worker, n_workers, x.size, np.array([j]), np.array([x.size * x[j]]))
+
+
 def compressor(case: dict[str, Any]) -> permk.Compressor | None:
     if case["comp"] is None:
         return None
     name, *args = case["comp"]
-    return getattr(permk, name)(*args)
+    if name == "Rand1":
+        return Rand1()
+    return getattr(permk, name)(*args)  # type: ignore[no-any-return]
 
 
-def problem(case: dict[str, Any]) -> permk.SyntheticQuadratic:
-    return permk.Quadratic.synthetic(n=case["n"], d=case["d"], lam=1e-3, noise_scale=NOISE, seed=1)
+def problem(case: dict[str, Any]) -> Any:
+    """The case's global problem: the synthetic quadratic, with the worker-order ``∇f`` and
+    ``f`` of :class:`WorkerOrderMean` where every sum must be the worker-order one."""
+    q = permk.Quadratic.synthetic(n=case["n"], d=case["d"], lam=1e-3, noise_scale=NOISE, seed=1)
+    return WorkerOrderMean(q) if case["reduce"] == "ordered" else q
 
 
 def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +128,9 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
     elif case["method"] == "marina":
         kw["gamma_multiplier"] = 0.9
     return kw
+
+
+METHODS = {"marina": permk.marina, "ef21": permk.ef21, "gd": permk.gd, "dcgd": permk.dcgd}
 
 
 class WorkerOrderMean:
@@ -130,33 +161,24 @@ class WorkerOrderMean:
 
 
 def simulate(case: dict[str, Any]) -> permk.RunResult:
-    """The single-process reference run (path="dense": messages summed in worker order)."""
-    prob: Any
-    if case.get("problem") == "lsq":
-        prob = LeastSquaresGlobal(case["n"], case["d"])
-    else:
-        q = problem(case)
-        prob = WorkerOrderMean(q) if case["reduce"] == "ordered" else q
-    kw = run_kwargs(case)
-    if case["method"] == "marina":
-        return permk.marina(prob, compressor(case), path="dense", **kw)
-    if case["method"] == "ef21":
-        return permk.ef21(prob, compressor(case), **kw)
-    return permk.gd(prob, **kw)
+    """The single-process reference run (path="dense": messages summed in worker order; EF21 may
+    take its Rust path, which is bit for bit the dense one)."""
+    prob = LeastSquaresGlobal(case["n"], case["d"]) if case.get("problem") == "lsq" else problem(case)
+    comp = compressor(case) or permk.Identity()
+    path = "auto" if case["method"] == "ef21" else "dense"
+    return permk.run(METHODS[case["method"]], prob, comp, path=path, **run_kwargs(case))
 
 
 def run_mpi(case: dict[str, Any], comm: Any = None) -> Any:
-    """The same run on MPI (each rank builds the view of its own workers)."""
+    """The same run on MPI: each rank builds the view of its own workers (the global problem is
+    handed to the driver as it is, which views it from each rank)."""
     import permk.distributed as pd
 
+    local: Any
     if case.get("problem") == "lsq":
         # a plain list of the held workers is fine too
-        local: Any = LeastSquaresShard(case["n"], case["d"], list(pd.workers_of(case["n"], comm)))
+        local = LeastSquaresShard(case["n"], case["d"], list(pd.workers_of(case["n"], comm)))
     else:
-        local = pd.LocalView(problem(case), comm=comm)
-    kw = dict(run_kwargs(case), comm=comm, mode=case["mode"], reduce=case["reduce"])
-    if case["method"] == "marina":
-        return pd.marina(local, compressor(case), path=case.get("path", "auto"), **kw)
-    if case["method"] == "ef21":
-        return pd.ef21(local, compressor(case), **kw)
-    return pd.gd(local, **kw)
+        local = problem(case)
+    kw = dict(run_kwargs(case), comm=comm, mode=case["mode"], reduce=case["reduce"], path=case.get("path", "auto"))
+    return pd.run(METHODS[case["method"]], local, compressor(case) or permk.Identity(), **kw)

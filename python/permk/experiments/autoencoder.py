@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -261,7 +261,7 @@ def theory_gammas(ae: LinearAutoencoder, consts: dict[str, Any], methods: tuple[
     """The theory's step of each method from the estimated constants (already the pessimistic
     choice), as :func:`permk.marina` / :func:`permk.ef21` would choose it (no PL step)."""
     est = SimpleNamespace(n=ae.n, d=ae.d, L_minus=consts["L_minus"], L_plus=consts["L_plus"], L_pm=consts["L_pm"])
-    return {m: theory_gamma(est, m, replace(opts, pl=False), constants="exact") for m in methods}
+    return {m: theory_gamma(est, Spec.parse(m), replace(opts, pl=False), constants="exact") for m in methods}
 
 
 @dataclass(frozen=True)
@@ -333,8 +333,12 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
         else:
             exps[m] = list(range(0, -(grid_json["max_multipliers"] or 6), -1))
     base = {"experiment": "autoencoder", "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
-    problems = {m: (ae.grouped() if m == "ef21-topk" else ae) for m in methods}
-    compressors = {m: make_compressor(m, ae.n, ae.d) for m in methods}
+    specs = {m: Spec.parse(m) for m in methods}
+    compressors = {m: s.compressor(ae.n, ae.d) for m, s in specs.items()}
+    # error feedback with a deterministic compressor (TopK) runs on the grouped problem (one
+    # virtual worker per distinct split: the same iterates, see the module docstring)
+    problems = {m: (ae.grouped() if s.method.exchange == "error_feedback" and compressors[m].capabilities.deterministic else ae)
+                for m, s in specs.items()}
     recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors)
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
@@ -345,8 +349,12 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
     from .data import load_images
 
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
-    return run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume,
-                    progress=progress, plot=plot)
+    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress)
+    if plot:
+        from .plotting import plot_experiment
+
+        plot_experiment(root)
+    return root
 
 
 def grid_from_args(args: Any) -> AutoencoderGrid:
@@ -375,5 +383,5 @@ def grid_from_args(args: Any) -> AutoencoderGrid:
     if args.max_multipliers is not None:
         g = replace(g, max_multipliers=args.max_multipliers or None)
     if args.methods:
-        g = replace(g, methods=tuple(m for m in METHODS if m in args.methods))
+        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
     return g

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,7 +105,7 @@ def read_idx(path: str | os.PathLike[str], *, expect_ndim: int | None = None) ->
     dims = tuple(int(v) for v in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
     if any(v == 0 for v in dims):
         raise IdxError(f"{p}: a dimension is 0 in {dims}")
-    need = header + int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    need = header + math.prod(dims) * dtype.itemsize  # Python ints: huge dimensions do not overflow
     if len(raw) != need:
         what = "truncated" if len(raw) < need else "has trailing bytes"
         raise IdxError(f"{p}: {what}: {len(raw)} bytes, but dimensions {dims} of {dtype} need {need}; re-download the file")

@@ -5,7 +5,12 @@ with the computed ``L±`` in the title; autoencoder: rows = λ, columns = p̂), 
 every worker has sent, the y-axis ``‖∇f(x^t)‖²`` on a log scale. ``*_best`` has one curve per
 method (its best step, see :func:`permk.experiments.runner.best_runs`, multiplier or step in the
 legend); ``*_randk_permk`` and ``*_topk_permk`` have every non-diverged step of two methods (the
-appendix's full grids). Each figure is written as PNG and PDF.
+appendix's full grids). Each figure is written as PNG and PDF. Colours and line styles follow
+the order of the methods in the grid (PermK blue, EF21 green, RandK red by default), so any
+``METHOD-COMPRESSOR`` the experiments run is drawn without a table to edit.
+
+:func:`complexity_plot` draws the predicted communication of the methods against ``L±``
+(``permk complexity --plot``).
 """
 
 from __future__ import annotations
@@ -17,24 +22,24 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .results import iter_result_files, read_records
-from .runner import LABELS, METHODS, best_runs, cell_budget
+from .results import iter_result_files, read_json, read_records
+from .runner import METHODS, Spec, best_runs, cell_budget
 
-__all__ = ["plot_experiment", "load_experiment"]
+__all__ = ["plot_experiment", "load_experiment", "complexity_plot"]
 
-COLORS = {"marina-permk": "tab:blue", "marina-randk": "tab:red", "ef21-topk": "tab:green"}
-CMAPS = {"marina-permk": "Blues", "marina-randk": "Reds", "ef21-topk": "Greens"}
+#: (colour, colour map, line style) of the methods, in the order they appear in a grid.
+STYLES = [("tab:blue", "Blues", "-"), ("tab:green", "Greens", "-."), ("tab:red", "Reds", "--"),
+          ("tab:purple", "Purples", ":"), ("tab:orange", "Oranges", (0, (5, 1))), ("tab:brown", "YlOrBr", (0, (3, 1, 1, 1))),
+          ("tab:gray", "Greys", (0, (1, 1)))]
 
 
 def load_experiment(root: str | Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
     """The config (``config.json``, if any) and the run records of an experiment directory,
     grouped by cell id."""
-    import json
-
     root = Path(root)
     cfg: dict[str, Any] = {}
     if (root / "config.json").exists():
-        cfg = json.loads((root / "config.json").read_text())
+        cfg = read_json(root / "config.json")
     cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
     files = list(iter_result_files(root))
     if not files:
@@ -61,8 +66,8 @@ def _title(rec: dict[str, Any]) -> str:
 
 def _label(rec: dict[str, Any]) -> str:
     if rec["experiment"].startswith("quadratic"):
-        return f"{LABELS[rec['method']]} ×{rec['multiplier']:g}"
-    return f"{LABELS[rec['method']]} γ={rec['params']['gamma']:.2g}"
+        return f"{rec['label']} ×{rec['multiplier']:g}"
+    return f"{rec['label']} γ={rec['params']['gamma']:.2g}"
 
 
 def _curve(rec: dict[str, Any], budget: float) -> tuple[np.ndarray, np.ndarray]:
@@ -84,7 +89,8 @@ def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[int, int, dict[str, t
     return len(rows), len(cols), remap
 
 
-def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, suptitle: str) -> Any:
+def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, suptitle: str,
+            styles: dict[str, tuple[Any, ...]]) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,11 +116,11 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
             mine = sorted([x for x in chosen if x["method"] == m], key=lambda x: -x["multiplier"])
             if not mine:
                 continue
-            cmap = matplotlib.colormaps[CMAPS[m]]
+            base, cmap_name, ls = styles[m]
+            cmap = matplotlib.colormaps[cmap_name]
             for k, rec in enumerate(mine):
                 b, g = _curve(rec, budget)
-                color = COLORS[m] if best_only or len(mine) == 1 else cmap(0.95 - 0.6 * k / max(1, len(mine) - 1))
-                ls = "-" if m == "marina-permk" else ("--" if m == "marina-randk" else "-.")
+                color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.6 * k / max(1, len(mine) - 1))
                 # steps: a round's bits are paid before its ‖∇f‖² is seen (MARINA's full-gradient
                 # rounds show as long flat steps of d floats)
                 ax.plot(b, g, ls, color=color, lw=1.4 if best_only else 1.0, label=_label(rec), drawstyle="steps-post")
@@ -153,22 +159,83 @@ def plot_experiment(root: str | Path, out: str | Path | None = None) -> list[Pat
     name = str(any_rec["experiment"])
     outdir = Path(out) if out is not None else root / "figures"
     outdir.mkdir(parents=True, exist_ok=True)
-    present = [m for m in METHODS if any(r["method"] == m for recs in cells.values() for r in recs)]
+    seen = {r["method"] for recs in cells.values() for r in recs}
+    order = [m for m in [*cfg.get("methods", []), *METHODS] if m in seen]
+    present = list(dict.fromkeys(order + sorted(seen - set(order))))
+    styles = {m: STYLES[k % len(STYLES)] for k, m in enumerate(present)}
     what = "synthetic quadratic tasks, d = 1000" if name.startswith("quadratic") else "the linear autoencoder (MNIST-format data)"
     pl = " under the PL condition" if name.endswith("-pl") else ""
     figs: list[tuple[str, list[str], bool, str]] = [
         ("best", present, True, f"Best step of each method on {what}{pl}"),
     ]
-    if "marina-randk" in present and "marina-permk" in present:
-        figs.append(("randk_permk", ["marina-permk", "marina-randk"], False, f"RandK and PermK, every step, on {what}{pl}"))
-    if "ef21-topk" in present and "marina-permk" in present:
-        figs.append(("topk_permk", ["marina-permk", "ef21-topk"], False, f"TopK (EF21) and PermK, every step, on {what}{pl}"))
+    first = Spec.parse(present[0])
+    for m in present[1:]:  # every other method against the first (MARINA+PermK), every step
+        other = Spec.parse(m)
+        figs.append((f"{other.short}_{first.short}", [present[0], m], False,
+                     f"{other.label} and {first.label}, every step, on {what}{pl}"))
     written: list[Path] = []
     for tag, methods, best_only, title in figs:
-        fig = _figure(cells, cfg, methods, best_only, title)
+        fig = _figure(cells, cfg, methods, best_only, title, styles)
         for ext in ("png", "pdf"):
             p = outdir / f"{name}_{tag}.{ext}"
             fig.savefig(p, dpi=110 if ext == "png" else None)
             written.append(p)
         plt.close(fig)
     return written
+
+
+def complexity_plot(
+    n: int,
+    d: int,
+    L_minus: float,
+    L_plus: float,
+    eps: float,
+    delta0: float,
+    L_pm_grid: Sequence[float],
+    out_path: str | Path,
+    *,
+    mu: float | None = None,
+) -> Path:
+    """Plot predicted floats per worker to reach ε against ``L_±`` for MARINA+PermK (optimal
+    ``p``), MARINA+RandK and EF21+TopK (optimal ``K``; they do not depend on ``L_±``) at the
+    given ``(n, d)`` (:func:`permk.theory.complexity`); values of ``L_±`` that Lemma
+    (lem:08hhdf) excludes (``L_±² < L_+² − L_−²`` or ``L_± > L_+``) are shaded. Written with
+    matplotlib's Agg canvas (no display needed); returns the path."""
+    from matplotlib.figure import Figure
+
+    import permk
+    from permk.theory import complexity
+
+    grid = np.asarray(L_pm_grid, dtype=np.float64)
+    if grid.ndim != 1 or grid.size == 0 or not np.isfinite(grid).all() or (grid < 0).any():
+        raise ValueError("L_pm_grid must be a non-empty 1-D sequence of non-negative finite numbers")
+    grid = np.unique(grid)
+    kw = dict(n=n, d=d, L_minus=L_minus, L_plus=L_plus, eps=eps, delta0=delta0, mu=mu)
+    perm = [complexity(permk.marina, permk.PermK, L_pm=float(v), **kw).floats for v in grid]  # type: ignore[arg-type]
+    rand = complexity(permk.marina, permk.RandK, L_pm=L_plus, **kw)  # type: ignore[arg-type]
+    top = complexity(permk.ef21, permk.TopK, L_pm=L_plus, **kw)  # type: ignore[arg-type]
+    fig = Figure(figsize=(6.4, 4.4))
+    ax = fig.add_subplot()
+    ax.plot(grid, perm, "o-", label="MARINA + PermK (optimal p)")
+    ax.plot(grid, np.full(grid.size, rand.floats), "--", label=f"MARINA + RandK (K={rand.K}, optimal p)")
+    ax.plot(grid, np.full(grid.size, top.floats), ":", label=f"EF21 + TopK (K={top.K})")
+    low = math.sqrt(max(L_plus**2 - L_minus**2, 0.0))
+    if grid[0] < low:
+        ax.axvspan(grid[0], low, color="0.88", label="excluded by Lemma: L±² ≥ L+² − L−²")
+    if grid[-1] > L_plus:
+        ax.axvspan(L_plus, grid[-1], color="0.75", label="excluded by Lemma: L± ≤ L+")
+    positive = grid[grid > 0]
+    if (grid == 0).any():
+        ax.set_xscale("symlog", linthresh=float(positive[0]) if positive.size else 1.0)
+    else:
+        ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("L± (square root of the Hessian variance)")
+    ax.set_ylabel("floats per worker to reach ε")
+    regime = f"PL, μ={mu:g}" if mu is not None else "nonconvex"
+    ax.set_title(f"n={n}, d={d}, L−={L_minus:g}, L+={L_plus:g}, ε={eps:g}, Δ⁰={delta0:g} ({regime})", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    out = Path(out_path)
+    fig.savefig(out, dpi=120, bbox_inches="tight")
+    return out

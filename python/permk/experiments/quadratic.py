@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, make_compressor, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -94,18 +94,22 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
     consts = _constants(q)
     exps: dict[str, list[int]] = {}
     gth: dict[str, float] = {}
-    for m in grid_json["methods"]:
-        gth[m] = theory_gamma(q, m, opts)
-        exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
-    base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     problems: dict[str, Any] = {}
     compressors: dict[str, Any] = {}
-    if cell["noise_scale"] == 0 and "ef21-topk" in exps and cell["n"] > 1 and not mpi:
-        # L± = 0: all workers are the same function, so EF21's workers all hold the same g_i and
-        # its iterates do not depend on n; it runs as one worker (same iterates up to rounding of
-        # the mean, O(d) instead of O(nd) per round), each still sending K = ⌈d/n⌉ values.
-        problems["ef21-topk"] = permk.Quadratic.synthetic(1, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
-        compressors["ef21-topk"] = make_compressor("ef21-topk", cell["n"], cell["d"])
+    for m in grid_json["methods"]:
+        spec = Spec.parse(m)
+        gth[m] = theory_gamma(q, spec, opts)
+        exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
+        c = spec.compressor(cell["n"], cell["d"])
+        if cell["noise_scale"] == 0 and cell["n"] > 1 and not mpi and spec.method.exchange == "error_feedback" \
+                and c.capabilities.deterministic:
+            # L± = 0: all workers are the same function, so with error feedback and a deterministic
+            # compressor (TopK) the workers all hold the same g_i and the iterates do not depend on
+            # n; the method runs as one worker (same iterates up to rounding of the mean, O(d)
+            # instead of O(nd) per round), each still sending K = ⌈d/n⌉ values.
+            problems[m] = permk.Quadratic.synthetic(1, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
+            compressors[m] = c
+    base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     bar = None
     if progress:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
@@ -122,8 +126,13 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
                   progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
     Returns the experiment directory."""
-    return run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
-                    progress=progress, plot=plot, extra=(progress and jobs <= 1 and not mpi, mpi), mpi=mpi)
+    root = run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
+                    progress=progress, extra=(progress and jobs <= 1 and not mpi, mpi), mpi=mpi)
+    if plot and is_writer(mpi):
+        from .plotting import plot_experiment
+
+        plot_experiment(root)
+    return root
 
 
 def grid_from_args(args: Any) -> QuadraticGrid:
@@ -143,7 +152,7 @@ def grid_from_args(args: Any) -> QuadraticGrid:
     if args.max_multipliers is not None:
         g = replace(g, max_multipliers=args.max_multipliers or None)
     if args.methods:
-        g = replace(g, methods=tuple(m for m in METHODS if m in args.methods))
+        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
     if args.d is not None:
         g = replace(g, d=args.d)
     return g

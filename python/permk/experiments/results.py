@@ -1,8 +1,11 @@
 """Result files of the experiment grids: one JSON object per line (JSON lines).
 
-Every finished run is appended to its cell's file and flushed to disk at once, so an
-interrupted grid loses nothing: ``--resume`` reads the files back and skips the runs they hold.
-A line cut short by a kill is ignored (and reported) when reading.
+Every finished run is appended to its cell's file as one whole line, flushed and fsynced
+before the run counts as done, so an interrupted grid loses nothing: ``--resume`` reads the
+files back and skips the runs they hold. A line cut short by a kill (a file that does not end
+with a newline) is set aside — moved to ``<file>.partial`` by the next append, skipped with a
+warning by the reader — so the re-run record never lands on it. Any other unreadable line, or a
+run record missing a field, is an error naming the file and the line.
 
 A record is a flat JSON object: ``kind`` (``"run"``), ``experiment`` (``"quadratic"``,
 ``"autoencoder"``), ``key`` (the run's identity), the cell's parameters and constants, the
@@ -23,10 +26,14 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-__all__ = ["MAX_POINTS", "append_record", "read_records", "iter_result_files", "thin_indices", "to_jsonable"]
+__all__ = ["MAX_POINTS", "RUN_FIELDS", "append_record", "read_records", "iter_result_files", "thin_indices", "to_jsonable",
+           "from_json", "write_json", "read_json"]
 
 #: Per-run curves are thinned to at most this many points before they are written.
 MAX_POINTS = 800
+#: The fields every run record has.
+RUN_FIELDS = ("kind", "key", "experiment", "cell", "method", "label", "compressor", "j", "multiplier", "options", "params",
+              "summary", "curve")
 
 
 def to_jsonable(v: Any) -> Any:
@@ -50,41 +57,111 @@ def to_jsonable(v: Any) -> Any:
     return v
 
 
-def _from_json(v: Any) -> Any:
+def from_json(v: Any) -> Any:
+    """The inverse of :func:`to_jsonable` (``"nan"``, ``"inf"``, ``"-inf"`` back to floats)."""
     if isinstance(v, dict):
-        return {k: _from_json(x) for k, x in v.items()}
+        return {k: from_json(x) for k, x in v.items()}
     if isinstance(v, list):
-        return [_from_json(x) for x in v]
+        return [from_json(x) for x in v]
     if v in ("nan", "inf", "-inf"):
         return float(v)
     return v
 
 
+def _set_aside_partial_tail(fd: int, path: Path) -> None:
+    """If the file does not end with a newline, move its last, cut-short line to
+    ``<path>.partial`` and truncate the file after its last complete line."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return
+    with open(path, "rb") as fh:
+        fh.seek(max(0, size - 1))
+        if fh.read(1) == b"\n":
+            return
+        block, start = 1 << 16, size
+        while start > 0:  # find the last newline
+            start = max(0, start - block)
+            fh.seek(start)
+            chunk = fh.read(min(block, size - start))
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                start += cut + 1
+                break
+        fh.seek(start)
+        tail = fh.read()
+    with open(str(path) + ".partial", "ab") as side:
+        side.write(tail + b"\n")
+        side.flush()
+        os.fsync(side.fileno())
+    os.ftruncate(fd, start)
+    warnings.warn(f"{path}: its last line was cut short ({len(tail)} bytes, an interrupted write); "
+                  f"it is set aside in {path}.partial", RuntimeWarning, stacklevel=3)
+
+
 def append_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
-    """Append one record as a JSON line and flush it to disk (``fsync``) before returning."""
+    """Append one record as one whole JSON line, flushed to disk (``fsync``) before returning.
+
+    A cut-short last line left by an earlier kill is first set aside (``<path>.partial``), so
+    the new record always starts on a line of its own."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(to_jsonable(record), separators=(",", ":"), allow_nan=False)
-    with open(p, "a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
+    data = (json.dumps(to_jsonable(record), separators=(",", ":"), allow_nan=False) + "\n").encode("utf-8")
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        _set_aside_partial_tail(fd, p)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of one file; a truncated or corrupt line (an interrupted write) is skipped
-    with a warning."""
+    """The records of one file. A cut-short last line (an interrupted write: the file does not
+    end with a newline) is skipped with a warning; any other line that is not a JSON object, and
+    a run record missing one of :data:`RUN_FIELDS`, raise ValueError naming the file and line."""
+    raw = Path(path).read_bytes()
+    lines = raw.split(b"\n")
     out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        last = lineno == len(lines)  # no newline after it: the write was cut short
+        try:
+            rec = json.loads(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            if last:
+                warnings.warn(f"{path}:{lineno}: skipping a cut-short last record (an interrupted write)", RuntimeWarning, stacklevel=2)
                 continue
-            try:
-                out.append(_from_json(json.loads(line)))
-            except json.JSONDecodeError:
-                warnings.warn(f"{path}:{lineno}: skipping an incomplete record (interrupted write?)", RuntimeWarning, stacklevel=2)
+            raise ValueError(f"{path}:{lineno}: not a valid record (JSON): {e}") from None
+        if not isinstance(rec, dict):
+            raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {type(rec).__name__}")
+        if rec.get("kind") == "run":
+            missing = [f for f in RUN_FIELDS if f not in rec]
+            if missing:
+                raise ValueError(f"{path}:{lineno}: the run record has no {', '.join(missing)}")
+        out.append(from_json(rec))
     return out
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write a JSON file atomically: a temporary file in the same directory, fsynced, then renamed."""
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, p)
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """A JSON file's content; a corrupt file is a ValueError naming it (and the line)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); delete it or use another --out") from None
 
 
 def iter_result_files(root: str | os.PathLike[str]) -> Iterator[Path]:

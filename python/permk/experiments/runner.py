@@ -40,57 +40,100 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .results import append_record, read_records, thin_indices
+from .results import append_record, from_json, read_json, read_records, thin_indices, to_jsonable, write_json
 
 __all__ = [
     "METHODS",
-    "LABELS",
+    "Spec",
+    "available_specs",
     "SearchOptions",
     "Run",
-    "make_compressor",
     "multiplier_exponents",
     "score",
     "search_cell",
     "best_runs",
     "cell_budget",
     "run_pool",
+    "run_grid",
+    "is_writer",
 ]
 
-#: Methods in the order they run within a cell (PermK first: it is cheap and sets the budget).
+#: The paper's methods, in the order they run within a cell (PermK first: it is cheap and sets
+#: the budget). Any ``METHOD-COMPRESSOR`` of :func:`available_specs` can be asked for.
 METHODS = ("marina-permk", "ef21-topk", "marina-randk")
-#: Legend labels (the paper's).
-LABELS = {"marina-permk": "PermK", "marina-randk": "RandK", "ef21-topk": "EF21: TopK"}
 
 
-def make_compressor(method: str, n: int, d: int) -> Any:
-    """The compressor of ``method`` for ``n`` workers in dimension ``d``: PermK, or RandK /
-    TopK with ``K = ⌈d/n⌉`` (the paper's choice, "Experiments setup")."""
-    import permk
+@dataclass(frozen=True)
+class Spec:
+    """A method of the experiments, ``"METHOD-COMPRESSOR"`` (e.g. ``"marina-permk"``): a method
+    object of :mod:`permk.methods` and a compressor class of :func:`permk.compressors.catalog`,
+    instantiated for each cell with :meth:`~permk.Compressor.default` (``K = ⌈d/n⌉`` for a
+    tunable size, the paper's choice in "Experiments setup")."""
 
-    k = max(1, -(-d // n))
-    if method == "marina-permk":
-        return permk.PermK()
-    if method == "marina-randk":
-        return permk.RandK(k)
-    if method == "ef21-topk":
-        return permk.TopK(k)
-    raise ValueError(f"unknown method {method!r}; expected one of {', '.join(METHODS)}")
+    key: str
+    method: Any
+    compressor_class: Any
+
+    @classmethod
+    def parse(cls, key: str) -> Spec:
+        """The spec ``METHOD-COMPRESSOR`` (ValueError listing the available ones otherwise)."""
+        from permk.compressors import catalog
+        from permk.methods import catalog as methods
+
+        name, _, comp = str(key).partition("-")
+        if name not in methods() or comp not in catalog():
+            raise ValueError(f"unknown method {key!r}; expected METHOD-COMPRESSOR, one of {', '.join(available_specs())}")
+        return cls(key=str(key), method=methods()[name], compressor_class=catalog()[comp])
+
+    def compressor(self, n: int, d: int) -> Any:
+        """The compressor of this spec for ``n`` workers in dimension ``d``."""
+        return self.compressor_class.default(n, d)
+
+    @property
+    def label(self) -> str:
+        """The legend label (the paper's: ``PermK``, ``RandK``, ``EF21: TopK``)."""
+        comp = self.compressor_class.__name__
+        return comp if self.method.name == "marina" else f"{self.method.name.upper()}: {comp}"
+
+    @property
+    def short(self) -> str:
+        """The compressor's part of the key (figure names: ``quadratic_randk_permk``)."""
+        return self.key.partition("-")[2]
 
 
-def theory_gamma(problem: Any, method: str, opts: SearchOptions, *, constants: str | None = None) -> float:
-    """The theory's step (multiplier 1) of ``method`` on ``problem``, chosen exactly as
-    :func:`permk.marina` / :func:`permk.ef21` choose it (p = ζ/d, Theorem AB / AB-PL, the EF21
+def available_specs(n: int = 10, d: int = 100) -> list[str]:
+    """Every ``METHOD-COMPRESSOR`` the experiments can run: the methods with a theory step
+    (MARINA, EF21) and the compressors whose defaults suit them (checked at ``(n, d)``)."""
+    from permk.compressors import catalog
+    from permk.methods import catalog as methods
+    from permk.theory.steps import Constants
+
+    out = []
+    consts = Constants(L_minus=1.0, L_plus=1.0, L_pm=1.0)
+    for mname, method in methods().items():
+        if method.exchange == "mean_grad":
+            continue  # GD: no compressor (it is MARINA with the identity)
+        for cname, cls in catalog().items():
+            try:
+                c = cls.default(n, d)
+                params = method.parameters(c, n, d)
+                method.step(c, n, d, params, consts)
+            except (TypeError, ValueError):
+                continue
+            out.append(f"{mname}-{cname}")
+    return out
+
+
+def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: str | None = None) -> float:
+    """The theory's step (multiplier 1) of ``spec`` on ``problem``, chosen exactly as a run of
+    the method chooses it (:func:`permk.methods.setup`: p = ζ/d, Theorem AB / AB-PL, the EF21
     theorem) from the problem's constants with ``opts.constants`` (``"pessimistic"``:
     ``L_+² = L_±² = (1/n) Σ L_i²``) unless ``constants`` overrides it."""
-    from permk.methods import _ef21_params, _marina_params
+    from permk.methods import setup
 
-    comp = make_compressor(method, int(problem.n), int(problem.d))
-    kw: dict[str, Any] = dict(rounds=1, seed=opts.seed, gamma=None, gamma_multiplier=1.0, pl=opts.pl,
-                              constants=constants or opts.constants, float_bits=opts.float_bits, record_every=1)
-    if method.startswith("marina"):
-        params = _marina_params(problem, comp, p=None, method="marina", **kw)
-    else:
-        params = _ef21_params(problem, comp, **kw)
+    n, d = int(problem.n), int(problem.d)
+    params = setup(spec.method, problem, spec.compressor(n, d), n=n, d=d, rounds=1, seed=opts.seed,
+                   pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits)
     return float(params["gamma"])
 
 
@@ -132,15 +175,15 @@ class Run:
     record at the first round that diverged or that reached the budget in force at that round
     (``budget_factor × min(cell's best bits to target, the run's own)``)."""
 
-    def __init__(self, problem: Any, method: str, multiplier: float, opts: SearchOptions, *, gamma: float | None = None,
+    def __init__(self, problem: Any, spec: Spec, multiplier: float, opts: SearchOptions, *, gamma: float | None = None,
                  compressor: Any = None, mpi: bool = False) -> None:
         self.problem = problem
         self.mpi = mpi
-        self.method = method
+        self.spec = spec
         self.multiplier = float(multiplier)
         self.opts = opts
         self.gamma_base = gamma
-        self.compressor = compressor if compressor is not None else make_compressor(method, int(problem.n), int(problem.d))
+        self.compressor = compressor if compressor is not None else spec.compressor(int(problem.n), int(problem.d))
         self.state: Any = None
         self.params: dict[str, Any] = {}
         self.a: dict[str, np.ndarray] = {}
@@ -166,23 +209,19 @@ class Run:
 
     def advance(self, rounds: int) -> None:
         """Run ``rounds`` more rounds (fewer if the run diverges); call :meth:`settle` after."""
-        import permk
-
         t0 = time.perf_counter()
         kw: dict[str, Any] = dict(rounds=int(rounds), seed=self.opts.seed, gamma=self.gamma_base,
                                   gamma_multiplier=self.multiplier, pl=self.opts.pl, constants=self.opts.constants,
                                   float_bits=self.opts.float_bits, record_every=1, state=self.state)
+        res: Any
         if self.mpi:
             # one MPI rank per block of workers (permk.distributed): the same iterates, every rank
             # gets the same result, so every rank takes the same decisions
             import permk.distributed as pd
 
-            run = pd.marina if self.method.startswith("marina") else pd.ef21
-            res: permk.RunResult = run(pd.LocalView(self.problem), self.compressor, **kw)  # type: ignore[operator]
-        elif self.method.startswith("marina"):
-            res = permk.marina(self.problem, self.compressor, **kw)
+            res = pd.run(self.spec.method, self.problem, self.compressor, **kw)
         else:
-            res = permk.ef21(self.problem, self.compressor, **kw)
+            res = self.spec.method(self.problem, self.compressor, **kw)
         self.seconds += time.perf_counter() - t0
         first = self.state is None
         if first:
@@ -344,7 +383,7 @@ def search_cell(
             if key in done:
                 rec = done[key]
             else:
-                run = Run((problems or {}).get(method, problem), method, 2.0**j, opts, gamma=(gammas or {}).get(method),
+                run = Run((problems or {}).get(method, problem), Spec.parse(method), 2.0**j, opts, gamma=(gammas or {}).get(method),
                           compressor=(compressors or {}).get(method), mpi=mpi)
                 while not run.finished:
                     own = run.hit_bits if run.hit_bits is not None else math.inf
@@ -359,7 +398,7 @@ def search_cell(
                     **(base or {}),
                     "cell": cell,
                     "method": method,
-                    "label": LABELS[method],
+                    "label": run.spec.label,
                     "compressor": run.compressor.name,
                     "j": j,
                     "multiplier": 2.0**j,
@@ -391,15 +430,13 @@ def search_cell(
 def read_back(rec: dict[str, Any]) -> dict[str, Any]:
     """A record as it reads back from its file (arrays as lists, JSON types), so fresh and
     resumed cells are handled identically."""
-    import json
-
-    from .results import _from_json, to_jsonable
-
-    return _from_json(json.loads(json.dumps(to_jsonable(rec))))  # type: ignore[no-any-return]
+    return from_json(json.loads(json.dumps(to_jsonable(rec))))  # type: ignore[no-any-return]
 
 
 def _init_worker(threads: int) -> None:
-    os.environ["RAYON_NUM_THREADS"] = str(threads)
+    from permk.parallel import limit_threads
+
+    limit_threads(threads)
 
 
 def run_pool(
@@ -412,7 +449,8 @@ def run_pool(
     progress: bool = True,
 ) -> list[Any]:
     """``fn(*task)`` for every task, in ``jobs`` processes (``spawn``; each process gets
-    ``cpu_count // jobs`` threads for the Rust kernels and BLAS), with a tqdm bar over tasks."""
+    ``cores // jobs`` threads for the Rust kernels and BLAS: :mod:`permk.parallel`), with a tqdm
+    bar over tasks."""
     from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
     tasks = list(tasks)
@@ -427,7 +465,10 @@ def run_pool(
         import concurrent.futures as cf
         import multiprocessing as mp
 
-        threads = max(1, (os.cpu_count() or 1) // jobs)
+        from permk.parallel import threads_per_process
+
+        threads = threads_per_process(jobs)
+        # set before the workers start, so that BLAS starts with that many threads too
         saved = {k: os.environ.get(k) for k in ("RAYON_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
         for k in saved:
             os.environ[k] = str(threads)
@@ -468,15 +509,14 @@ def run_grid(
     jobs: int,
     resume: bool,
     progress: bool,
-    plot: bool,
     extra: tuple[Any, ...] = (),
     mpi: bool = False,
 ) -> Path:
     """Run ``cell_fn(cell, cfg, runs_file, resume, *extra)`` for every cell into ``out/<name>/``:
-    ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once),
-    ``timing.json``, and the figures. An existing grid is continued only with ``resume`` and
-    only if its config is the same. Returns the experiment directory. With ``mpi`` (launched by
-    ``mpiexec``) every rank runs every cell together (``jobs`` must be 1) and rank 0 writes."""
+    ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once) and
+    ``timing.json``. An existing grid is continued only with ``resume`` and only if its config is
+    the same. Returns the experiment directory. With ``mpi`` (launched by ``mpiexec``) every rank
+    runs every cell together (``jobs`` must be 1) and rank 0 writes."""
     comm = _mpi_comm() if mpi else None
     if comm is not None and jobs != 1:
         raise ValueError("--mpi runs the cells one after another on all ranks: use --jobs 1")
@@ -487,11 +527,11 @@ def run_grid(
     if runs.exists() and any(runs.glob("*.jsonl")):
         if not resume:
             raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
-        if cfg_path.exists() and json.loads(cfg_path.read_text()) != json.loads(json.dumps(cfg)):
+        if cfg_path.exists() and read_json(cfg_path) != json.loads(json.dumps(cfg)):
             raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
     if writer:
         runs.mkdir(parents=True, exist_ok=True)
-        cfg_path.write_text(json.dumps(cfg, indent=1))
+        write_json(cfg_path, cfg)
     if comm is not None:
         comm.Barrier()
     tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, *extra) for c in cells]
@@ -500,9 +540,10 @@ def run_grid(
     if not writer:
         return root
     timing = {"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume, "mpi_ranks": comm.Get_size() if comm else None}
-    (root / "timing.json").write_text(json.dumps(timing, indent=1))
-    if plot:
-        from .plotting import plot_experiment
-
-        plot_experiment(root)
+    write_json(root / "timing.json", timing)
     return root
+
+
+def is_writer(mpi: bool) -> bool:
+    """Whether this process writes results and figures (always, but for MPI ranks other than 0)."""
+    return not mpi or _mpi_comm().Get_rank() == 0

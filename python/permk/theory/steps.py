@@ -1,0 +1,147 @@
+"""The step sizes of the paper's theorems, and the smoothness constants they read.
+
+The bottom of the theory layer: the methods (:mod:`permk.methods`) and the complexity
+calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
+
+* :func:`marina_stepsize` — Theorem "AB" (and its PL twin, Theorem "AB-PL"), from a
+  compressor's ``(A, B)`` and ``L_−``, ``L_+``, ``L_±``;
+* :func:`marina_variance_stepsize` — the same theorems written with the variance constant
+  ``L̂² = (A − B)L_+² + B L_±²`` (Theorem "AB_group" replaces it by ``L̂²_G``);
+* :func:`ef21_stepsize` — the EF21 theorems (appendix "EF21 Analysis");
+* :class:`Constants` — ``L_−``, ``L_+``, ``L_±`` (and ``μ``) read from a problem, exactly or
+  with the paper's pessimistic choice, each read only when needed.
+
+Every constant is validated: a negative, NaN or infinite value is a ValueError naming it.
+
+>>> marina_stepsize(1.0, 1.0, 1.0, 2.0, 0.0, 0.1)
+1.0
+>>> round(ef21_stepsize(1.0, 2.0, 3.0), 12)
+0.5
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._validate import check_choice, check_probability, check_real
+
+__all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize"]
+
+
+def _mu(mu: Any) -> float | None:
+    return None if mu is None else check_real(mu, "mu", low=0.0, strict=True)
+
+
+def marina_variance_stepsize(L_minus: float, L_hat_sq: float, p: float, *, mu: float | None = None) -> float:
+    """MARINA's largest step ``1/M``, ``M = L_− + sqrt((1−p)/p · L̂²)``; with ``mu`` the PL step
+    ``min{1/(L_− + sqrt(2(1−p)/p · L̂²)), p/(2μ)}``. ``L̂²`` is Theorem "AB"'s
+    ``(A − B)L_+² + B L_±²`` or Theorem "AB_group"'s ``L̂²_G``.
+
+    >>> marina_variance_stepsize(2.0, 0.0, 0.5)
+    0.5
+    """
+    L_minus = check_real(L_minus, "L_minus", low=0.0)
+    L_hat_sq = check_real(L_hat_sq, "L_hat_sq", low=0.0)
+    p = check_probability(p)
+    mu = _mu(mu)
+    factor = 2.0 if mu is not None else 1.0
+    M = L_minus + math.sqrt(factor * (1 - p) / p * L_hat_sq)
+    if M <= 0:
+        raise ValueError("the smoothness constants give M = 0 (L_minus = 0 and no variance): f is constant")
+    return min(1.0 / M, p / (2 * mu)) if mu is not None else 1.0 / M
+
+
+def marina_stepsize(
+    A: float, B: float, L_minus: float, L_plus: float, L_pm: float, p: float, *, mu: float | None = None
+) -> float:
+    """The largest step of Theorem "AB": ``1/M``, ``M = L_− + sqrt((1−p)/p ((A−B)L_+² + B L_±²))``;
+    with ``mu`` the step of Theorem "AB-PL": ``min{1/(L_− + sqrt(2(1−p)/p (…))), p/(2μ)}``.
+
+    >>> marina_stepsize(1.0, 1.0, 1.0, 2.0, 0.0, 0.1)
+    1.0
+    """
+    A = check_real(A, "A", low=0.0)
+    B = check_real(B, "B", low=0.0)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    L_pm = check_real(L_pm, "L_pm", low=0.0)
+    variance = max((A - B) * L_plus**2 + B * L_pm**2, 0.0)
+    return marina_variance_stepsize(L_minus, variance, p, mu=mu)
+
+
+def ef21_stepsize(alpha: float, L_minus: float, L_plus: float, *, mu: float | None = None) -> float:
+    """EF21's step (Theorem in "EF21 Analysis"): ``1/(L_− + L_+ sqrt(β/θ))`` with
+    ``θ = 1 − sqrt(1 − α)``, ``β = (1 − α)/(1 − sqrt(1 − α))``; with ``mu`` (PL):
+    ``min{1/(L_− + L_+ sqrt(2β/θ)), θ/(2μ)}``.
+
+    >>> round(ef21_stepsize(1.0, 2.0, 3.0), 12)
+    0.5
+    """
+    alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
+    L_minus = check_real(L_minus, "L_minus", low=0.0)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    mu = _mu(mu)
+    theta = 1 - math.sqrt(1 - alpha)
+    beta = (1 - alpha) / theta
+    factor = 2.0 if mu is not None else 1.0
+    M = L_minus + L_plus * math.sqrt(factor * beta / theta)
+    if M <= 0:
+        raise ValueError("the smoothness constants give M = 0 (L_minus = L_plus = 0): f is constant")
+    return min(1.0 / M, theta / (2 * mu)) if mu is not None else 1.0 / M
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The smoothness constants a step size reads: ``L_−``, ``L_+``, ``L_±`` and, for the PL
+    steps, ``μ``. ``kind`` says where they come from: ``"exact"`` (the problem's constants),
+    ``"pessimistic"`` (the paper's experimental choice ``L_+² = L_±² = (1/n) Σ L_i²``,
+    appendix "Experiments setup") or ``"given"``."""
+
+    L_minus: float
+    L_plus: float
+    L_pm: float
+    mu: float | None = None
+    kind: str = "given"
+
+    def __post_init__(self) -> None:
+        for name in ("L_minus", "L_plus", "L_pm"):
+            object.__setattr__(self, name, check_real(getattr(self, name), name, low=0.0))
+        object.__setattr__(self, "mu", _mu(self.mu))
+
+    @classmethod
+    def of(cls, problem: Any, kind: str = "exact", *, pl: bool = False) -> Constants:
+        """The constants of ``problem`` (its attributes ``L_minus``, ``L_plus``, ``L_pm``;
+        ``L_i`` with ``kind="pessimistic"``; ``mu`` only with ``pl``). Only these are read, so a
+        problem computing its constants lazily computes nothing else."""
+        check_choice(kind, "constants", ("exact", "pessimistic"))
+        needed = ["L_minus"] + (["L_i"] if kind == "pessimistic" else ["L_plus", "L_pm"]) + (["mu"] if pl else [])
+        missing = [a for a in needed if not hasattr(type(problem), a) and not hasattr(problem, a)]
+        if missing == ["mu"]:
+            raise ValueError("pl=True needs the problem's PL constant mu (the problem has none)")
+        if missing:
+            raise ValueError(
+                f"the problem does not provide its smoothness constants ({', '.join(missing)}): pass gamma= "
+                "explicitly, or estimate them with permk.theory.smoothness"
+            )
+        L_minus = getattr(problem, "L_minus")
+        if kind == "pessimistic":
+            L_i = np.asarray(getattr(problem, "L_i"), dtype=np.float64)
+            if L_i.ndim != 1 or L_i.size == 0 or not np.isfinite(L_i).all() or (L_i < 0).any():
+                raise ValueError(f"the problem's L_i must be a non-empty vector of non-negative finite numbers, got {L_i!r}")
+            L_plus = L_pm = math.sqrt(float(np.mean(L_i**2)))
+        else:
+            L_plus, L_pm = getattr(problem, "L_plus"), getattr(problem, "L_pm")
+        mu = getattr(problem, "mu") if pl else None
+        if pl and mu is None:
+            raise ValueError("pl=True needs the problem's PL constant mu (the problem has mu = None)")
+        return cls(L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, mu=mu, kind=kind)
+
+    def record(self) -> dict[str, Any]:
+        """The constants as the entries of a run's ``params``."""
+        out: dict[str, Any] = {"L_minus": self.L_minus, "L_plus": self.L_plus, "L_pm": self.L_pm, "constants": self.kind}
+        if self.mu is not None:
+            out["mu"] = self.mu
+        return out
