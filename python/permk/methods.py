@@ -269,6 +269,11 @@ class Method(abc.ABC):
     def update(self, state: Any, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[State, RoundInfo]:
         """One round: the new state and what was sent."""
 
+    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
+        """The shape of the largest array of the state for ``n`` workers (held by one process) in
+        dimension ``d``: what a grid checks against the memory before it starts."""
+        return (d,)
+
     def resume(self, state: Any, backend: Backend) -> State:
         """A state given to continue a run, checked against the backend (shapes)."""
         x = np.asarray(state.x)
@@ -410,6 +415,9 @@ class EF21(Method):
         mean, G = backend.error_feedback(compressor, x, state.G, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
+        return (n, d)  # the workers' estimators G
 
     def resume(self, state: EF21State, backend: Backend) -> EF21State:
         """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import check_alloc
 from .runner import METHODS, SearchOptions, Spec, is_writer, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
@@ -83,6 +84,25 @@ def _constants(q: Any) -> dict[str, float]:
     }
 
 
+def _as_one_worker(cell: dict[str, Any], spec: Spec, mpi: bool) -> bool:
+    """L± = 0: all workers are the same function, so with error feedback and a deterministic
+    compressor (TopK) the workers all hold the same g_i and the iterates do not depend on n; the
+    method runs as one worker (same iterates up to rounding of the mean, O(d) instead of O(nd)
+    per round), each still sending K = ⌈d/n⌉ values. (Not on MPI: there every run is distributed.)"""
+    return bool(cell["noise_scale"] == 0 and cell["n"] > 1 and not mpi and spec.method.exchange == "error_feedback"
+                and spec.compressor(cell["n"], cell["d"]).capabilities.deterministic)
+
+
+def check_memory(grid: QuadraticGrid, mpi: bool = False, processes: int = 1) -> None:
+    """Refuse a grid whose methods' states cannot fit (MemoryError naming the method and the cell)
+    before any of its runs starts."""
+    for cell in grid.cells():
+        for m in grid.methods:
+            spec = Spec.parse(m)
+            n = 1 if _as_one_worker(cell, spec, mpi) else -(-cell["n"] // processes)
+            check_alloc(spec.method.state_shape(n, cell["d"]), f"the state of {m} in cell {cell['id']}", count=2)
+
+
 def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
                    mpi: bool = False) -> dict[str, Any]:
     """Run one cell (a process-pool task): build the instance, run the search, return a summary."""
@@ -100,15 +120,9 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
         spec = Spec.parse(m)
         gth[m] = theory_gamma(q, spec, opts)
         exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
-        c = spec.compressor(cell["n"], cell["d"])
-        if cell["noise_scale"] == 0 and cell["n"] > 1 and not mpi and spec.method.exchange == "error_feedback" \
-                and c.capabilities.deterministic:
-            # L± = 0: all workers are the same function, so with error feedback and a deterministic
-            # compressor (TopK) the workers all hold the same g_i and the iterates do not depend on
-            # n; the method runs as one worker (same iterates up to rounding of the mean, O(d)
-            # instead of O(nd) per round), each still sending K = ⌈d/n⌉ values.
+        if _as_one_worker(cell, spec, mpi):
             problems[m] = permk.Quadratic.synthetic(1, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
-            compressors[m] = c
+            compressors[m] = spec.compressor(cell["n"], cell["d"])
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     bar = None
     if progress:
@@ -126,6 +140,7 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
                   progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
     Returns the experiment directory."""
+    check_memory(grid, mpi)
     root = run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
                     progress=progress, extra=(progress and jobs <= 1 and not mpi, mpi), mpi=mpi)
     if plot and is_writer(mpi):

@@ -572,6 +572,9 @@ def _smallest_eigenvalue_if_positive(H: Any, tol: float, rng: np.random.Generato
 
 def _power(oracles: _Oracles, x: np.ndarray, hvp: HVP | None, step: float, tol: float, rng: np.random.Generator) -> Smoothness:
     n, d = oracles.n, oracles.d
+    # every product of the L+ and L± operators holds (n, d) arrays of local gradients: refuse
+    # before any Lanczos run when they cannot fit
+    check_alloc((oracles.n_all, d), "the local gradients of the power method", count=4)
     hess: _Hessians
     if hvp is None:
         hess = _FiniteDifferences(oracles, x, step)
@@ -640,6 +643,7 @@ def _pairs(
     oracles: _Oracles, x: np.ndarray, radius: float | None, trajectory: Any, budget: int, centers: int | None, rng: np.random.Generator
 ) -> Smoothness:
     d = oracles.d
+    check_alloc((min(d, _MAX_BASIS) + 2, oracles.n_all, d), "the local gradients of the pairs' search subspace")
     rec = _PairRecord(oracles)
     if trajectory is None:
         r = _positive(radius, "radius", 1.0)
