@@ -68,7 +68,7 @@ fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     if let Ok(i) = v.extract::<i64>() {
         return Ok(Some(Value::Int(i)));
     }
-    if v.is_instance_of::<PyInt>() || v.hasattr("__index__")? {
+    if v.is_instance_of::<PyInt>() || v.call_method0("__index__").is_ok() {
         return Err(PyValueError::new_err(format!("{key}: the integer {v} is out of range")));
     }
     if v.is_instance_of::<PyFloat>() {
