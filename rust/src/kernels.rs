@@ -427,28 +427,25 @@ pub fn blocks_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], 
 
 /// `compress_all` of the block compressors whose blocks are ranges: row `i` of the zeroed
 /// `(n, d)` output gets `scale · a[i, block]` on its block (the generic path writes the same
-/// values). Rows are independent (the pool's threads for large inputs).
+/// values), one contiguous loop per row. Sequential: the zeroed output's page faults bound it,
+/// and a second thread did not measurably help.
 pub fn compress_all_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], bounds: &[usize], scale: f64) -> Result<Option<Array2<T>>> {
     let (n, d) = a.dim();
     let mut out = mem::zeros::<T>("the compressed rows", &[n, d])?;
-    let row = |i: usize, dst: &mut [T], buf: &mut Vec<T>| -> bool {
-        let Some(b) = RoundPlan::block_of(pi, slot_block, i) else { return true };
+    let mut buf = Vec::new();
+    let mut ok = true;
+    for (i, dst) in out.chunks_mut(d).enumerate() {
+        let Some(b) = RoundPlan::block_of(pi, slot_block, i) else { continue };
         let (lo, hi) = (bounds[b], bounds[b + 1]);
-        let x = row_part(&a, i, lo, hi, buf);
+        let x = row_part(&a, i, lo, hi, &mut buf);
         let o = &mut dst[lo..hi];
         if scale == 1.0 {
             o.copy_from_slice(x);
         } else {
             o.iter_mut().zip(x).for_each(|(o, &x)| *o = T::of(scale * x.f64()));
         }
-        all_finite(o)
-    };
-    let ok = if n > 1 && n * d >= RANGES_PAR_THRESHOLD {
-        threads::install(|| out.par_chunks_mut(d).enumerate().map_init(Vec::new, |buf, (i, dst)| row(i, dst, buf)).reduce(|| true, |x, y| x && y))?
-    } else {
-        let mut buf = Vec::new();
-        out.chunks_mut(d).enumerate().fold(true, |ok, (i, dst)| row(i, dst, &mut buf) && ok)
-    };
+        ok &= all_finite(o);
+    }
     if !ok {
         return Ok(None);
     }
