@@ -31,11 +31,12 @@ _Messages = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.f
 class Spec:
     """A compressor: a sparsifier followed by an optional quantizer (``C_i ∘ Q_i``).
 
-    ``sparsifier`` is one of ``"identity"``, ``"permk"``, ``"randk"`` (``k=``), ``"topk"``
-    (``k=``), ``"blockpermk"`` (``m=`` or ``labels=``) and ``"coordinate_sampling"``;
-    ``quantizer`` one of ``"none"``, ``"natural"`` and ``"qsgd"`` (``s=``). ``params`` are ints,
-    floats or lists of ints (``None`` is absent); an unknown name or parameter raises
-    ValueError naming it.
+    ``sparsifier`` names a sparsifier of the core's registry, e.g. ``"identity"``, ``"permk"``,
+    ``"randk"`` (``k=``), ``"topk"`` (``k=``), ``"blockpermk"`` (``m=`` or ``labels=``),
+    ``"coordinate_sampling"``; ``quantizer`` is ``"none"``, ``"natural"`` or ``"qsgd"``
+    (``s=``). ``params`` are ints, floats or lists of ints (``None`` is absent). An unknown name
+    raises ValueError listing the known ones; an unknown or invalid parameter raises ValueError
+    (TypeError for a wrong kind) naming it.
     """
 
     def __new__(

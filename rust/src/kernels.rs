@@ -4,6 +4,8 @@
 //! accumulated into a zeroed output in worker order and finally divided by `n`, as in
 //! [`crate::compress::aggregate_with_plan`], so the results agree bit for bit.
 
+use std::mem::MaybeUninit;
+
 use ndarray::{Array1, Array2, ArrayView2};
 use rayon::prelude::*;
 
@@ -187,7 +189,7 @@ fn combine<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale:
 }
 
 /// True when every value is finite (vectorised: `v·0` is 0 exactly for finite `v`).
-#[inline]
+#[inline(always)]
 fn all_finite<T: Real>(o: &[T]) -> bool {
     let mut probe = [T::zero(); 8];
     let chunks = o.chunks_exact(8);
@@ -202,6 +204,86 @@ fn all_finite<T: Real>(o: &[T]) -> bool {
         p += v * T::zero();
     }
     p == T::zero()
+}
+
+/// One worker's pass over a tile ([`combine`]), followed by the finite check after the last
+/// worker; `true` unless a value is not finite.
+#[inline(always)]
+fn tile_pass<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
+    combine(o, x, first, last, nt, scale);
+    !last || all_finite(o)
+}
+
+/// [`tile_pass`] compiled for the widest vector instructions the CPU has (detected at run
+/// time). IEEE arithmetic gives the same bits at every vector width (and Rust never contracts
+/// `a·b + c` into a fused multiply-add), so this only changes the speed: the division of the
+/// average by `n` bounds the contiguous kernels, and AVX-512 divides twice as many values per
+/// cycle as the baseline SSE2.
+#[inline]
+fn tile_pass_dispatch<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { simd::tile_pass_avx512(o, x, first, last, nt, scale) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { simd::tile_pass_avx2(o, x, first, last, nt, scale) };
+        }
+    }
+    tile_pass(o, x, first, last, nt, scale)
+}
+
+/// [`first_pass`] compiled for the widest vector instructions the CPU has (as
+/// [`tile_pass_dispatch`]).
+#[inline]
+fn first_pass_dispatch<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> (&'a mut [T], bool) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { simd::first_pass_avx512(o, x, last, nt, scale) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { simd::first_pass_avx2(o, x, last, nt, scale) };
+        }
+    }
+    first_pass(o, x, last, nt, scale)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use super::{first_pass, tile_pass, MaybeUninit, Real};
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn first_pass_avx512<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> (&'a mut [T], bool) {
+        first_pass(o, x, last, nt, scale)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn first_pass_avx2<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> (&'a mut [T], bool) {
+        first_pass(o, x, last, nt, scale)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile_pass_avx512<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
+        tile_pass(o, x, first, last, nt, scale)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn tile_pass_avx2<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
+        tile_pass(o, x, first, last, nt, scale)
+    }
 }
 
 /// Row `i`'s values `lo..hi`, borrowed when the row is contiguous, else copied into `buf`.
@@ -257,34 +339,71 @@ fn block_workers(pi: &[u32], slot_block: &[u32], m: usize) -> Result<(Vec<usize>
     Ok((first, workers))
 }
 
+/// Writes `o[t] = combine(0, f(x[t]))` for the first worker of a tile (every element, so the
+/// tile is initialised) and returns it initialised.
+#[inline(always)]
+fn init_pass<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> &'a mut [T] {
+    let len = o.len().min(x.len());
+    let (o, x) = (&mut o[..len], &x[..len]);
+    match (last, scale == 1.0) {
+        (true, true) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = MaybeUninit::new((T::zero() + x) / nt)),
+        (true, false) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = MaybeUninit::new((T::zero() + T::of(scale * x.f64())) / nt)),
+        (false, true) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = MaybeUninit::new(T::zero() + x)),
+        (false, false) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = MaybeUninit::new(T::zero() + T::of(scale * x.f64()))),
+    }
+    // SAFETY: the loop above wrote every one of the `len` elements of `o`, and `MaybeUninit<T>`
+    // has the layout of `T`.
+    unsafe { std::slice::from_raw_parts_mut(o.as_mut_ptr() as *mut T, len) }
+}
+
+/// The first worker's pass over a tile ([`init_pass`]), and the finite check when it is also
+/// the last; returns the initialised tile and `true` unless a value is not finite.
+#[inline(always)]
+fn first_pass<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> (&'a mut [T], bool) {
+    let o = init_pass(o, x, last, nt, scale);
+    let ok = !last || all_finite(o);
+    (o, ok)
+}
+
 /// The block compressors whose blocks are ranges (BlockPermK with a contiguous partition,
 /// PermK for `n > d`): block by block and tile by tile, the block's workers (in worker order)
-/// are combined in one pass over contiguous memory ([`combine`]). Tiles are independent, so
-/// they run on the pool's threads for large inputs without changing any bit.
+/// are combined in one pass over contiguous memory each ([`combine`]: the first worker writes
+/// `0 + v`, the later ones add, the last one divides by `n`). Tiles are independent, so they run
+/// on the pool's threads for large inputs without changing any bit. The output is written once
+/// (never zeroed first): every coordinate is in a block with at least one worker.
 pub fn blocks_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], bounds: &[usize], scale: f64) -> Result<Option<Array1<T>>> {
     let (n, d) = a.dim();
     let m = bounds.len() - 1;
+    if bounds[0] != 0 || bounds[m] != d || bounds.windows(2).any(|w| w[0] > w[1]) {
+        return Ok(None); // not a partition of 0..d into ranges: the generic path
+    }
     let (first, workers) = block_workers(pi, slot_block, m)?;
     let tiles = range_tiles(bounds)?;
-    let mut out = mem::zeros::<T>("the average", &[d])?;
+    let mut out = mem::vec::<T>("the average", d)?;
     let nt = T::of(n as f64);
-    let tile = |&(b, lo, hi): &(usize, usize, usize), o: &mut [T], buf: &mut Vec<T>| -> bool {
+    let tile = |&(b, lo, hi): &(usize, usize, usize), o: &mut [MaybeUninit<T>], buf: &mut Vec<T>| -> bool {
         let ws = &workers[first[b]..first[b + 1]];
-        for (t, &w) in ws.iter().enumerate() {
-            let x = row_part(&a, w as usize, lo, hi, buf);
-            combine(o, x, t == 0, t + 1 == ws.len(), nt, scale);
+        let Some((&w0, rest)) = ws.split_first() else { return false };
+        let x = row_part(&a, w0 as usize, lo, hi, buf);
+        if x.len() != o.len() {
+            return false;
         }
-        // every coordinate belongs to a block with at least one worker (m <= n)
-        all_finite(o)
+        let (o, mut ok) = first_pass_dispatch(o, x, rest.is_empty(), nt, scale);
+        for (t, &w) in rest.iter().enumerate() {
+            let x = row_part(&a, w as usize, lo, hi, buf);
+            ok &= tile_pass_dispatch(o, x, false, t + 1 == rest.len(), nt, scale);
+        }
+        ok
     };
-    let mut parts: Vec<&mut [T]> = mem::vec("the block tiles", tiles.len())?;
-    let mut rest: &mut [T] = &mut out;
+    let mut parts: Vec<&mut [MaybeUninit<T>]> = mem::vec("the block tiles", tiles.len())?;
+    let mut rest: &mut [MaybeUninit<T>] = &mut out.spare_capacity_mut()[..d];
     for &(_, lo, hi) in &tiles {
         let (head, tail) = std::mem::take(&mut rest).split_at_mut(hi - lo);
         parts.push(head);
         rest = tail;
     }
     let work = workers.len() / m.max(1) * d;
+    // `ok` also says that every tile was written (a tile without workers is not)
     let ok = if work >= RANGES_PAR_THRESHOLD && tiles.len() > 1 {
         threads::install(|| {
             parts
@@ -297,33 +416,36 @@ pub fn blocks_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], 
         let mut buf = Vec::new();
         parts.into_iter().zip(&tiles).fold(true, |ok, (o, t)| tile(t, o, &mut buf) && ok)
     };
-    Ok(ok.then(|| Array1::from(out)))
+    if !ok {
+        return Ok(None);
+    }
+    // SAFETY: the tiles partition 0..d (bounds run from 0 to d, checked above) and every tile
+    // was written in full by its first worker (`ok`), so the first `d` elements are initialised.
+    unsafe { out.set_len(d) };
+    Ok(Some(Array1::from(out)))
 }
 
 /// `compress_all` of the block compressors whose blocks are ranges: row `i` of the zeroed
 /// `(n, d)` output gets `scale · a[i, block]` on its block (the generic path writes the same
-/// values). Rows are independent (the pool's threads for large inputs).
+/// values), one contiguous loop per row. Sequential: the zeroed output's page faults bound it,
+/// and a second thread did not measurably help.
 pub fn compress_all_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], bounds: &[usize], scale: f64) -> Result<Option<Array2<T>>> {
     let (n, d) = a.dim();
     let mut out = mem::zeros::<T>("the compressed rows", &[n, d])?;
-    let row = |i: usize, dst: &mut [T], buf: &mut Vec<T>| -> bool {
-        let Some(b) = RoundPlan::block_of(pi, slot_block, i) else { return true };
+    let mut buf = Vec::new();
+    let mut ok = true;
+    for (i, dst) in out.chunks_mut(d).enumerate() {
+        let Some(b) = RoundPlan::block_of(pi, slot_block, i) else { continue };
         let (lo, hi) = (bounds[b], bounds[b + 1]);
-        let x = row_part(&a, i, lo, hi, buf);
+        let x = row_part(&a, i, lo, hi, &mut buf);
         let o = &mut dst[lo..hi];
         if scale == 1.0 {
             o.copy_from_slice(x);
         } else {
             o.iter_mut().zip(x).for_each(|(o, &x)| *o = T::of(scale * x.f64()));
         }
-        all_finite(o)
-    };
-    let ok = if n > 1 && n * d >= RANGES_PAR_THRESHOLD {
-        threads::install(|| out.par_chunks_mut(d).enumerate().map_init(Vec::new, |buf, (i, dst)| row(i, dst, buf)).reduce(|| true, |x, y| x && y))?
-    } else {
-        let mut buf = Vec::new();
-        out.chunks_mut(d).enumerate().fold(true, |ok, (i, dst)| row(i, dst, &mut buf) && ok)
-    };
+        ok &= all_finite(o);
+    }
     if !ok {
         return Ok(None);
     }
@@ -433,4 +555,78 @@ pub fn all<T: Real>(a: ArrayView2<T>) -> Result<Option<Array1<T>>> {
         }
     }
     Ok(finish(out, n, ok))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values of every kind: normal, tiny, subnormal, huge, signed zeros.
+    fn values(len: usize, salt: u64) -> Vec<f64> {
+        let mut r = rng::stream(salt, rng::Purpose::Quantizer, 0, 0);
+        (0..len)
+            .map(|j| {
+                let u = rng::unit(&mut r) - 0.5;
+                match j % 7 {
+                    0 => u * 1e-310,
+                    1 => u * 1e300,
+                    2 => -0.0,
+                    3 => 0.0,
+                    _ => u * 1e3,
+                }
+            })
+            .collect()
+    }
+
+    fn passes<T: Real>(x: &[T], y: &[T], z: &[T], nt: T, scale: f64) -> Vec<Vec<u64>> {
+        // the variants this CPU can run: first, middle and last worker of a tile
+        type First<T> = for<'a> fn(&'a mut [MaybeUninit<T>], &[T], bool, T, f64) -> (&'a mut [T], bool);
+        type Pass<T> = fn(&mut [T], &[T], bool, bool, T, f64) -> bool;
+        let mut variants: Vec<(First<T>, Pass<T>)> = vec![(first_pass::<T>, tile_pass::<T>)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY (in the closures): AVX2 is supported (checked above).
+                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx2(o, x, l, nt, s) }, |o, x, f, l, nt, s| unsafe { simd::tile_pass_avx2(o, x, f, l, nt, s) }));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY (in the closures): AVX-512F is supported (checked above).
+                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx512(o, x, l, nt, s) }, |o, x, f, l, nt, s| unsafe { simd::tile_pass_avx512(o, x, f, l, nt, s) }));
+            }
+        }
+        variants
+            .into_iter()
+            .map(|(first, pass)| {
+                let mut out = vec![MaybeUninit::new(T::zero()); x.len()];
+                let (o, ok1) = first(&mut out, x, false, nt, scale);
+                let ok2 = pass(o, y, false, false, nt, scale);
+                let ok3 = pass(o, z, false, true, nt, scale);
+                assert!(ok1 && ok2);
+                let mut bits: Vec<u64> = o.iter().map(|v| v.f64().to_bits()).collect();
+                bits.push(ok3 as u64);
+                bits
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_instruction_set_gives_the_same_bits() {
+        for len in [0usize, 1, 7, 8, 63, 4096] {
+            let (x, y, z) = (values(len, 1), values(len, 2), values(len, 3));
+            for scale in [1.0, 3.0, 1e-3, 7.5] {
+                let runs = passes(&x, &y, &z, 7.0, scale);
+                assert!(runs.windows(2).all(|w| w[0] == w[1]), "f64 len={len} scale={scale}");
+                let f = |v: &Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<f32>>();
+                let runs = passes(&f(&x), &f(&y), &f(&z), 7.0f32, scale);
+                assert!(runs.windows(2).all(|w| w[0] == w[1]), "f32 len={len} scale={scale}");
+            }
+        }
+        // and the finite check sees an overflow or a NaN in any lane
+        let mut x = values(64, 4);
+        x[37] = f64::NAN;
+        let y = values(64, 5);
+        for run in passes(&x, &y, &y, 3.0, 2.0) {
+            assert_eq!(*run.last().unwrap(), 0);
+        }
+    }
 }

@@ -477,9 +477,9 @@ impl Assignment {
         }
     }
 
-    /// One range per worker when `d <= n`-sized owners make every worker's set a range
-    /// (each worker owns at most one coordinate, or a single worker owns everything).
-    pub fn owner_ranges(&self, d: usize) -> Result<Option<Ranges>> {
+    /// One range per worker from an owners assignment, when every worker's coordinates form
+    /// one range (e.g. each worker owns at most one coordinate); `None` otherwise. `O(n + d)`.
+    pub fn owner_ranges(&self) -> Result<Option<Ranges>> {
         let Assignment::Owners { owner, n, scale } = self else { return Ok(None) };
         let mut r = Ranges::idle(*n, *scale)?;
         let mut ok = true;
@@ -496,7 +496,6 @@ impl Assignment {
                 }
             }
         });
-        let _ = d;
         Ok(ok.then_some(r))
     }
 

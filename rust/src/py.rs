@@ -68,7 +68,7 @@ fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     if let Ok(i) = v.extract::<i64>() {
         return Ok(Some(Value::Int(i)));
     }
-    if v.is_instance_of::<PyInt>() || v.hasattr("__index__")? {
+    if v.is_instance_of::<PyInt>() || v.call_method0("__index__").is_ok() {
         return Err(PyValueError::new_err(format!("{key}: the integer {v} is out of range")));
     }
     if v.is_instance_of::<PyFloat>() {
@@ -103,7 +103,7 @@ pub struct PySpec(Spec);
 impl PySpec {
     #[new]
     #[pyo3(signature = (sparsifier, *, quantizer="none", **params))]
-    fn new(sparsifier: &str, quantizer: &str, params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+    fn new(py: Python<'_>, sparsifier: &str, quantizer: &str, params: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
         let mut p = Params::new();
         if let Some(params) = params {
             for (k, v) in params.iter() {
@@ -113,7 +113,8 @@ impl PySpec {
                 }
             }
         }
-        Ok(PySpec(Spec::from_name(sparsifier, quantizer, p)?))
+        // a partition's labels are O(d)
+        Ok(PySpec(py.detach(|| Spec::from_name(sparsifier, quantizer, p))?))
     }
 
     /// The sparsifier's name.
@@ -278,8 +279,8 @@ pub struct PyTridiagonal(quadratic::Tridiagonal);
 #[pymethods]
 impl PyTridiagonal {
     #[new]
-    fn new(a: Vec<f64>, c: f64, beta: Vec<f64>) -> PyResult<Self> {
-        Ok(PyTridiagonal(quadratic::Tridiagonal::new(a, c, beta)?))
+    fn new(py: Python<'_>, a: Vec<f64>, c: f64, beta: Vec<f64>) -> PyResult<Self> {
+        Ok(PyTridiagonal(py.detach(|| quadratic::Tridiagonal::new(a, c, beta))?))
     }
 
     fn loss(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f64>) -> PyResult<f64> {

@@ -197,7 +197,7 @@ impl Tridiagonal {
 
     /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
     fn mean_diff_bytes(d: usize) -> u128 {
-        4 * 8 * d as u128
+        3 * 8 * d as u128
     }
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on a plan, evaluating only the sent
@@ -213,11 +213,24 @@ impl Tridiagonal {
     fn mean_diff(&self, asg: &Assignment, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         let d = x_new.len();
         let n = self.n() as f64;
-        let delta = mem::collect("δ = x_new − x_old", d, x_new.iter().zip(x_old).map(|(a, b)| a - b))?;
+        // δ_j = x_new_j − x_old_j, recomputed where needed (the same values as a stored δ)
+        let delta = |j: usize| x_new[j] - x_old[j];
         // (Tδ)_j and c·δ_j once per coordinate: a worker's value is then a_i·(Tδ)_j + (cδ)_j
-        let t_delta = mem::collect("T δ", d, (0..d).map(|j| t_at(&delta, j)))?;
-        let c_delta = mem::collect("c δ", d, delta.iter().map(|v| self.c * v))?;
-        drop(delta);
+        let t_delta = mem::collect(
+            "T δ",
+            d,
+            (0..d).map(|j| {
+                let mut v = 2.0 * delta(j);
+                if j > 0 {
+                    v -= delta(j - 1);
+                }
+                if j + 1 < d {
+                    v -= delta(j + 1);
+                }
+                v
+            }),
+        )?;
+        let c_delta = mem::collect("c δ", d, (0..d).map(|j| self.c * delta(j)))?;
         let mut out = mem::zeros::<f64>("the compressed mean difference", &[d])?;
         match asg {
             Assignment::Owners { owner, scale, .. } => {
@@ -325,17 +338,31 @@ impl Tridiagonal {
         let fp = spec.sparsifier.footprint(self.n(), d);
         Need::new().bytes("the round's plan", fp.assign).bytes("the round's temporaries", Self::mean_diff_bytes(d) + 24 * d as u128).check()?;
         let heads = rng::coin(seed, round, p);
-        let x_old = mem::collect("a copy of x", d, x.iter().copied())?;
-        let x_new = mem::collect("the new x", d, x_old.iter().zip(g.iter()).map(|(&xi, &gi)| xi - gamma * gi))?;
+        let (mut bx, mut bg) = (Vec::new(), Vec::new());
+        let (xv, gv) = (x.view(), g.view());
+        let x_old = contiguous(&xv, &mut bx, "a copy of x")?;
+        let g_old = contiguous(&gv, &mut bg, "a copy of g")?;
+        let x_new = mem::collect("the new x", d, x_old.iter().zip(g_old).map(|(&xi, &gi)| xi - gamma * gi))?;
         let g_new = if heads {
             self.grad_of(&x_new)?
         } else {
             let asg = spec.sparsifier.assign::<f64>(self.n(), d, seed, round, None)?;
-            let m = self.mean_diff(&asg, &x_new, &x_old)?;
-            mem::collect("the new g", d, g.iter().zip(&m).map(|(&gi, &mi)| gi + mi))?
+            let mut m = self.mean_diff(&asg, &x_new, x_old)?;
+            for (mi, &gi) in m.iter_mut().zip(g_old) {
+                let sum = gi + *mi; // g + m, in this order (as before)
+                *mi = sum;
+            }
+            m
         };
-        x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
-        g.iter_mut().zip(&g_new).for_each(|(gi, &v)| *gi = v);
+        drop((bx, bg));
+        match x.as_slice_mut() {
+            Some(s) => s.copy_from_slice(&x_new),
+            None => x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v),
+        }
+        match g.as_slice_mut() {
+            Some(s) => s.copy_from_slice(&g_new),
+            None => g.iter_mut().zip(&g_new).for_each(|(gi, &v)| *gi = v),
+        }
         Ok(heads)
     }
 
@@ -368,7 +395,20 @@ impl Tridiagonal {
         let xs = contiguous(&x, &mut buf, "a copy of x")?;
         let (tx, cx) = self.tx_cx(xs)?;
         let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
-        self.feedback(spec, &tx, &cx, rows, m, d, seed, round, start)
+        let Some(list) = self.feedback(spec, &tx, &cx, rows, m, d, seed, round, start)? else {
+            let offsets = mem::filled("the messages' offsets", m + 1, 0i64)?;
+            return Ok(Feedback { messages: Messages { offsets, indices: Vec::new(), values: Vec::new() }, finite: false });
+        };
+        let total = list.iter().map(WorkerMsg::len).sum();
+        let mut out = Messages::with_capacity(m, total)?;
+        for w in &list {
+            w.for_each(|j, v| {
+                out.indices.push(j as i64);
+                out.values.push(v);
+            });
+            out.end_worker();
+        }
+        Ok(Feedback { messages: out, finite: true })
     }
 
     /// The memory of an EF21 step for `m` workers.
@@ -392,9 +432,11 @@ impl Tridiagonal {
         Ok((tx, cx))
     }
 
-    /// The EF21 step on validated arguments: messages first (`G` read only), then `G += c`.
+    /// The EF21 step on validated arguments: every worker's message first (`G` read only),
+    /// then, when all are finite, `G_i += c_i`. `None` when a residual is not finite (`G`
+    /// unchanged).
     #[allow(clippy::too_many_arguments)]
-    fn feedback(&self, spec: &Spec, tx: &[f64], cx: &[f64], rows: &mut [f64], m: usize, d: usize, seed: u64, round: u64, start: usize) -> Result<Feedback> {
+    fn feedback(&self, spec: &Spec, tx: &[f64], cx: &[f64], rows: &mut [f64], m: usize, d: usize, seed: u64, round: u64, start: usize) -> Result<Option<Vec<WorkerMsg>>> {
         let n = self.n();
         let parallel = m >= 2 && m * d >= EF21_PAR_MIN;
         let msgs: Vec<Result<WorkerMsg>> = match (&spec.sparsifier, spec.quantizer) {
@@ -432,26 +474,11 @@ impl Tridiagonal {
             list.push(msg?);
         }
         if list.iter().any(|w| matches!(w, WorkerMsg::NonFinite)) {
-            let offsets = mem::filled("the messages' offsets", m + 1, 0i64)?;
-            return Ok(Feedback { messages: Messages { offsets, indices: Vec::new(), values: Vec::new() }, finite: false });
+            return Ok(None);
         }
-        // every message is known: G_i += c_i, then the messages in worker order
-        let apply = |row: &mut [f64], w: &WorkerMsg| w.for_each(|j, v| row[j] += v);
-        if parallel {
-            threads::install(|| rows.par_chunks_mut(d).zip(list.par_iter()).for_each(|(row, w)| apply(row, w)))?;
-        } else {
-            rows.chunks_mut(d).zip(&list).for_each(|(row, w)| apply(row, w));
-        }
-        let total = list.iter().map(WorkerMsg::len).sum();
-        let mut out = Messages::with_capacity(m, total)?;
-        for w in &list {
-            w.for_each(|j, v| {
-                out.indices.push(j as i64);
-                out.values.push(v);
-            });
-            out.end_worker();
-        }
-        Ok(Feedback { messages: out, finite: true })
+        // every message is known and finite: G_i += c_i (O(m·k), sequential)
+        rows.chunks_mut(d).zip(&list).for_each(|(row, w)| w.for_each(|j, v| row[j] += v));
+        Ok(Some(list))
     }
 
     /// The fused round's TopK(`k`) selection of worker `i` on `r = ∇f_i(x) − G_i` (`row` is
@@ -595,14 +622,15 @@ impl Tridiagonal {
         let (tx, cx) = self.tx_cx(&x_new)?;
         let mut acc = mem::zeros::<f64>("the messages' sum", &[d])?;
         let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
-        let fb = self.feedback(&spec, &tx, &cx, rows, n, d, 0, 0, 0)?;
+        let list = self.feedback(&spec, &tx, &cx, rows, n, d, 0, 0, 0)?;
         x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
-        if !fb.finite {
+        let Some(list) = list else {
             g.fill(f64::NAN);
             return Ok(());
-        }
-        for (&j, &v) in fb.messages.indices.iter().zip(&fb.messages.values) {
-            acc[j as usize] += v;
+        };
+        // summed in worker order (and message order within a worker)
+        for w in &list {
+            w.for_each(|j, v| acc[j] += v);
         }
         let nf = n as f64;
         g.iter_mut().zip(&acc).for_each(|(gi, &ai)| *gi += ai / nf);

@@ -204,8 +204,11 @@ pub fn plan_from_permutation(labels: Vec<u32>, pi: Vec<u32>) -> Result<CsrArrays
     let d = labels.len();
     let n = pi.len();
     let sp = BlockPermK { partition: Partition::labels(labels)? };
-    if n == 0 {
-        return Err(CoreError::invalid("pi", "must be a permutation of at least one worker"));
+    if n == 0 || n > u32::MAX as usize {
+        return Err(CoreError::invalid("pi", format!("must be a permutation of range(n) with 1 <= n < 2**32, got {n} entries")));
+    }
+    if d > u32::MAX as usize {
+        return Err(CoreError::invalid("labels", format!("must label fewer than 2**32 coordinates, got {d}")));
     }
     sp.check(n, d)?;
     plan::check_permutation(&pi, n, "pi")?;

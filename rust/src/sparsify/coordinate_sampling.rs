@@ -47,7 +47,7 @@ impl Sparsify for CoordinateSampling {
             return Ok(Some(r));
         }
         if d == 1 {
-            return self.assign::<f64>(n, d, seed, round, None)?.owner_ranges(d);
+            return self.assign::<f64>(n, d, seed, round, None)?.owner_ranges();
         }
         Ok(None)
     }

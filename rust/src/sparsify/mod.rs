@@ -47,8 +47,9 @@ impl Footprint {
         }
     }
 
-    /// A block plan of `n` workers over `coords` block coordinates (`d` for a partition), with
-    /// `bounds` block boundaries; `listed` when the blocks are listed coordinates (not ranges).
+    /// A block plan of `n` workers over a partition of the `d` coordinates into `m` blocks;
+    /// `listed` when the blocks are listed coordinates (not ranges); `worker_max` is the largest
+    /// block.
     pub fn blocks(n: usize, d: usize, m: usize, listed: bool, worker_max: u128) -> Self {
         let (n128, d128, m128) = (n as u128, d as u128, m as u128);
         let q = (n / m.max(1)) as u128;

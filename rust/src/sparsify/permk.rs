@@ -57,7 +57,7 @@ impl Sparsify for PermK {
         // one coordinate per worker at most: O(n) work
         let asg = self.assign::<f64>(n, d, seed, round, None)?;
         match asg {
-            Assignment::Owners { .. } => asg.owner_ranges(d),
+            Assignment::Owners { .. } => asg.owner_ranges(),
             _ => asg.block_ranges(),
         }
     }

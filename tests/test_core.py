@@ -1,0 +1,487 @@
+"""The native module ``permk._core`` directly: the generic ``Spec(name, **params)``, the new
+kernels (``compress_rows``, ``plan_ranges``, ``permutation``, coordinate sampling, the
+Tridiagonal EF21/MARINA steps, the thread pool), bit-for-bit agreement with the existing
+paths, errors naming their argument, and allocations refused before they happen (in a
+subprocess, where an abort would not take pytest down)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from permk import _core
+
+SPARSIFIERS: list[dict[str, Any]] = [
+    {"sparsifier": "identity"},
+    {"sparsifier": "permk"},
+    {"sparsifier": "randk", "k": 2},
+    {"sparsifier": "topk", "k": 2},
+    {"sparsifier": "blockpermk", "m": 2},
+    {"sparsifier": "blockpermk", "labels": [1, 0, 1, 1, 0, 0, 1]},
+    {"sparsifier": "coordinate_sampling"},
+]
+SPECS = SPARSIFIERS + [
+    {**s, "quantizer": q, **({"s": 3} if q == "qsgd" else {})}
+    for s in ({"sparsifier": "permk"}, {"sparsifier": "topk", "k": 2}, {"sparsifier": "coordinate_sampling"})
+    for q in ("natural", "qsgd")
+]
+
+
+def _id(kw: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in kw.items())
+
+
+def _data(n: int, d: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, d))
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool((a.view(np.uint8) == b.view(np.uint8)).all())
+
+
+# ------------------------------------------------------------------------------------------
+# Spec(name, **params)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", SPECS, ids=_id)
+def test_spec_name_and_shared_plan(kw: dict[str, Any]) -> None:
+    spec = _core.Spec(**kw)
+    assert spec.name == kw["sparsifier"]
+    shared = kw["sparsifier"] != "topk" and kw.get("quantizer", "none") == "none"
+    assert spec.shared_plan is shared
+
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: _core.Spec("bogus"), ValueError, "sparsifier.*bogus"),
+        (lambda: _core.Spec("permk", quantizer="bogus"), ValueError, "quantizer"),
+        (lambda: _core.Spec("permk", k=3), ValueError, r"^k: unknown parameter"),
+        (lambda: _core.Spec("randk", k=2, foo=1), ValueError, r"^foo: unknown parameter"),
+        (lambda: _core.Spec("randk"), ValueError, r"^k: randk needs k"),
+        (lambda: _core.Spec("randk", k=0), ValueError, r"^k: must be at least 1"),
+        (lambda: _core.Spec("randk", k=-3), ValueError, r"^k: "),
+        (lambda: _core.Spec("randk", k=2.0), TypeError, r"^k: must be an integer"),
+        (lambda: _core.Spec("randk", k=True), TypeError, r"^k: .*bool"),
+        (lambda: _core.Spec("randk", k="2"), TypeError, r"^k: "),  # type: ignore[arg-type]
+        (lambda: _core.Spec("randk", k=2**70), ValueError, r"^k: .*out of range"),
+        (lambda: _core.Spec("blockpermk"), ValueError, r"^m: blockpermk needs m or labels"),
+        (lambda: _core.Spec("blockpermk", labels=[0, -1]), ValueError, "partition"),
+        (lambda: _core.Spec("blockpermk", labels=[0, 2]), ValueError, "partition"),
+        (lambda: _core.Spec("blockpermk", labels=3), TypeError, r"^labels: must be a list"),
+        (lambda: _core.Spec("blockpermk", labels=[0, 1], m=3), ValueError, r"^m: "),
+        (lambda: _core.Spec("permk", quantizer="qsgd"), ValueError, r"^s: qsgd needs s"),
+        (lambda: _core.Spec("permk", quantizer="qsgd", s=0), ValueError, r"^s: "),
+        (lambda: _core.Spec("permk", s=2), ValueError, r"^s: unknown parameter"),
+    ],
+)
+def test_spec_rejects_bad_names_and_params(call: Callable[[], Any], exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_spec_params_accept_numpy_scalars_and_none() -> None:
+    a = _data(4, 10)
+    ref = _core.Spec("randk", k=3).aggregate(a, 1, 2)
+    assert _same_bits(_core.Spec("randk", k=np.int64(3)).aggregate(a, 1, 2), ref)  # type: ignore[arg-type]
+    assert _same_bits(_core.Spec("randk", k=3, m=None).aggregate(a, 1, 2), ref)
+    lab = np.array([1, 0, 1, 1, 0, 0, 1])
+    b = _data(3, 7)
+    from_array = _core.Spec("blockpermk", labels=lab).aggregate(b, 0, 0)  # type: ignore[arg-type]
+    assert _same_bits(from_array, _core.Spec("blockpermk", labels=lab.tolist()).aggregate(b, 0, 0))
+
+
+# ------------------------------------------------------------------------------------------
+# compress_rows, plan_ranges, permutation, coordinate sampling
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kw", SPECS, ids=_id)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compress_rows_is_compress_worker_by_worker(kw: dict[str, Any], dtype: type) -> None:
+    spec = _core.Spec(**kw)
+    n, d = 5, 7
+    a: np.ndarray = _data(n, d).astype(dtype)
+    for start, stop in [(0, n), (2, 4), (4, 5), (3, 3)]:
+        offsets, indices, values = spec.compress_rows(a[start:stop], start, n, 9, 4)
+        assert offsets.dtype == np.int64 and indices.dtype == np.int64 and values.dtype == dtype
+        assert offsets.shape == (stop - start + 1,) and offsets[0] == 0 and offsets[-1] == len(indices) == len(values)
+        for r in range(stop - start):
+            idx, val = spec.compress(a[start + r], start + r, n, 9, 4)
+            sl = slice(offsets[r], offsets[r + 1])
+            assert _same_bits(indices[sl], idx)
+            assert _same_bits(values[sl], val)
+    # the messages of all workers make compress_all and aggregate
+    offsets, indices, values = spec.compress_rows(a, 0, n, 9, 4)
+    dense: np.ndarray = np.zeros((n, d), dtype=dtype)
+    for i in range(n):
+        dense[i, indices[offsets[i]:offsets[i + 1]]] = values[offsets[i]:offsets[i + 1]]
+    assert _same_bits(dense, spec.compress_all(a, 9, 4))
+
+
+def test_compress_rows_rejects_bad_rows() -> None:
+    spec = _core.Spec("topk", k=1)
+    with pytest.raises(ValueError, match=r"^start: "):
+        spec.compress_rows(_data(3, 4), 2, 4, 0, 0)
+    with pytest.raises(ValueError, match=r"^n_workers: "):
+        spec.compress_rows(_data(3, 4), 0, 0, 0, 0)
+    with pytest.raises(ValueError, match=r"^d: "):
+        spec.compress_rows(np.zeros((2, 0)), 0, 2, 0, 0)
+    with pytest.raises(TypeError, match=r"\bA\b"):
+        spec.compress_rows(np.zeros((2, 3), dtype=complex), 0, 2, 0, 0)
+    bad = _data(3, 4)
+    bad[1, 2] = np.nan
+    with pytest.raises(ValueError, match="non-finite.*worker 6, coordinate 2"):
+        spec.compress_rows(bad, 5, 8, 0, 0)
+
+
+@pytest.mark.parametrize(
+    "kw,n,d,contiguous",
+    [
+        ({"sparsifier": "identity"}, 3, 7, True),
+        ({"sparsifier": "permk"}, 7, 3, True),
+        ({"sparsifier": "permk"}, 5, 5, True),
+        ({"sparsifier": "permk"}, 1, 9, True),
+        ({"sparsifier": "permk"}, 4, 10, False),
+        ({"sparsifier": "blockpermk", "m": 3}, 7, 10, True),
+        ({"sparsifier": "blockpermk", "labels": [0, 0, 1, 1, 1, 2]}, 4, 6, True),
+        ({"sparsifier": "blockpermk", "labels": [0, 1, 0, 1]}, 4, 4, False),
+        ({"sparsifier": "randk", "k": 1}, 6, 9, True),
+        ({"sparsifier": "randk", "k": 2}, 6, 9, False),
+        ({"sparsifier": "coordinate_sampling"}, 1, 9, True),
+        ({"sparsifier": "coordinate_sampling"}, 3, 9, False),
+        ({"sparsifier": "topk", "k": 1}, 3, 9, False),
+        ({"sparsifier": "permk", "quantizer": "natural"}, 7, 3, False),
+    ],
+    ids=lambda v: _id(v) if isinstance(v, dict) else str(v),
+)
+def test_plan_ranges_match_the_plan(kw: dict[str, Any], n: int, d: int, contiguous: bool) -> None:
+    spec = _core.Spec(**kw)
+    for rnd in range(3):
+        r = spec.plan_ranges(n, d, 4, rnd)
+        assert (r is not None) is contiguous
+        if r is None:
+            continue
+        starts, stops, scales = r
+        assert starts.dtype == stops.dtype == np.int64 and scales.dtype == np.float64
+        assert starts.shape == stops.shape == scales.shape == (n,)
+        offsets, coords, plan_scales = spec.plan(n, d, 4, rnd)
+        for i in range(n):
+            np.testing.assert_array_equal(np.arange(starts[i], stops[i]), coords[offsets[i]:offsets[i + 1]])
+        assert _same_bits(scales, plan_scales)
+        assert ((starts < stops) | (starts == 0)).all()
+
+
+def test_plan_ranges_is_cheap_for_large_dimensions() -> None:
+    # O(n): no O(d) arrays for d = 2^32 - 1
+    r = _core.Spec("blockpermk", m=4).plan_ranges(6, 2**32 - 1, 0, 0)
+    assert r is not None
+    starts, stops, scales = r
+    assert sorted(zip(starts[starts < stops].tolist(), stops[starts < stops].tolist())) == [
+        (b * (2**32 - 1) // 4, (b + 1) * (2**32 - 1) // 4) for b in range(4)
+    ]
+    assert (scales == 6.0).all()
+    s = _core.Spec("identity").plan_ranges(3, 2**32 - 1, 0, 0)
+    assert s is not None and (s[1] == 2**32 - 1).all()
+
+
+def test_permutation() -> None:
+    p = _core.permutation(5, 7, 1000)
+    assert p.dtype == np.int64
+    np.testing.assert_array_equal(np.sort(p), np.arange(1000))
+    assert _same_bits(p, _core.permutation(5, 7, 1000))
+    assert not np.array_equal(p, _core.permutation(5, 8, 1000))
+    assert not np.array_equal(p, _core.permutation(6, 7, 1000))
+    assert _core.permutation(0, 0, 0).shape == (0,)
+    counts = np.zeros((3, 3))
+    for t in range(3000):
+        perm = tuple(_core.permutation(1, t, 3).tolist())
+        counts[perm[0], perm[1]] += 1
+    # each of the 6 permutations about 500 times
+    nonzero = counts[counts > 0]
+    assert len(nonzero) == 6 and (abs(nonzero - 500) < 120).all()
+    with pytest.raises(OverflowError, match="seed"):  # PyO3's conversion, like every seed of _core
+        _core.permutation(-1, 0, 3)
+
+
+def test_coordinate_sampling() -> None:
+    n, d = 4, 10_000
+    spec = _core.Spec("coordinate_sampling")
+    offsets, coords, scales = spec.plan(n, d, 3, 1)
+    np.testing.assert_array_equal(np.sort(coords), np.arange(d))  # one owner per coordinate
+    assert (scales == n).all()
+    sizes = np.diff(offsets)
+    assert abs(sizes - d / n).max() < 5 * np.sqrt(d / n)
+    a = _data(n, d)
+    msgs = [spec.compress(a[i], i, n, 3, 1) for i in range(n)]
+    total = np.zeros(d)
+    for idx, val in msgs:
+        total[idx] += val
+    assert _same_bits(spec.aggregate(a, 3, 1), total / n)
+    # unbiased on average over rounds
+    b = np.arange(1.0, 7.0)[None, :].repeat(3, axis=0)
+    mean = np.mean([spec.aggregate(b, 0, t) for t in range(3000)], axis=0)
+    np.testing.assert_allclose(mean, b[0], rtol=0.12)
+    # any n and d
+    assert spec.aggregate(_data(9, 2), 0, 0).shape == (2,)
+    assert _same_bits(spec.aggregate(a[:1], 0, 0), a[0])
+
+
+def test_blockpermk_contiguous_kernel_is_the_generic_sum() -> None:
+    n, d = 12, 50_000
+    a = _data(n, d)
+    for m in (1, 3, 12):
+        spec = _core.Spec("blockpermk", m=m)
+        for arr in (a, a.astype(np.float32), np.asfortranarray(a)):
+            total = np.zeros(d, dtype=arr.dtype)
+            for i in range(n):
+                idx, val = spec.compress(arr[i], i, n, 2, 3)
+                total[idx] += val
+            assert _same_bits(spec.aggregate(arr, 2, 3), total / arr.dtype.type(n))
+
+
+def test_thread_count_is_settable_and_never_changes_results() -> None:
+    before = _core.get_num_threads()
+    a = _data(16, 200_000)
+    specs = [_core.Spec("permk"), _core.Spec("blockpermk", m=4), _core.Spec("randk", k=5000), _core.Spec("topk", k=3)]
+    try:
+        _core.set_num_threads(1)
+        assert _core.get_num_threads() == 1
+        one = [s.aggregate(a, 1, 2) for s in specs] + [specs[3].compress_rows(a, 0, 16, 1, 2)[2]]
+        _core.set_num_threads(3)
+        assert _core.get_num_threads() == 3
+        three = [s.aggregate(a, 1, 2) for s in specs] + [specs[3].compress_rows(a, 0, 16, 1, 2)[2]]
+        assert all(_same_bits(x, y) for x, y in zip(one, three))
+        with pytest.raises(ValueError, match=r"^k: "):
+            _core.set_num_threads(0)
+        with pytest.raises(ValueError, match=r"^k: "):
+            _core.set_num_threads(100_000)
+    finally:
+        _core.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------------------------
+# Tridiagonal
+# ------------------------------------------------------------------------------------------
+
+
+def _problem(n: int) -> _core.Tridiagonal:
+    rng = np.random.default_rng(n)
+    return _core.Tridiagonal((rng.uniform(0.1, 0.5, n)).tolist(), 0.01, rng.uniform(-0.3, 0.3, n).tolist())
+
+
+def test_local_grads_rows() -> None:
+    q = _problem(6)
+    x = np.random.default_rng(1).standard_normal(9)
+    full = q.local_grads(x)
+    assert full.shape == (6, 9)
+    assert _same_bits(q.local_grads(x, 2, 5), full[2:5])
+    assert _same_bits(q.local_grads(x, start=4), full[4:])
+    assert q.local_grads(x, 3, 3).shape == (0, 9)
+    with pytest.raises(ValueError, match=r"^stop: "):
+        q.local_grads(x, 0, 7)
+    with pytest.raises(ValueError, match=r"^start: "):
+        q.local_grads(x, 5, 4)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{"sparsifier": "permk"}, {"sparsifier": "randk", "k": 3}, {"sparsifier": "identity"}, {"sparsifier": "blockpermk", "m": 2},
+     {"sparsifier": "coordinate_sampling"}],
+    ids=_id,
+)
+@pytest.mark.parametrize("n,d", [(4, 10), (9, 3)])
+def test_compressed_mean_diff_is_marinas_tail(kw: dict[str, Any], n: int, d: int) -> None:
+    q = _problem(n)
+    spec = _core.Spec(**kw)
+    rng = np.random.default_rng(2)
+    x0, g0 = rng.standard_normal(d), rng.standard_normal(d)
+    for rnd in range(3):
+        x, g = x0.copy(), g0.copy()
+        assert q.marina_round(spec, x, g, 0.1, 0.0, 5, rnd) is False  # p = 0: tails
+        diff = q.compressed_mean_diff(spec, x, x0, 5, rnd)
+        assert diff.shape == (d,) and diff.dtype == np.float64
+        assert _same_bits(g, g0 + diff)
+        dense = spec.aggregate(q.local_grads(x) - q.local_grads(x0), 5, rnd)
+        np.testing.assert_allclose(diff, dense, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_error_feedback_is_the_fused_ef21_round(k: int) -> None:
+    n, d = 7, 40
+    q = _problem(n)
+    rng = np.random.default_rng(3)
+    x0, g0 = rng.standard_normal(d), rng.standard_normal(d)
+    G0 = np.ascontiguousarray(q.local_grads(rng.standard_normal(d)))
+    for _ in range(3):
+        x1, g1, G1 = x0.copy(), g0.copy(), G0.copy()
+        q.ef21_topk_round(x1, g1, G1, 0.2, k)
+        x = x0 - 0.2 * g0
+        assert _same_bits(x1, x)
+        G2 = G0.copy()
+        offsets, indices, values, finite = q.error_feedback(_core.Spec("topk", k=k), x, G2, 0, 0)
+        assert finite and offsets.shape == (n + 1,) and offsets.dtype == indices.dtype == np.int64
+        assert _same_bits(G2, G1)
+        assert _same_bits(g0 + np.bincount(indices, values, minlength=d) / n, g1)
+        # in pieces, worker ranges start .. start + m
+        G3 = G0.copy()
+        parts = [q.error_feedback(_core.Spec("topk", k=k), x, G3[s:e], 0, 0, s) for s, e in [(0, 3), (3, 7)]]
+        assert _same_bits(G3, G1)
+        assert _same_bits(np.concatenate([p[1] for p in parts]), indices)
+        x0, g0, G0 = x1, g1, G1
+
+
+@pytest.mark.parametrize(
+    "kw", [{"sparsifier": "permk"}, {"sparsifier": "randk", "k": 2}, {"sparsifier": "permk", "quantizer": "qsgd", "s": 3},
+           {"sparsifier": "coordinate_sampling"}], ids=_id
+)
+def test_error_feedback_with_any_spec_compresses_the_residual(kw: dict[str, Any]) -> None:
+    n, d = 5, 12
+    q = _problem(n)
+    spec = _core.Spec(**kw)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(d)
+    G = np.ascontiguousarray(q.local_grads(rng.standard_normal(d)))
+    R = q.local_grads(x) - G
+    G2 = G[1:].copy()
+    offsets, indices, values, finite = q.error_feedback(spec, x, G2, 7, 8, 1)
+    assert finite
+    expect = G[1:].copy()
+    for r in range(n - 1):
+        idx, val = spec.compress(R[1 + r], 1 + r, n, 7, 8)
+        assert _same_bits(indices[offsets[r]:offsets[r + 1]], idx)
+        assert _same_bits(values[offsets[r]:offsets[r + 1]], val)
+        expect[r, idx] += val
+    assert _same_bits(G2, expect)
+
+
+def test_non_finite_residuals_leave_G_unchanged() -> None:
+    n, d = 4, 9
+    q = _problem(n)
+    x = np.ones(d)
+    G = np.ascontiguousarray(q.local_grads(x))
+    G[2, 5] = np.inf
+    for spec in (_core.Spec("topk", k=1), _core.Spec("topk", k=2), _core.Spec("permk")):
+        before = G.copy()
+        offsets, indices, values, finite = q.error_feedback(spec, x, G, 0, 0)
+        assert finite is False and len(indices) == len(values) == 0 and (offsets == 0).all()
+        assert _same_bits(G, before)
+    g = np.ones(d)
+    before = G.copy()
+    q.ef21_topk_round(x, g, G, 0.1, 2)
+    assert np.isnan(g).all() and _same_bits(G, before)
+
+
+def test_in_place_kernels_validate_before_writing() -> None:
+    q = _problem(3)
+    x0, g0 = np.arange(5.0), np.ones(5)
+    x, g = x0.copy(), g0.copy()
+    for call, exc, match in [
+        (lambda: q.marina_round(_core.Spec("topk", k=1), x, g, 0.1, 0.0, 0, 0), ValueError, "compressor"),
+        (lambda: q.marina_round(_core.Spec("randk", k=9), x, g, 0.1, 0.0, 0, 0), ValueError, r"^k: "),
+        (lambda: q.marina_round(_core.Spec("blockpermk", m=4), x, g, 0.1, 0.0, 0, 0), ValueError, r"^m: "),
+        (lambda: q.marina_round(_core.Spec("permk"), x, g[:4].copy(), 0.1, 0.0, 0, 0), ValueError, r"^g: "),
+        (lambda: q.ef21_topk_round(x, g, np.ones((3, 10))[:, ::2], 0.1, 1), ValueError, r"^G: .*contiguous"),
+        (lambda: q.ef21_topk_round(x, g, np.ones((3, 4)), 0.1, 1), ValueError, r"^G: "),
+        (lambda: q.ef21_topk_round(x, g, np.ones((3, 5)), 0.1, 6), ValueError, r"^k: "),
+        (lambda: q.ef21_topk_round(x, g, np.ones((3, 5), dtype=np.float32), 0.1, 1), TypeError, "gmat"),
+        (lambda: q.error_feedback(_core.Spec("topk", k=1), x, np.ones((2, 5)), 0, 0, 2), ValueError, r"^start: "),
+        (lambda: q.error_feedback(_core.Spec("topk", k=1), x, np.ones((2, 4)), 0, 0), ValueError, r"^G: "),
+        (lambda: q.error_feedback(_core.Spec("topk", k=1), x, np.ones((2, 10))[:, ::2], 0, 0), ValueError, r"^G: "),
+        (lambda: q.error_feedback(_core.Spec("topk", k=1), np.zeros(0), np.ones((2, 0)), 0, 0), ValueError, r"^x: "),
+        (lambda: q.compressed_mean_diff(_core.Spec("permk"), x, x[:4].copy(), 0, 0), ValueError, r"^x_old: "),
+        (lambda: q.compressed_mean_diff(_core.Spec("permk", quantizer="natural"), x, x, 0, 0), ValueError, "compressor"),
+    ]:
+        with pytest.raises(exc, match=match):
+            call()
+        assert _same_bits(x, x0) and _same_bits(g, g0)
+
+
+@pytest.mark.parametrize(
+    "call,name",
+    [
+        (lambda q: q.loss(np.zeros(0)), "x"),
+        (lambda q: q.grad(np.zeros(0)), "x"),
+        (lambda q: q.local_grads(np.zeros(0)), "x"),
+        (lambda q: q.solve_mean([]), "rhs"),
+        (lambda q: q.local_grad_coords(np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64)), "x"),
+        (lambda q: q.local_grad_coords(np.ones(3), np.zeros(2, np.int64), np.zeros(1, np.int64)), "rows"),
+        (lambda q: q.local_grad_coords(np.ones(3), np.array([5]), np.array([0])), "rows"),
+        (lambda q: q.local_grad_coords(np.ones(3), np.array([0]), np.array([3])), "cols"),
+    ],
+)
+def test_empty_and_out_of_range_inputs_raise_value_errors(call: Callable[[Any], Any], name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name}: "):
+        call(_problem(3))
+
+
+def test_solve_mean_solves_the_mean_system() -> None:
+    q = _problem(5)
+    rhs = np.random.default_rng(0).standard_normal(8)
+    x = q.solve_mean(rhs.tolist())
+    # (ā T + c I) x = rhs, with ā the mean of the a_i: checked through the mean gradient
+    np.testing.assert_allclose(q.grad(x) - q.grad(np.zeros(8)), rhs, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------
+# Allocations the machine cannot hold are refused before they happen
+# ------------------------------------------------------------------------------------------
+
+_REFUSALS = {
+    "permk_plan_from_permutations": ("_core.permk_plan_from_permutations(1, 10**12, [0], [0])", "ValueError", "pi_d: must be a permutation"),
+    "randk plan": ('_core.Spec("randk", k=1).plan(2**32 - 1, 10, 0, 0)', "MemoryError", "Unable to allocate"),
+    "permk compress_all broadcast": (
+        '_core.Spec("permk").compress_all(np.broadcast_to(np.ones((1, 1)), (10**5, 10**6)), 0, 0)',
+        "MemoryError",
+        "Unable to allocate 745 GiB for the compressed rows with shape (100000, 1000000) and data type float64",
+    ),
+    "permk plan": ('_core.Spec("permk").plan(2**31, 2**32 - 1, 0, 0)', "MemoryError", "Unable to allocate"),
+    "local_grads": (
+        "_core.Tridiagonal([0.25] * 10**5, 0.1, [0.0] * 10**5).local_grads(np.zeros(10**6))",
+        "MemoryError",
+        "Unable to allocate 745 GiB for the local gradients with shape (100000, 1000000) and data type float64",
+    ),
+    "loss of empty x": ("_core.Tridiagonal([0.25], 0.1, [0.0]).loss(np.zeros(0))", "ValueError", "x: must have at least one"),
+    "grad of empty x": ("_core.Tridiagonal([0.25], 0.1, [0.0]).grad(np.zeros(0))", "ValueError", "x: must have at least one"),
+    "local_grads of empty x": ("_core.Tridiagonal([0.25], 0.1, [0.0]).local_grads(np.zeros(0))", "ValueError", "x: must have at least one"),
+    "solve_mean([])": ("_core.Tridiagonal([0.25], 0.1, [0.0]).solve_mean([])", "ValueError", "rhs: must have at least one"),
+    "identity plan": ('_core.Spec("identity").plan(2**32 - 1, 2**32 - 1, 0, 0)', "MemoryError", "Unable to allocate"),
+    "compress_rows broadcast": (
+        '_core.Spec("identity").compress_rows(np.broadcast_to(np.ones((1, 1)), (10**5, 10**6)), 0, 10**5, 0, 0)',
+        "MemoryError",
+        "Unable to allocate",
+    ),
+    "permutation": ("_core.permutation(0, 0, 2**60)", "MemoryError", "Unable to allocate 8 EiB for the permutation"),
+}
+
+
+@pytest.mark.parametrize("name", list(_REFUSALS))
+def test_oversized_or_empty_calls_raise_instead_of_aborting(name: str) -> None:
+    """Each call runs in a subprocess (an abort or a panic would kill it, not pytest) whose
+    address space is capped at 8 GiB: the refusals must come before any large allocation, in
+    well under the timeout."""
+    expr, exc, message = _REFUSALS[name]
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+        import numpy as np
+        from permk import _core
+        try:
+            {expr}
+        except Exception as e:
+            print(type(e).__name__ + ": " + str(e))
+            sys.exit(0)
+        print("no exception")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout}{proc.stderr}"
+    assert proc.stdout.startswith(f"{exc}: "), proc.stdout + proc.stderr
+    assert message in proc.stdout, proc.stdout
