@@ -97,6 +97,7 @@ def _idx_images(path: Path, n: int, seed: int = 0) -> None:
     path.write_bytes(gzip.compress(raw))
 
 
+@pytest.mark.slow
 def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
     """A tiny grid on IDX data given by $PERMK_DATA: files, constants, figures."""
     d = tmp_path / "data"

@@ -1256,3 +1256,202 @@ def test_stated_ab_constants_survive_permk_theory_estimate_ab(comp: permk.Compre
     est = permk.theory.estimate_ab(comp, n=n, d=d, trials=1500, seed=11)
     assert est.stated == comp.ab_constants(n, d)
     assert est.consistent, est
+
+
+# ------------------------------------------------------------------------------------------
+# 9. the permutation family of the appendix "More Examples" and of the authors' code
+# ------------------------------------------------------------------------------------------
+
+
+def _contiguous_labels(d: int, m: int) -> list[int]:
+    """BlockPermK's default partition: m contiguous blocks of sizes ⌊d/m⌋ or ⌈d/m⌉."""
+    bounds = np.arange(m + 1) * d // m
+    return [int(np.searchsorted(bounds, j, side="right") - 1) for j in range(d)]
+
+
+@pytest.mark.parametrize("n,d", [(2, 2), (2, 5), (3, 3), (3, 7), (4, 4), (4, 10), (5, 5), (5, 12)])
+def test_blockpermk_with_n_blocks_has_permks_constants_exactly(n: int, d: int) -> None:
+    """BlockPermK(n) (the authors' permutation_fixed_blocks): fixed contiguous blocks handed to
+    the workers by a random permutation of the n workers. Enumerating all n! permutations, it is
+    unbiased and the AB inequality holds with equality for (A, B) = (1, 1): PermK's constants,
+    with O(n) randomness — also when n does not divide d."""
+    labels = _contiguous_labels(d, n)
+    M = plans_to_matrices(block_plans(labels, n), n, d)
+    assert BlockPermK(n).ab_constants(n, d) == (1.0, 1.0) == PermK().ab_constants(n, d)
+    assert exact_failures(M, 1.0, 1.0, inputs_for(n, d)) == []
+    # the seeded plans are these plans (contiguous ranges, every coordinate sent once)
+    for t in range(5):
+        plan = BlockPermK(n).plan(n, d, seed=4, round=t)
+        ranges = BlockPermK(n).plan_ranges(n, d, seed=4, round=t)
+        assert plan.disjoint and ranges is not None
+        for i in range(n):
+            np.testing.assert_array_equal(plan.worker(i), np.arange(ranges.starts[i], ranges.stops[i]))
+        assert sorted(plan.coords.tolist()) == list(range(d))
+
+
+def test_seeded_blockpermk_n_follows_the_exact_distribution() -> None:
+    n, d = 3, 7
+    expected = exact_distribution(plans_to_matrices(block_plans(_contiguous_labels(d, n), n), n, d))
+    observed = seeded_outcomes(BlockPermK(n), n, d, 6000, outcome)
+    p, msg = chi2_pvalue(observed, expected, 6000)
+    assert p >= P_FAIL, msg
+
+
+def test_coordinate_sampling_gives_each_coordinate_one_uniform_owner() -> None:
+    n, d, total = 4, 6, 8000
+    c = permk.CoordinateSampling()
+    assert c.ab_constants(n, d) == (1.0, 1.0) and c.omega(n, d) == n - 1 and c.ab_exact
+    assert c.floats_per_worker(n, d) == d and c.expected_floats_per_worker(n, d) == d / n
+    owners: Counter = Counter()
+    sizes = set()
+    for t in range(total):
+        plan = c.plan(n, d, seed=3, round=t)
+        assert plan.disjoint and sorted(plan.coords.tolist()) == list(range(d))
+        np.testing.assert_array_equal(plan.scales, float(n))
+        owner_of = np.repeat(np.arange(n), np.diff(plan.offsets))[np.argsort(plan.coords)]
+        owners[tuple(owner_of.tolist())] += 1
+        sizes.add(int(np.diff(plan.offsets).max()))
+    # all n^d assignments equally likely: the owners are independent and uniform
+    expected = {k: 1 / n**d for k in itertools.product(range(n), repeat=d)}
+    p, msg = chi2_pvalue(Counter({k: owners.get(k, 0) for k in expected}), expected, total)
+    assert p >= P_FAIL, msg
+    assert len(sizes) > 1  # the largest message is random
+    assert c.capabilities.random_size and not c.capabilities.fixed_size
+
+
+def _rotation_maps(d: int, c: float, seed: int = 0) -> list[np.ndarray]:
+    O, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((d, d)))
+    return [np.eye(d) + c * O, np.eye(d) - c * O]
+
+
+@pytest.mark.parametrize("c_scale", [0.3, 1.0, 2.5])
+def test_permutation_of_mappings_meets_its_lemma_with_equality(c_scale: float) -> None:
+    """n = 2, Q = I ± cR with R orthogonal: θ = 2(1 + c²), condition 1 is tight (ω = c²), and the
+    Lemma's A = B = c²; the measured variance equals A·(1/n)Σ‖a_i‖² − B‖ā‖² (Monte Carlo, 6 SE)."""
+    d = 5
+    comp = permk.PermutationOfMappings(_rotation_maps(d, c_scale))
+    assert comp.theta == pytest.approx(2 * (1 + c_scale**2), rel=1e-12)
+    assert comp.omega(2, d) == pytest.approx(c_scale**2, rel=1e-9)
+    A, B = comp.ab_constants(2, d)
+    assert A == pytest.approx(c_scale**2, rel=1e-9) and B == pytest.approx(c_scale**2, rel=1e-9) and comp.ab_exact
+    X = np.random.default_rng(1).standard_normal((2, d)) + np.arange(d)
+    rep = monte_carlo_check(comp, X, rounds=4000, seed=2, equality=True)
+    assert rep.ok, rep.failures
+    # and the checker rejects constants that are too small
+    class TooSmall(permk.PermutationOfMappings):
+        def ab_constants(self, n: int, d: int) -> tuple[float, float]:
+            a, b = super().ab_constants(n, d)
+            return (0.5 * a, 0.5 * b)
+
+    assert not monte_carlo_check(TooSmall(_rotation_maps(d, c_scale)), X, rounds=4000, seed=2).ok
+
+
+def test_permk_is_a_permutation_of_mappings() -> None:
+    comp = permk.PermutationOfMappings.default(4, 10)
+    assert comp.theta == 16.0 and comp.ab_constants(4, 10) == pytest.approx((1.0, 1.0))
+    assert comp.floats_per_worker(4, 10) == 3 and comp.expected_floats_per_worker(4, 10) == 2.5
+
+
+def test_permutation_of_mappings_checks_its_conditions() -> None:
+    d = 4
+    good = _rotation_maps(d, 0.5)
+    with pytest.raises(ValueError, match="condition 3"):
+        permk.PermutationOfMappings([good[0], good[1] + 0.1 * np.eye(d)])
+    skew = np.diag([1.0, 2.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match="condition 2"):
+        permk.PermutationOfMappings([np.eye(d) + 0.5 * skew, np.eye(d) - 0.5 * skew])
+    with pytest.raises(ValueError, match=r"maps\[1\] must be a \(d, d\) array"):
+        permk.PermutationOfMappings([np.eye(d), np.eye(d + 1)])
+    with pytest.raises(ValueError, match=r"maps\[0\] must be finite"):
+        permk.PermutationOfMappings([np.full((d, d), np.nan), np.eye(d)])
+    with pytest.raises(ValueError, match="n > 1"):
+        permk.PermutationOfMappings([np.eye(d)])
+    with pytest.raises(ValueError, match="theta and omega"):
+        permk.PermutationOfMappings([lambda x: x, lambda x: x])
+    with pytest.raises(TypeError, match="maps"):
+        permk.PermutationOfMappings("I+R")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not match the 2 maps"):
+        permk.PermutationOfMappings(good).compress(np.ones(d), worker=0, n_workers=3, seed=0, round=0)
+    # callables with declared constants: I ± R as functions
+    R = good[0] - np.eye(d)
+    f = permk.PermutationOfMappings([lambda x: x + R @ x, lambda x: x - R @ x], theta=2 * 1.25, omega=0.25)
+    a = permk.PermutationOfMappings(good)
+    x = np.arange(1.0, d + 1)
+    for w in range(2):
+        np.testing.assert_allclose(f.compress(x, worker=w, n_workers=2, seed=5, round=3).to_dense(),
+                                   a.compress(x, worker=w, n_workers=2, seed=5, round=3).to_dense(), rtol=1e-12)
+    assert f.ab_constants(2, d) == pytest.approx(a.ab_constants(2, d))
+
+
+def test_group_permk_runs_permk_independently_in_each_group() -> None:
+    groups = ((0, 1, 2), (3, 4, 5))
+    g = permk.GroupPermK(groups)
+    n, d = 6, 9
+    A = np.tile(np.arange(1.0, d + 1), (n, 1))
+    for t in range(20):  # equal inputs inside a group: each group's aggregate is exact
+        np.testing.assert_allclose(g.aggregate(A, seed=1, round=t), A[0], rtol=1e-12)
+    # independent streams: the two groups' assignments differ (as two independent PermKs do)
+    plans = [g.plan(n, d, seed=1, round=t) for t in range(10)]
+    same = [all(np.array_equal(p.worker(i), p.worker(i + 3)) for i in range(3)) for p in plans]
+    assert not all(same)
+    assert g.ab_constants(n, d) == (0.5, 0.5)
+
+
+def test_marina_with_group_permk_takes_theorem_ab_group() -> None:
+    """permk.marina(problem, GroupPermK(groups)) uses Theorem AB_group's step with L̂²_G from
+    group_hessian_variance (exact for quadratics), and its PL twin with pl=True."""
+    from permk.theory import group_hessian_variance
+
+    q = permk.Quadratic.synthetic(8, 40, lam=1e-2, noise_scale=0.5, seed=1)
+    groups = ((0, 1, 2, 3), (4, 5, 6, 7))
+    res = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0)
+    ghv = group_hessian_variance(q, groups, permk.PermK())
+    assert res.params["gamma_source"] == "Theorem AB_group"
+    assert res.params["gamma"] == pytest.approx(ghv.stepsize(res.params["p"]), rel=1e-12)
+    pl = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0, pl=True)
+    assert pl.params["gamma_source"] == "Theorem AB_group (PL)"
+    assert pl.params["gamma"] == pytest.approx(ghv.stepsize(pl.params["p"], mu=q.mu), rel=1e-12)
+    assert res.grad_norm_sq[-1] < res.grad_norm_sq[0]
+    # the fused path (a shared plan and the coordinate oracle) equals the dense one
+    dense = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0, path="dense")
+    assert res.params["path"] == "fused"
+    np.testing.assert_allclose(res.x, dense.x, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("call", "exc", "match"),
+    [
+        (lambda: permk.GroupPermK(((0, 1), (1, 2))), ValueError, "partition"),
+        (lambda: permk.GroupPermK(((0, 1), (3,))), ValueError, "partition"),
+        (lambda: permk.GroupPermK(((0, 1), ())), ValueError, "partition"),
+        (lambda: permk.GroupPermK("01"), TypeError, "groups"),
+        (lambda: permk.GroupPermK(((0, 1.5),)), TypeError, "groups"),
+        (lambda: permk.GroupPermK(((0, 1),), permk.RandK(1)), TypeError, "inner"),
+        (lambda: permk.GroupPermK(((0, 1),), permk.NaturalCompression()), TypeError, "inner"),
+        (lambda: permk.GroupPermK(((0, 1),)).aggregate(np.ones((3, 4)), seed=0, round=0), ValueError, "n_workers"),
+    ],
+    ids=["overlap", "gap", "empty", "string", "float", "randk", "quantizer", "wrong-n"],
+)
+def test_group_permk_bad_input(call: Callable[[], Any], exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+
+
+@pytest.mark.parametrize("sparsifier", [permk.GroupPermK(((0, 1), (2, 3))), permk.CoordinateSampling(),
+                                         permk.PermutationOfMappings.default(4, 8)], ids=lambda c: c.name)
+def test_the_new_compressors_compose_with_a_quantizer(sparsifier: Compressor) -> None:
+    """Lemma "Composition" (corrected) for the new compressors: C_i ∘ Q_i is unbiased and meets
+    ((ω+1)A + (1−B)ω/n, B) on data; a Rust sparsifier runs in one kernel, others on Q_i(x)."""
+    c = Compose(sparsifier, NaturalCompression())
+    assert (c.kernel is not None) == (sparsifier.kernel is not None)
+    A = _mutation_input(4, 8)
+    rep = monte_carlo_check(c, A, rounds=3000, seed=4, bound=c.magnitude_bound(A))
+    assert rep.ok, rep.failures
+
+
+def test_the_new_compressors_are_selectable_in_the_experiments() -> None:
+    from permk.experiments.runner import available_specs
+
+    specs = available_specs()
+    for name in ("marina-blockpermk", "marina-coordinatesampling", "marina-grouppermk", "marina-permutationofmappings"):
+        assert name in specs

@@ -52,11 +52,19 @@ def _find_mpiexec() -> str | None:
 
 MPIEXEC = _find_mpiexec()
 HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
-needs_mpi = pytest.mark.skipif(
+_skip_without_mpi = pytest.mark.skipif(
     MPIEXEC is None or not HAVE_MPI4PY,
     reason="needs mpiexec and mpi4py on PATH (pip install 'permk[mpi]'): "
     + ("mpiexec not found" if MPIEXEC is None else "mpi4py not installed"),
 )
+
+
+
+def needs_mpi(f: Any) -> Any:
+    """A test that launches mpiexec: marked ``mpi``, skipped (with the reason) without MPI."""
+    return pytest.mark.mpi(_skip_without_mpi(f))
+
+
 TIMEOUT = 240  # seconds for one mpiexec job (4 processes oversubscribe 2 cores here)
 ORDERED = [k for k, c in CASES.items() if c["reduce"] == "ordered"]
 ALLREDUCE = [k for k, c in CASES.items() if c["reduce"] == "allreduce"]
@@ -169,7 +177,7 @@ def test_two_processes_give_the_same_bits(runs2: Path, runs4: Path, name: str) -
     # the ranks' bytes follow the layout, their total does not (but for the 8-byte message
     # lengths each rank sends on compressed rounds when the sizes vary)
     comp = compressor(CASES[name])
-    varying = comp is not None and comp.plan(4, 4, seed=0, round=0) is None and not comp.capabilities.fixed_size
+    varying = comp is not None and not comp.capabilities.shared_plan and not comp.capabilities.fixed_size
     coins = two["coins"] if "coins" in two else np.zeros(two["bytes_sent"].shape[1], dtype=bool)
     lengths = np.where(coins, 0, 8) if varying else 0
     assert np.array_equal(two["bytes_sent"].sum(axis=0) - 2 * lengths, four["bytes_sent"].sum(axis=0) - 4 * lengths)
@@ -234,8 +242,12 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
     rounds = len(arrays["bytes_per_worker"])
     assert rounds == len(arrays["rounds"]) - 1 or case.get("record_every", 1) != 1
     heads = arrays["coins"] if "coins" in arrays else np.zeros(rounds, dtype=bool)
-    assert np.array_equal(arrays["bytes_per_worker"], arrays["theory_bytes_per_worker"])
     comp = compressor(case)
+    if comp is not None and comp.capabilities.random_size:  # the theory's size is a bound
+        assert (arrays["bytes_per_worker"] <= arrays["theory_bytes_per_worker"]).all()
+        assert (arrays["bytes_per_worker"][~heads] < arrays["theory_bytes_per_worker"][~heads]).any()
+    else:
+        assert np.array_equal(arrays["bytes_per_worker"], arrays["theory_bytes_per_worker"])
     for t in range(rounds):
         if heads[t]:
             assert arrays["theory_bytes_per_worker"][t] == 8 * d
@@ -429,6 +441,7 @@ def _final_grad_norms(root: Path) -> dict[str, float]:
     return out
 
 
+@pytest.mark.slow
 @needs_mpi
 def test_permk_quadratic_cli_on_mpi_matches_single_process(tmp_path: Path) -> None:
     """`mpiexec -n 2 permk quadratic --mpi` runs the grid's methods on 2 ranks (rank 0 writes)

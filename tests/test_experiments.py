@@ -49,6 +49,7 @@ def _records(root: Path) -> dict[str, list[dict]]:
     return load_experiment(root)[1]
 
 
+@pytest.mark.slow
 def test_quick_grid_files(quick: Path) -> None:
     runs = sorted((quick / "runs").glob("*.jsonl"))
     assert {p.stem for p in runs} == {f"n{n}_s{s}" for n in (10, 1000, 10000) for s in ("0", "0.8")}
@@ -73,6 +74,7 @@ def test_quick_grid_files(quick: Path) -> None:
             assert f.exists() and f.stat().st_size > 10_000, f
 
 
+@pytest.mark.slow
 def test_quick_grid_budget_and_best(quick: Path) -> None:
     for cid, recs in _records(quick).items():
         B = cell_budget(recs, recs[0]["options"]["budget_factor"])
@@ -92,6 +94,7 @@ def _bits_to_target(recs: list[dict], method: str) -> float:
     return min(vals) if vals else math.inf
 
 
+@pytest.mark.slow
 def test_claim_permk_beats_randk_at_zero_hessian_variance(quick: Path) -> None:
     recs = _records(quick)["n1000_s0"]
     assert recs[0]["constants"]["L_pm"] == 0.0
@@ -101,6 +104,7 @@ def test_claim_permk_beats_randk_at_zero_hessian_variance(quick: Path) -> None:
     assert best["marina-permk"]["summary"]["final_grad_norm_sq"] < best["marina-randk"]["summary"]["final_grad_norm_sq"]
 
 
+@pytest.mark.slow
 def test_claim_ef21_does_not_improve_with_n(quick: Path) -> None:
     cells = _records(quick)
     a = [r for r in cells["n1000_s0"] if r["method"] == "ef21-topk"]
@@ -130,6 +134,7 @@ def test_ef21_identical_workers_independent_of_n() -> None:
     np.testing.assert_array_equal(runs[0].bits_per_worker, runs[1].bits_per_worker)
 
 
+@pytest.mark.slow
 def test_plot_rebuilds_figures(quick: Path, tmp_path: Path) -> None:
     r = run_cli("plot", str(quick), "--figures", str(tmp_path / "figs"))
     assert r.returncode == 0, r.stderr
@@ -144,6 +149,7 @@ def _lines(d: Path) -> dict[str, list[str]]:
     return {p.name: [ln for ln in p.read_text().splitlines() if ln.strip()] for p in sorted(d.glob("*.jsonl"))}
 
 
+@pytest.mark.slow
 def test_resume_after_kill(tmp_path: Path) -> None:
     args = ["quadratic", "--n", "1000", "10", "--noise-scales", "0", "0.2", "0.8", "--max-multipliers", "2", "--rounds", "3000",
             "--budget-factor", "4", "--jobs", "1", "--no-progress", "--no-plot", "--out", str(tmp_path)]
@@ -258,6 +264,7 @@ def test_corrupt_files_are_errors_naming_the_file_and_line(tmp_path: Path) -> No
         read_json(cfg)
 
 
+@pytest.mark.slow
 def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> None:
     """SIGKILL a process appending large records in a loop, at a random moment, several times:
     every complete line is a whole record, and the next append (what --resume does) is whole."""

@@ -113,6 +113,7 @@ def test_in_place_kernels_validate_before_they_write() -> None:
     np.testing.assert_array_equal(G, before)  # a non-finite residual leaves G as it was
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_a_huge_grid(tmp_path: Path) -> None:
     r = subprocess.run([*CLI, "quadratic", "--quick", "--n", "100000", "--d", "1000000", "--methods", "ef21-topk",
                         "--no-plot", "--no-progress", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
@@ -211,6 +212,7 @@ print(q.L_plus.hex(), q.L_pm.hex(), q.L_minus.hex(), res.x.tobytes().hex()[:4000
 """
 
 
+@pytest.mark.slow
 def test_constants_and_runs_are_the_same_in_every_process() -> None:
     """Lanczos starts from seeded vectors: the same constants, to the last bit, and so the same
     iterates in every process (three fresh interpreters here)."""

@@ -665,6 +665,7 @@ def test_optimal_p_and_k_are_optimal(mu: float | None) -> None:
     assert best.floats == every_k
 
 
+@pytest.mark.slow
 def test_numeric_optimum_matches_the_tables_in_every_regime() -> None:
     """The numeric optimum is within the documented factor c = 8 of the closed forms of the
     Tables (nonconvex and PL; d ≥ n and d ≤ n); it is at least the closed form (nonconvex)

@@ -191,6 +191,9 @@ class Capabilities:
     ``O(n)``: BlockPermK, PermK with ``n > d``).
     * ``fixed_size`` — every message has exactly ``floats_per_worker(n, d)`` values (TopK,
       RandK): the MPI backend exchanges no lengths.
+    * ``random_size`` — the number of values a worker sends is random (CoordinateSampling):
+      ``floats_per_worker`` is a bound that a round's largest message may not reach; the bits a
+      run counts use that bound (``expected_bits`` the mean).
     * ``needs_indices`` — the receiver needs the transmitted indices (data-dependent TopK); they
       count in :meth:`Compressor.bits_per_worker`.
     * ``deterministic`` — ``C_i(x) = C(x)``, one deterministic, positively homogeneous map for
@@ -203,6 +206,7 @@ class Capabilities:
     unbiased: bool = True
     shared_plan: bool = False
     fixed_size: bool = False
+    random_size: bool = False
     needs_indices: bool = False
     deterministic: bool = False
     tunable: str | None = None
@@ -351,6 +355,12 @@ class Compressor(abc.ABC):
         compressor's plan at ``(n, d)`` has that form (BlockPermK, PermK with ``n > d``), else None."""
         return None
 
+    def disjoint(self, n: int, d: int) -> bool:
+        """Whether, with a shared plan, every coordinate is sent by at most one worker in every
+        round at ``(n, d)`` (PermK with ``d ≥ n``, BlockPermK with ``m = n``): the aggregate is
+        then placed, not summed (and on MPI each worker's values land in place)."""
+        return False
+
     def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         """The ``(n, d)`` array of compressed rows ``C_i(A[i])``."""
         A = as_float_array(A, 2, "A")
@@ -470,15 +480,11 @@ class RustCompressor(Compressor):
     def aggregate(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         return self.kernel.aggregate(as_float_array(A, 2, "A"), check_seed(seed), check_int(round, "round"))
 
-    def _disjoint(self, n: int, d: int) -> bool:
-        """Whether every coordinate is sent by at most one worker in every round at ``(n, d)``."""
-        return False
-
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         if not self.capabilities.shared_plan:
             return None
         self.check(n, d)
-        return Plan(*self.kernel.plan(n, d, check_seed(seed), check_int(round, "round")), disjoint=self._disjoint(n, d))
+        return Plan(*self.kernel.plan(n, d, check_seed(seed), check_int(round, "round")), disjoint=self.disjoint(n, d))
 
     def plan_ranges(self, n: int, d: int, *, seed: int, round: int) -> Ranges | None:
         if not self.capabilities.shared_plan:
@@ -524,7 +530,7 @@ class PermK(Sparsifier):
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "permk"}
 
-    def _disjoint(self, n: int, d: int) -> bool:
+    def disjoint(self, n: int, d: int) -> bool:
         return d >= n
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
@@ -719,7 +725,7 @@ class BlockPermK(Sparsifier):
             labels = rng.permutation(np.arange(d) % m)
         return [cls(m), cls(m, partition=tuple(int(v) for v in labels))]
 
-    def _disjoint(self, n: int, d: int) -> bool:
+    def disjoint(self, n: int, d: int) -> bool:
         return n // self.m == 1
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
@@ -769,14 +775,14 @@ class CoordinateSampling(Sparsifier):
     ((1.0, 1.0), 2.5)
     """
 
-    capabilities = Capabilities(shared_plan=True)
+    capabilities = Capabilities(shared_plan=True, random_size=True)
     ab_exact = True
     permutation_based = True
 
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "coordinate_sampling"}
 
-    def _disjoint(self, n: int, d: int) -> bool:
+    def disjoint(self, n: int, d: int) -> bool:
         return True
 
     def ab_constants(self, n: int, d: int) -> tuple[float, float]:
@@ -874,6 +880,9 @@ class GroupPermK(Compressor):
             group[list(g)], local[list(g)] = k, np.arange(len(g))
         return group, local
 
+    def disjoint(self, n: int, d: int) -> bool:
+        return len(self.groups) == 1 and self.inner.disjoint(n, d)
+
     def check(self, n: int, d: int) -> None:
         super().check(n, d)
         if n != self.n:
@@ -931,16 +940,14 @@ class GroupPermK(Compressor):
         self.check(n, d)
         seed, round = check_seed(seed), check_int(round, "round")
         parts: list[tuple[int, np.ndarray, float]] = []
-        disjoint = len(self.groups) == 1  # several groups send the same coordinates
         for k, g in enumerate(self.groups):
             p = self.inner.plan(len(g), d, seed=_derived_seed(seed, k), round=round)
             assert p is not None
-            disjoint = disjoint and p.disjoint
             parts += [(w, p.worker(j), float(p.scales[j])) for j, w in enumerate(g)]
         parts.sort(key=lambda t: t[0])
         offsets = np.concatenate([[0], np.cumsum([len(c) for _, c, _ in parts])]).astype(np.int64)
         coords = np.concatenate([c for _, c, _ in parts]).astype(np.int64)
-        return Plan(offsets, coords, np.array([s for _, _, s in parts]), disjoint=disjoint)
+        return Plan(offsets, coords, np.array([s for _, _, s in parts]), disjoint=self.disjoint(n, d))
 
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         x = as_float_array(x, 1, "x")

@@ -77,7 +77,7 @@ import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real
 from .backends import EXCHANGES, choose_path, native_pair, start_point
-from .compressors import Compressor, Identity, Messages, Plan
+from .compressors import Compressor, Identity, Messages, Plan, Ranges
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
 from .problems import index_array
@@ -509,6 +509,10 @@ class MPIBackend:
         if self.counting:
             self.theory = self._theory_bytes(compressor)
         if compressor.capabilities.shared_plan:
+            if self.size == self.n and compressor.disjoint(self.n, self.d):
+                ranges = compressor.plan_ranges(self.n, self.d, seed=seed, round=round)
+                if ranges is not None:  # one contiguous block per worker, one worker per rank
+                    return self._mean_in_place(compressor, ranges, x, y, exchange)
             plan, vals = self._plan_values(compressor, x, y, seed, round, exchange)
             return self._mean_plan(plan, vals)
         D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
@@ -535,9 +539,41 @@ class MPIBackend:
         msgs = compressor.compress_rows(self.local_grads(x) - G, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
         return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
 
+    def _mean_in_place(self, compressor: Compressor, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
+        """A disjoint round in which every rank's one worker sends one contiguous block (BlockPermK
+        with ``m = n``): an ``Allgatherv`` (server: ``Gatherv``) whose displacements are the
+        round's block starts puts every value at its coordinate in the aggregate buffer — no
+        packing, no placement loop — then ``(0 + v)/n`` as the worker-order sum computes it."""
+        w = self.workers.start
+        lo, hi = int(ranges.starts[w]), int(ranges.stops[w])
+        if self.path(compressor, exchange) == "fused":
+            cols, rows = np.arange(lo, hi, dtype=np.int64), np.full(hi - lo, w, dtype=np.int64)
+            vals = self._coords(x, rows, cols)
+            if y is not None:
+                vals = vals - self._coords(y, rows, cols)
+        else:
+            vals = self.local_grads(x)[0, lo:hi]
+            if y is not None:
+                vals = vals - self.local_grads(y)[0, lo:hi]
+        vals = np.ascontiguousarray(vals * ranges.scales[w], dtype=np.float64)
+        self._sent(vals.nbytes, vals.nbytes)
+        counts = [int(v) for v in ranges.stops - ranges.starts]
+        out = np.zeros(self.d) if self.mode == "p2p" or self.rank == 0 else None
+        spec = [out, counts, [int(v) for v in ranges.starts], self.MPI.DOUBLE]
+        if self.mode == "p2p":
+            self.comm.Allgatherv(vals, spec)
+        else:
+            self.comm.Gatherv(vals, spec if self.rank == 0 else None, root=0)
+        if out is not None:
+            out += 0.0
+            out /= self.n
+        return self._share(out)
+
     def _theory_bytes(self, compressor: Compressor) -> int:
         """The theory's largest message of one worker on a compressed round, at float64 values
-        (and 32-bit indices where the receiver needs them)."""
+        (and 32-bit indices where they travel: without a shared plan). For a compressor whose
+        message size is random (``capabilities.random_size``) it is the bound, which a round's
+        largest message may not reach."""
         k = compressor.floats_per_worker(self.n, self.d)
         if compressor.capabilities.shared_plan:
             return 8 * k

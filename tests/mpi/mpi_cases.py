@@ -31,6 +31,13 @@ CASES: dict[str, dict[str, Any]] = {
     # a compressor defined in Python outside the package (no Rust kernel, no shared plan): pairs
     "marina_python_compressor": dict(method="marina", n=4, d=12, comp=("Rand1",), mode="p2p", reduce="ordered"),
     "marina_python_compressor_server": dict(method="marina", n=8, d=6, comp=("Rand1",), mode="server", reduce="ordered"),
+    # the permutation family of the appendix "More Examples" and the authors' code
+    "marina_blockpermk_n_in_place": dict(method="marina", n=4, d=14, comp=("BlockPermK", 4), mode="p2p", reduce="ordered"),
+    "marina_blockpermk_n_in_place_server": dict(method="marina", n=4, d=13, comp=("BlockPermK", 4), mode="server", reduce="ordered", path="dense"),
+    "marina_blockpermk_n_blocks_per_rank": dict(method="marina", n=8, d=20, comp=("BlockPermK", 8), mode="p2p", reduce="ordered"),
+    "marina_coordinate_sampling": dict(method="marina", n=4, d=12, comp=("CoordinateSampling",), mode="p2p", reduce="ordered", p=0.3),
+    "marina_group_permk": dict(method="marina", n=8, d=16, comp=("GroupPermK", ((0, 2, 4, 6), (1, 3, 5, 7))), mode="p2p", reduce="ordered"),
+    "marina_permutation_of_mappings": dict(method="marina", n=4, d=12, comp=("default", "PermutationOfMappings"), mode="p2p", reduce="ordered"),
     # DCGD, defined once (permk.methods) and run on both backends
     "dcgd_randk": dict(method="dcgd", n=4, d=20, comp=("RandK", 4), mode="p2p", reduce="ordered", gamma=0.2),
     "dcgd_permk_fused": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", gamma=0.2),
@@ -111,6 +118,8 @@ def compressor(case: dict[str, Any]) -> permk.Compressor | None:
     name, *args = case["comp"]
     if name == "Rand1":
         return Rand1()
+    if name == "default":
+        return getattr(permk, args[0]).default(case["n"], case["d"])  # type: ignore[no-any-return]
     return getattr(permk, name)(*args)  # type: ignore[no-any-return]
 
 
@@ -127,6 +136,8 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
         kw["gamma"] = case["gamma"]
     elif case["method"] == "marina":
         kw["gamma_multiplier"] = 0.9
+    if "p" in case:
+        kw["p"] = case["p"]
     return kw
 
 
