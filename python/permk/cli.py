@@ -16,10 +16,13 @@ import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 __all__ = ["main", "build_parser"]
+
+_T_IMPORT = time.perf_counter()
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -235,15 +238,51 @@ def complexity_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_quadratic(args: argparse.Namespace) -> int:
-    from .experiments.quadratic import grid_from_args, run_quadratic
+def _process_seconds() -> float:
+    """Wall seconds since this process started (Linux: from /proc; elsewhere since permk.cli was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), time.perf_counter() - _T_IMPORT)
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _T_IMPORT
 
-    grid = grid_from_args(args)
-    root = run_quadratic(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress,
-                         plot=not args.no_plot, mpi=args.mpi)
-    if not args.mpi or _mpi_rank() == 0:
+
+def _run_experiment(args: argparse.Namespace, name: str) -> int:
+    """``permk quadratic`` / ``permk autoencoder``: run the grid, draw it, and close with one line
+    that says where the wall time went (imports and set-up, the grid, plotting)."""
+    import importlib
+
+    exp = importlib.import_module(f"permk.experiments.{name}")
+    grid = exp.grid_from_args(args)
+    mpi = bool(getattr(args, "mpi", False))
+    writer = not mpi or _mpi_rank() == 0
+    t_grid = time.perf_counter()
+    setup = _process_seconds()
+    kw = {"mpi": True} if mpi else {}
+    root = getattr(exp, f"run_{name}")(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress,
+                                       plot=False, **kw)
+    grid_s = time.perf_counter() - t_grid
+    plot_s = 0.0
+    if writer and not args.no_plot:
+        from .experiments.plotting import plot_experiment
+
+        t_plot = time.perf_counter()
+        plot_experiment(root)
+        plot_s = time.perf_counter() - t_plot
+    if writer:
         _report(root, args.no_plot)
+        total = _process_seconds()
+        print(f"time: {total:.1f} s = imports and set-up {setup:.1f} s + grid {grid_s:.1f} s"
+              + (f" + plotting {plot_s:.1f} s" if not args.no_plot else "")
+              + f" (+ {max(total - setup - grid_s - plot_s, 0.0):.1f} s other)")
     return 0
+
+
+def _cmd_quadratic(args: argparse.Namespace) -> int:
+    return _run_experiment(args, "quadratic")
 
 
 def _mpi_rank() -> int:
@@ -253,17 +292,10 @@ def _mpi_rank() -> int:
 
 
 def _cmd_autoencoder(args: argparse.Namespace) -> int:
-    from .experiments.autoencoder import grid_from_args, run_autoencoder
-
-    grid = grid_from_args(args)
-    root = run_autoencoder(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress, plot=not args.no_plot)
-    _report(root, args.no_plot)
-    return 0
+    return _run_experiment(args, "autoencoder")
 
 
 def _report(root: os.PathLike[str] | str, no_plot: bool) -> None:
-    from pathlib import Path
-
     root = Path(root)
     print(f"results: {root / 'runs'}")
     if not no_plot:

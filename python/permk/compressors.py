@@ -519,6 +519,14 @@ class PermK(Sparsifier):
     ``A = B = 1 - n(q-1)/((n-1)q)`` (Theorem "PermK" (n ≥ d): ``1 - (n-d)/(n-1)`` when ``d | n``).
     No indices are sent: every worker recomputes the permutations from ``(seed, round)``.
 
+    The variance depends only on every coordinate having exactly one owner, uniform over the
+    workers, so :class:`BlockPermK` with ``m = n`` (fixed contiguous blocks handed out by a random
+    permutation of the workers) has the same ``(A, B) = (1, 1)`` with O(n) shared randomness per
+    round instead of O(d), and contiguous messages: prefer ``BlockPermK(n)`` when ``d`` is large
+    (the permutation of ``d`` coordinates is then the cost of a round, above all on MPI) and
+    ``PermK()`` when the coordinates of a block should not stay together from round to round
+    (e.g. an adversarially ordered gradient whose large entries share a block).
+
     >>> PermK().ab_constants(10, 100), PermK().ab_constants(10, 5)
     ((1.0, 1.0), (0.4444444444444444, 0.4444444444444444))
     """
@@ -684,6 +692,15 @@ class BlockPermK(Sparsifier):
     by default, or ``partition[j]`` = block of coordinate ``j``); with ``n = mq + r`` a shared
     permutation of the workers gives ``q`` workers each block (scaled by ``n/q``) and leaves
     ``r`` idle. ``IV(1 - n(q-1)/((n-1)q))``, i.e. ``A = B`` equal to that constant.
+
+    ``BlockPermK(n)`` (``m = n``, the authors' ``permutation_fixed_blocks``) has PermK's
+    constants ``(A, B) = (1, 1)`` for every ``d ≥ n`` — each coordinate is owned by exactly one
+    uniformly random worker, which is all the variance depends on — while a round needs only a
+    permutation of the ``n`` workers (O(n) randomness, not O(d)) and every message is one
+    contiguous block: the aggregate is ``n`` contiguous copies, and on MPI the blocks land in the
+    aggregate buffer through one ``Allgatherv``. Prefer it to :class:`PermK` when ``d`` is large
+    or the run is distributed; the two converge alike per bit (same second moments; see the
+    README's experiment). Unlike PermK, the block of a coordinate never changes.
 
     >>> BlockPermK(2).ab_constants(n=4, d=10)
     (0.3333333333333333, 0.3333333333333333)
