@@ -430,6 +430,186 @@ def test_solve_mean_solves_the_mean_system() -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# Round: one round's plan computed once, used natively
+# ------------------------------------------------------------------------------------------
+
+SHARED: list[dict[str, Any]] = [
+    {"sparsifier": "identity"},
+    {"sparsifier": "permk"},
+    {"sparsifier": "randk", "k": 1},
+    {"sparsifier": "randk", "k": 3},
+    {"sparsifier": "blockpermk", "m": 2},
+    {"sparsifier": "blockpermk", "m": 1},
+    {"sparsifier": "blockpermk", "labels": [1, 0, 1, 1, 0, 0, 1]},
+    {"sparsifier": "blockpermk", "labels": [0, 0, 1, 1, 1, 2, 2]},
+    {"sparsifier": "coordinate_sampling"},
+]
+# n > d, n = d, n < d, n = 1, d not divisible by n, q > 1 workers per block, large blocks
+SHAPES = [(4, 10), (10, 4), (5, 5), (1, 7), (3, 7), (20, 7), (6, 13), (2, 5000), (9, 100)]
+
+
+def _defined(kw: dict[str, Any], n: int, d: int) -> bool:
+    try:
+        _core.Spec(**kw).check(n, d)
+    except ValueError:
+        return False
+    return True
+
+
+def _cases(shapes: list[tuple[int, int]]) -> Any:
+    """The (spec, n, d) combinations for which the spec is defined."""
+    return pytest.mark.parametrize(
+        "kw,n,d",
+        [(kw, n, d) for kw in SHARED for n, d in shapes if _defined(kw, n, d)],
+        ids=lambda v: _id(v) if isinstance(v, dict) else str(v),
+    )
+
+
+def _round_and_plan(kw: dict[str, Any], n: int, d: int, seed: int = 3, rnd: int = 5) -> tuple[Any, Any]:
+    spec = _core.Spec(**kw)
+    return spec.round(n, d, seed, rnd), spec.plan(n, d, seed, rnd)
+
+
+@_cases(SHAPES)
+def test_round_is_the_plan(kw: dict[str, Any], n: int, d: int) -> None:
+    spec = _core.Spec(**kw)
+    r, (offsets, coords, scales) = _round_and_plan(kw, n, d)
+    assert (r.n, r.d) == (n, d)
+    assert _same_bits(r.offsets(), offsets)
+    assert _same_bits(r.coords(0, n), coords)
+    assert _same_bits(r.scales(), scales)
+    sizes = np.diff(offsets)
+    for a, b in [(0, n), (0, 0), (n // 2, n), (n - 1, n), (n // 3, 2 * n // 3)]:
+        assert _same_bits(r.coords(a, b), coords[offsets[a]:offsets[b]])
+        assert _same_bits(r.rows(a, b), np.repeat(np.arange(a, b, dtype=np.int64), sizes[a:b]))
+    want = spec.plan_ranges(n, d, 3, 5)
+    got = r.ranges()
+    assert (got is None) == (want is None)
+    if got is not None and want is not None:
+        assert all(_same_bits(g, w) for g, w in zip(got, want))
+    assert r.disjoint == bool(np.bincount(coords, minlength=d).max() <= 1)
+
+
+@_cases(SHAPES)
+def test_round_mean_and_gather_are_bincount_and_aggregate(kw: dict[str, Any], n: int, d: int) -> None:
+    spec = _core.Spec(**kw)
+    r, (offsets, coords, scales) = _round_and_plan(kw, n, d)
+    rows = np.repeat(np.arange(n), np.diff(offsets))
+    rng = np.random.default_rng(n * d)
+    # any values, with signed zeros and subnormals: worker-order sums from 0, then / n
+    values = rng.standard_normal(len(coords)) * 10.0 ** rng.integers(-3, 4, len(coords))
+    values[::7] = -0.0
+    values[3::11] = 1e-310
+    assert _same_bits(r.mean(values), np.bincount(coords, weights=values, minlength=d) / n)
+    if r.disjoint:  # placed, not summed: the same bits
+        placed = np.zeros(d)
+        placed[coords] = values + 0.0
+        assert _same_bits(r.mean(values), placed / n)
+    # a non-contiguous values array is fine
+    twice = np.repeat(values, 2)[::2]
+    assert _same_bits(r.mean(twice), r.mean(values))
+    # gather: the plan's values, rounded once to A's dtype, for any slice of workers and strides
+    A = rng.standard_normal((n, d))
+    for dtype in (np.float64, np.float32):
+        for a in (np.ascontiguousarray(A, dtype=dtype), np.asfortranarray(A, dtype=dtype)):
+            want = (a[rows, coords] * scales[rows]).astype(dtype)
+            assert _same_bits(r.gather(a, 0), want)
+            for s, t in [(n // 2, n), (0, n // 2), (n - 1, n), (n // 3, 2 * n // 3)]:
+                assert _same_bits(r.gather(a[s:t], s), want[offsets[s]:offsets[t]])
+    # and over all workers its mean is Spec.aggregate
+    assert _same_bits(r.mean(r.gather(A, 0)), spec.aggregate(A, 3, 5))
+
+
+@_cases([(4, 10), (10, 4), (1, 7), (20, 7), (9, 100), (3, 5000)])
+def test_round_values_are_the_numpy_fused_computation(kw: dict[str, Any], n: int, d: int) -> None:
+    r, (offsets, coords, scales) = _round_and_plan(kw, n, d)
+    q = _problem(n)
+    rng = np.random.default_rng(d)
+    x, y = rng.standard_normal(d), rng.standard_normal(d)
+    for s, t in [(0, n), (n // 2, n), (0, n // 2), (n - 1, n)]:
+        rows, cols = r.rows(s, t), r.coords(s, t)
+        want = (q.local_grad_coords(x, rows, cols) - q.local_grad_coords(y, rows, cols)) * scales[rows]
+        assert _same_bits(q.round_values(r, x, y, s, t), want)
+        assert _same_bits(q.round_values(r, x, None, s, t), q.local_grad_coords(x, rows, cols) * scales[rows])
+        # strided x and y
+        assert _same_bits(q.round_values(r, np.repeat(x, 2)[::2], np.repeat(y, 2)[::2], s, t), want)
+    # the full fused round: mean of all values is the numpy bincount of the simulator
+    vals = q.round_values(r, x, y, 0, n)
+    assert _same_bits(r.mean(vals), np.bincount(coords, weights=vals, minlength=d) / n)
+
+
+@pytest.mark.parametrize("kw", SHARED, ids=_id)
+def test_round_ahead_is_the_round(kw: dict[str, Any]) -> None:
+    spec = _core.Spec(**kw)
+    for n, d in [(4, 7), (20, 7), (3, 7)]:
+        pending = spec.round_ahead(n, d, 8, 2)
+        got, want = pending.wait(), spec.round(n, d, 8, 2)
+        for a, b in [(got.offsets(), want.offsets()), (got.coords(0, n), want.coords(0, n)), (got.scales(), want.scales())]:
+            assert _same_bits(a, b)
+        with pytest.raises(ValueError, match=r"^wait: .*already"):
+            pending.wait()
+    # never waited: the thread finishes on its own (no crash, no hang)
+    for rnd in range(4):
+        spec.round_ahead(16, 7, 0, rnd)
+
+
+def test_round_ahead_overlaps_a_wait() -> None:
+    """The GIL is released: a round computed ahead progresses while Python sleeps."""
+    import time
+
+    spec = _core.Spec("permk")
+    t = time.perf_counter()
+    spec.round(4, 2_000_000, 0, 0)
+    alone = time.perf_counter() - t
+    t = time.perf_counter()
+    pending = spec.round_ahead(4, 2_000_000, 0, 1)
+    time.sleep(alone)
+    pending.wait()
+    # computed during the sleep: far less than the two in sequence (generous for a busy machine)
+    assert time.perf_counter() - t < 1.9 * alone + 0.05
+
+
+@pytest.mark.parametrize(
+    "call,exc,match",
+    [
+        (lambda: _core.Spec("topk", k=1).round(3, 5, 0, 0), ValueError, r"^spec: .*shared plan.*TopK"),
+        (lambda: _core.Spec("permk", quantizer="natural").round(3, 5, 0, 0), ValueError, r"^spec: .*shared plan.*natural"),
+        (lambda: _core.Spec("topk", k=1).round_ahead(3, 5, 0, 0), ValueError, r"^spec: "),
+        (lambda: _core.Spec("permk").round(0, 5, 0, 0), ValueError, r"^n_workers: "),
+        (lambda: _core.Spec("randk", k=6).round(3, 5, 0, 0), ValueError, r"^k: "),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).coords(2, 1), ValueError, r"^start: "),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).rows(0, 4), ValueError, r"^stop: "),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).mean(np.zeros(4)), ValueError, r"^values: .*5 values"),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).mean(np.zeros(5, np.float32)), TypeError, "values"),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).mean(np.zeros((5, 1))), TypeError, "values"),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).gather(np.zeros((3, 4)), 0), ValueError, r"^a: .*columns"),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).gather(np.zeros((3, 5)), 1), ValueError, r"^a: .*rows"),
+        (lambda: _core.Spec("permk").round(3, 5, 0, 0).gather(np.zeros((3, 5), np.int64), 0), TypeError, r"^a must be"),
+        (lambda: _problem(3).round_values(_core.Spec("permk").round(3, 5, 0, 0), np.zeros(4), None, 0, 3), ValueError, r"^x: "),
+        (lambda: _problem(3).round_values(_core.Spec("permk").round(3, 5, 0, 0), np.zeros(5), np.zeros(6), 0, 3), ValueError, r"^y: "),
+        (lambda: _problem(3).round_values(_core.Spec("permk").round(3, 5, 0, 0), np.zeros(5), None, 2, 1), ValueError, r"^start: "),
+        (lambda: _problem(3).round_values(_core.Spec("permk").round(3, 5, 0, 0), np.zeros(5), None, 0, 4), ValueError, r"^stop: "),
+        (lambda: _problem(4).round_values(_core.Spec("permk").round(3, 5, 0, 0), np.zeros(5), None, 0, 3), ValueError, r"^round: "),
+    ],
+)
+def test_round_rejects_bad_input(call: Callable[[], Any], exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_round_non_finite_values_propagate() -> None:
+    r = _core.Spec("blockpermk", m=2).round(4, 6, 0, 0)
+    v = np.ones(r.offsets()[-1])
+    v[0] = np.nan
+    v[-1] = np.inf
+    m = r.mean(v)
+    assert np.isnan(m).any() and np.isinf(m).any()
+    A = np.ones((4, 6))
+    A[1, 2] = np.nan
+    assert np.isnan(r.gather(A, 0)).sum() == (1 if 2 in r.coords(1, 2) else 0)
+
+
+# ------------------------------------------------------------------------------------------
 # Allocations the machine cannot hold are refused before they happen
 # ------------------------------------------------------------------------------------------
 
@@ -458,6 +638,23 @@ _REFUSALS = {
         "Unable to allocate",
     ),
     "permutation": ("_core.permutation(0, 0, 2**60)", "MemoryError", "Unable to allocate 8 EiB for the permutation"),
+    "round": ('_core.Spec("permk").round(2**31, 2**32 - 1, 0, 0)', "MemoryError", "Unable to allocate"),
+    "round_ahead": ('_core.Spec("identity").round_ahead(2**32 - 1, 2**32 - 1, 0, 0)', "MemoryError", "Unable to allocate 32 GiB for the round's offsets"),
+    "round coords": (
+        '_core.Spec("identity").round(10**5, 10**6, 0, 0).coords(0, 10**5)',
+        "MemoryError",
+        "Unable to allocate 745 GiB for the round's coordinates with shape (100000000000,) and data type int64",
+    ),
+    "round gather": (
+        '_core.Spec("identity").round(10**5, 10**6, 0, 0).gather(np.broadcast_to(np.ones((1, 1)), (10**5, 10**6)), 0)',
+        "MemoryError",
+        "Unable to allocate 745 GiB for the gathered values",
+    ),
+    "round_values": (
+        '_core.Tridiagonal([0.25] * 10**5, 0.1, [0.0] * 10**5).round_values(_core.Spec("identity").round(10**5, 10**6, 0, 0), np.zeros(10**6), None, 0, 10**5)',
+        "MemoryError",
+        "Unable to allocate 745 GiB for the round's values",
+    ),
 }
 
 

@@ -13,6 +13,8 @@ import numpy.typing as npt
 __all__ = [
     "__version__",
     "Spec",
+    "Round",
+    "PendingRound",
     "Tridiagonal",
     "permk_plan_from_permutations",
     "block_plan_from_permutation",
@@ -25,6 +27,7 @@ __all__ = [
 __version__: str
 
 _Plan = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
+_Ranges = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.float64]]
 _Messages = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.floating]]
 
 @final
@@ -79,6 +82,78 @@ class Spec:
         blocks, permk with ``n >= d`` or ``n = 1``, randk with ``k = 1``, coordinate_sampling
         with ``n = 1`` or ``d = 1``. None otherwise, and for specs without :attr:`shared_plan`.
         ``O(n)`` work."""
+    def round(self, n: int, d: int, seed: int, round: int) -> Round:
+        """The round's plan computed once, in the sparsifier's compact form (GIL released):
+        the same coordinates, order and scales as :meth:`plan` of the same arguments, bit for
+        bit. ValueError (naming ``spec``) unless :attr:`shared_plan`; MemoryError before
+        allocating when it cannot fit."""
+    def round_ahead(self, n: int, d: int, seed: int, round: int) -> PendingRound:
+        """Starts computing :meth:`round` on a background thread and returns at once (the
+        arguments and the memory are checked here, raising as :meth:`round` does); the plan of
+        round ``t + 1`` can so be computed while round ``t`` communicates.
+        ``round_ahead(...).wait()`` equals ``round(...)`` exactly."""
+
+@final
+class Round:
+    """One round's plan of a :class:`Spec` with a shared plan, computed once
+    (:meth:`Spec.round` / :meth:`Spec.round_ahead`). It holds the compact form (owner labels,
+    block plans, ranges) and the ``n + 1`` offsets, not the CSR arrays; those are built on
+    request (:meth:`coords`). Worker ``i``'s values are ``offsets()[i]:offsets()[i+1]`` of the
+    round's values concatenated in worker order, at its coordinates in plan order.
+    Every method releases the GIL; ``start``/``stop`` must satisfy ``start <= stop <= n``
+    (ValueError naming them)."""
+
+    @property
+    def n(self) -> int:
+        """The number of workers."""
+    @property
+    def d(self) -> int:
+        """The dimension."""
+    @property
+    def disjoint(self) -> bool:
+        """Every coordinate is sent by at most one worker this round (owners: PermK with
+        ``d >= n``, coordinate_sampling; block plans with one worker per block; one worker;
+        a randk round whose samples happen to be distinct). The aggregate is then placed,
+        not summed (:meth:`mean` gives the same bits either way)."""
+    def offsets(self) -> npt.NDArray[np.int64]:
+        """The ``(n+1,)`` CSR offsets of :meth:`Spec.plan`. ``O(n)`` (``O(d)`` once at
+        construction for owners)."""
+    def scales(self) -> npt.NDArray[np.float64]:
+        """The ``(n,)`` scales of :meth:`Spec.plan`."""
+    def coords(self, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """The coordinates of workers ``start..stop`` in plan order:
+        ``coords[offsets[start]:offsets[stop]]`` of :meth:`Spec.plan`."""
+    def rows(self, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """The worker of each of those entries: ``np.repeat(np.arange(start, stop),
+        np.diff(offsets[start:stop+1]))``."""
+    def ranges(self) -> _Ranges | None:
+        """``(starts, stops, scales)`` when every worker's coordinates form one contiguous
+        range, by the rule of :meth:`Spec.plan_ranges` (whose result this equals), else
+        None. ``O(n)``."""
+    def gather(self, a: npt.NDArray[np.floating], start: int) -> npt.NDArray[np.floating]:
+        """The values of workers ``start .. start + m`` whose inputs are the rows of the
+        ``(m, d)`` float64/float32 array ``a`` (any strides), in plan order:
+        ``scale_i * a[i - start, j]`` rounded once to ``a``'s dtype, exactly the values every
+        aggregation path sums. Non-finite values are passed on, not reported. ValueError
+        naming ``a`` for a wrong shape or rows beyond ``n``."""
+    def mean(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        """``(1/n) Σ_i C_i(a_i)`` from the values of all ``n`` workers concatenated in worker
+        and plan order (``offsets()[n]`` of them, ValueError naming ``values`` otherwise):
+        summed in worker order into a zeroed float64 output, then divided by ``n``; bit for
+        bit ``np.bincount(coords, weights=values, minlength=d) / n`` (for a disjoint round,
+        ``values + 0.0`` placed at the coordinates, then divided by ``n``), and
+        :meth:`Spec.aggregate` of ``a`` when ``values = gather(a, 0)`` (float64). Non-finite
+        values propagate. ``O(d + values)``; large rounds on the core's threads."""
+
+@final
+class PendingRound:
+    """A round being computed on a background thread (:meth:`Spec.round_ahead`). Dropped
+    without :meth:`wait`, the thread is detached and ends with its computation."""
+
+    def wait(self) -> Round:
+        """Joins the computation (GIL released while waiting) and returns its :class:`Round`.
+        An error of the computation raises here (RuntimeError for an internal failure, never a
+        crash); a second ``wait()`` raises ValueError."""
 
 def permk_plan_from_permutations(n: int, d: int, pi_d: list[int], pi_n: list[int]) -> _Plan:
     """PermK's plan (``d >= n``, general form) from explicit permutations ``pi_d`` of
@@ -161,5 +236,21 @@ class Tridiagonal:
         is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged.
         With TopK, ``g + np.bincount(indices, values, minlength=d) / n`` is
         :meth:`ef21_topk_round`'s ``g`` bit for bit (``x`` being ``x_old − gamma * g``)."""
+    def round_values(
+        self,
+        round: Round,
+        x: npt.NDArray[np.float64],
+        y: npt.NDArray[np.float64] | None,
+        start: int,
+        stop: int,
+    ) -> npt.NDArray[np.float64]:
+        """The values of workers ``start..stop`` of ``round`` (whose ``n`` must be the
+        problem's) in plan order: ``scale_i * (∇f_i(x)_j − ∇f_i(y)_j)``, each gradient
+        coordinate computed exactly as :meth:`local_grad_coords`, the difference first, then
+        one multiplication by the scale: bit for bit ``(local_grad_coords(x, rows, cols) −
+        local_grad_coords(y, rows, cols)) * scales[rows]`` with ``rows, cols =
+        round.rows(start, stop), round.coords(start, stop)``. ``y`` None:
+        ``scale_i * ∇f_i(x)_j``. ``x`` and ``y`` have length ``round.d`` (ValueError naming
+        them)."""
     def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]:
         """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)``."""

@@ -219,7 +219,7 @@ fn check_shape(n: usize, d: usize) -> Result<()> {
 
 /// Blocks at least this large (on average) use the contiguous block kernels; smaller ones
 /// (PermK for `n > d`: singletons) walk the workers.
-const RANGES_MIN_BLOCK: usize = 32;
+pub(crate) const RANGES_MIN_BLOCK: usize = 32;
 
 /// `(1/n) Σ_i C_i(a_i)` (summed in worker order, then divided by `n`) without materialising
 /// the compressed rows.

@@ -1,6 +1,7 @@
 //! The one error type of the core; the PyO3 glue maps it to Python exceptions (one
 //! `From<CoreError> for PyErr`): invalid arguments and non-finite data to `ValueError`, wrong
-//! types to `TypeError`, memory to `MemoryError`, thread-pool failures to `RuntimeError`.
+//! types to `TypeError`, memory to `MemoryError`, thread-pool and internal failures to
+//! `RuntimeError`.
 
 use std::fmt;
 
@@ -18,6 +19,9 @@ pub enum CoreError {
     Memory { what: String, bytes: u128, note: String },
     /// The thread pool could not be started (maps to `RuntimeError`).
     Threads(String),
+    /// A failure of the core itself: a background thread that could not start or panicked
+    /// (maps to `RuntimeError`). The message says what failed.
+    Internal(String),
 }
 
 impl CoreError {
@@ -74,6 +78,7 @@ impl fmt::Display for CoreError {
                 write!(f, "Unable to allocate {} for {what}{note}", format_bytes(*bytes))
             }
             CoreError::Threads(message) => write!(f, "could not start the thread pool: {message}"),
+            CoreError::Internal(message) => write!(f, "{message}"),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::threads;
 const AHEAD: usize = 32;
 
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint; it never faults, whatever the address.
     #[allow(unused_unsafe)]
@@ -317,7 +317,7 @@ fn range_tiles(bounds: &[usize]) -> Result<Vec<(usize, usize, usize)>> {
 }
 
 /// The workers of every block in worker order: `workers[first[b]..first[b + 1]]`.
-fn block_workers(pi: &[u32], slot_block: &[u32], m: usize) -> Result<(Vec<usize>, Vec<u32>)> {
+pub fn block_workers(pi: &[u32], slot_block: &[u32], m: usize) -> Result<(Vec<usize>, Vec<u32>)> {
     let n = pi.len();
     let mut first = mem::filled("the block workers", m + 1, 0usize)?;
     for i in 0..n {
@@ -365,6 +365,37 @@ fn first_pass<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt:
     (o, ok)
 }
 
+/// Where the contiguous block kernel ([`ranges_combine`]) reads worker `w`'s values on the
+/// coordinates `lo..hi` of a block starting at `block_lo`.
+pub trait RowParts<T>: Sync {
+    fn part<'a>(&'a self, w: usize, block_lo: usize, lo: usize, hi: usize, buf: &'a mut Vec<T>) -> &'a [T];
+}
+
+/// The rows of an `(n, d)` input: worker `w`'s value at `j` is `a[w, j]`.
+pub struct ArrayRows<'v, T>(pub ArrayView2<'v, T>);
+
+impl<T: Real> RowParts<T> for ArrayRows<'_, T> {
+    #[inline]
+    fn part<'a>(&'a self, w: usize, _block_lo: usize, lo: usize, hi: usize, buf: &'a mut Vec<T>) -> &'a [T] {
+        row_part(&self.0, w, lo, hi, buf)
+    }
+}
+
+/// The values of a plan concatenated in worker order: worker `w`'s block values start at
+/// `values[offsets[w]]`.
+pub struct ValueRows<'v, T> {
+    pub values: &'v [T],
+    pub offsets: &'v [usize],
+}
+
+impl<T: Real> RowParts<T> for ValueRows<'_, T> {
+    #[inline]
+    fn part<'a>(&'a self, w: usize, block_lo: usize, lo: usize, hi: usize, _buf: &'a mut Vec<T>) -> &'a [T] {
+        let o = self.offsets[w];
+        &self.values[o + (lo - block_lo)..o + (hi - block_lo)]
+    }
+}
+
 /// The block compressors whose blocks are ranges (BlockPermK with a contiguous partition,
 /// PermK for `n > d`): block by block and tile by tile, the block's workers (in worker order)
 /// are combined in one pass over contiguous memory each ([`combine`]: the first worker writes
@@ -374,27 +405,57 @@ fn first_pass<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt:
 pub fn blocks_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], bounds: &[usize], scale: f64) -> Result<Option<Array1<T>>> {
     let (n, d) = a.dim();
     let m = bounds.len() - 1;
-    if bounds[0] != 0 || bounds[m] != d || bounds.windows(2).any(|w| w[0] > w[1]) {
+    let (first, workers) = block_workers(pi, slot_block, m)?;
+    Ok(match ranges_combine(&ArrayRows(a), n, d, bounds, &first, &workers, scale)? {
+        Some((out, true)) => Some(Array1::from(out)),
+        _ => None,
+    })
+}
+
+/// The contiguous block kernel of [`blocks_ranges`] on any row source: block `b` is
+/// `bounds[b]..bounds[b + 1]` and its workers are `workers[first[b]..first[b + 1]]` in worker
+/// order; the result is `(Σ_w scale·v_w) / n` per coordinate, summed in worker order from 0.
+/// `None` when the bounds are not a partition of `0..d` or a block has no worker; otherwise the
+/// average and whether every value of it is finite.
+pub fn ranges_combine<T: Real, R: RowParts<T>>(
+    rows: &R,
+    n: usize,
+    d: usize,
+    bounds: &[usize],
+    first: &[usize],
+    workers: &[u32],
+    scale: f64,
+) -> Result<Option<(Vec<T>, bool)>> {
+    let m = bounds.len() - 1;
+    if bounds[0] != 0 || bounds[m] != d || bounds.windows(2).any(|w| w[0] > w[1]) || first.len() != m + 1 {
         return Ok(None); // not a partition of 0..d into ranges: the generic path
     }
-    let (first, workers) = block_workers(pi, slot_block, m)?;
+    if (0..m).any(|b| first[b] >= first[b + 1]) {
+        return Ok(None); // a block without workers would leave its coordinates unwritten
+    }
     let tiles = range_tiles(bounds)?;
     let mut out = mem::vec::<T>("the average", d)?;
     let nt = T::of(n as f64);
-    let tile = |&(b, lo, hi): &(usize, usize, usize), o: &mut [MaybeUninit<T>], buf: &mut Vec<T>| -> bool {
+    // `Some(finite)`, or `None` when a worker's part does not cover the tile (never, for
+    // consistent offsets: then the tile is not fully written)
+    let tile = |&(b, lo, hi): &(usize, usize, usize), o: &mut [MaybeUninit<T>], buf: &mut Vec<T>| -> Option<bool> {
         let ws = &workers[first[b]..first[b + 1]];
-        let Some((&w0, rest)) = ws.split_first() else { return false };
-        let x = row_part(&a, w0 as usize, lo, hi, buf);
+        let (&w0, rest) = ws.split_first()?;
+        let x = rows.part(w0 as usize, bounds[b], lo, hi, buf);
         if x.len() != o.len() {
-            return false;
+            return None;
         }
         let (o, mut ok) = first_pass_dispatch(o, x, rest.is_empty(), nt, scale);
         for (t, &w) in rest.iter().enumerate() {
-            let x = row_part(&a, w as usize, lo, hi, buf);
+            let x = rows.part(w as usize, bounds[b], lo, hi, buf);
+            if x.len() != o.len() {
+                return None;
+            }
             ok &= tile_pass_dispatch(o, x, false, t + 1 == rest.len(), nt, scale);
         }
-        ok
+        Some(ok)
     };
+    let both = |x: Option<bool>, y: Option<bool>| Some(x? && y?);
     let mut parts: Vec<&mut [MaybeUninit<T>]> = mem::vec("the block tiles", tiles.len())?;
     let mut rest: &mut [MaybeUninit<T>] = &mut out.spare_capacity_mut()[..d];
     for &(_, lo, hi) in &tiles {
@@ -403,26 +464,24 @@ pub fn blocks_ranges<T: Real>(a: ArrayView2<T>, pi: &[u32], slot_block: &[u32], 
         rest = tail;
     }
     let work = workers.len() / m.max(1) * d;
-    // `ok` also says that every tile was written (a tile without workers is not)
-    let ok = if work >= RANGES_PAR_THRESHOLD && tiles.len() > 1 {
+    let written = if work >= RANGES_PAR_THRESHOLD && tiles.len() > 1 {
         threads::install(|| {
             parts
                 .into_par_iter()
                 .zip(tiles.par_iter())
                 .map_init(Vec::new, |buf, (o, t)| tile(t, o, buf))
-                .reduce(|| true, |x, y| x && y)
+                .reduce(|| Some(true), both)
         })?
     } else {
         let mut buf = Vec::new();
-        parts.into_iter().zip(&tiles).fold(true, |ok, (o, t)| tile(t, o, &mut buf) && ok)
+        parts.into_iter().zip(&tiles).try_fold(true, |ok, (o, t)| Some(tile(t, o, &mut buf)? && ok))
     };
-    if !ok {
-        return Ok(None);
-    }
+    let Some(finite) = written else { return Ok(None) };
     // SAFETY: the tiles partition 0..d (bounds run from 0 to d, checked above) and every tile
-    // was written in full by its first worker (`ok`), so the first `d` elements are initialised.
+    // was written in full by its first worker (`written`: every block has a worker and every
+    // part covers its tile), so the first `d` elements are initialised.
     unsafe { out.set_len(d) };
-    Ok(Some(Array1::from(out)))
+    Ok(Some((out, finite)))
 }
 
 /// `compress_all` of the block compressors whose blocks are ranges: row `i` of the zeroed

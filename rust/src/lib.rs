@@ -7,6 +7,8 @@
 //!   [`sparsify::Sparsify`], listed once in the registry of `sparsify/mod.rs`;
 //! - [`compress`]: [`compress::Spec`] (sparsifier ∘ quantizer) and its entry points;
 //! - [`plan`]: assignments and plans; [`kernels`]: the aggregation kernels;
+//! - [`round`]: one round's plan computed once (or ahead, on a background thread) and used
+//!   natively: the held workers' values and the average from them;
 //! - [`quadratic`]: the synthetic quadratic's oracles and fused method steps;
 //! - [`rng`]: the pinned random streams; [`mem`]: the memory guard; [`threads`]: the pool;
 //!   [`params`]: compressor parameters; [`error`]: the one error type.
@@ -20,6 +22,7 @@ pub mod plan;
 pub mod quadratic;
 pub mod real;
 pub mod rng;
+pub mod round;
 pub mod sparsify;
 pub mod threads;
 

@@ -392,7 +392,7 @@ pub enum Assignment {
 
 impl Assignment {
     /// The CSR offsets of an owners assignment: worker `i` has `offsets[i]..offsets[i + 1]`.
-    fn owner_offsets<L: Label>(v: &[L], n: usize) -> Result<Vec<usize>> {
+    pub(crate) fn owner_offsets<L: Label>(v: &[L], n: usize) -> Result<Vec<usize>> {
         let mut offsets = mem::filled("the plan's offsets", n + 1, 0usize)?;
         for &o in v {
             offsets[o.idx() + 1] += 1;

@@ -12,8 +12,12 @@ use crate::compress::{self, CsrArrays, Messages, Real, Spec};
 use crate::error::CoreError;
 use crate::params::{Params, Value};
 use crate::plan::Ranges;
+use crate::round::{PendingRound, Round};
 use crate::sparsify::{blockpermk, permk};
 use crate::{quadratic, rng, threads};
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 impl From<CoreError> for PyErr {
     fn from(e: CoreError) -> PyErr {
@@ -22,7 +26,7 @@ impl From<CoreError> for PyErr {
             CoreError::InvalidArgument { .. } | CoreError::NonFinite { .. } => PyValueError::new_err(message),
             CoreError::WrongType { .. } => PyTypeError::new_err(message),
             CoreError::Memory { .. } => PyMemoryError::new_err(message),
-            CoreError::Threads(_) => PyRuntimeError::new_err(message),
+            CoreError::Threads(_) | CoreError::Internal(_) => PyRuntimeError::new_err(message),
         }
     }
 }
@@ -97,7 +101,7 @@ fn message_arrays<T: numpy::Element>(py: Python<'_>, m: Messages<T>) -> MessageA
 
 /// A compressor specification (sparsifier ∘ quantizer) with the Rust kernels attached.
 #[pyclass(frozen, module = "permk._core", name = "Spec")]
-pub struct PySpec(Spec);
+pub struct PySpec(Arc<Spec>);
 
 #[pymethods]
 impl PySpec {
@@ -114,7 +118,7 @@ impl PySpec {
             }
         }
         // a partition's labels are O(d)
-        Ok(PySpec(py.detach(|| Spec::from_name(sparsifier, quantizer, p))?))
+        Ok(PySpec(Arc::new(py.detach(|| Spec::from_name(sparsifier, quantizer, p))?)))
     }
 
     /// The sparsifier's name.
@@ -223,11 +227,108 @@ impl PySpec {
         Ok(plan_arrays(py, p))
     }
 
+    /// The round's plan computed once, in its compact form (a spec with a shared plan).
+    fn round(&self, py: Python<'_>, n: usize, d: usize, seed: u64, round: u64) -> PyResult<PyRound> {
+        Ok(PyRound(py.detach(|| Round::new(&self.0, n, d, seed, round))?))
+    }
+
+    /// Starts computing the round on a background thread; returns at once.
+    fn round_ahead(&self, n: usize, d: usize, seed: u64, round: u64) -> PyResult<PyPendingRound> {
+        Ok(PyPendingRound(PendingRound::spawn(Arc::clone(&self.0), n, d, seed, round)?))
+    }
+
     /// Every worker's coordinates as one range `(starts, stops, scales)`, or None.
     #[allow(clippy::type_complexity)]
     fn plan_ranges<'py>(&self, py: Python<'py>, n: usize, d: usize, seed: u64, round: u64) -> PyResult<Option<PlanArrays<'py>>> {
         let r = py.detach(|| compress::plan_ranges(&self.0, n, d, seed, round))?;
-        Ok(r.map(|Ranges { starts, stops, scales }| (starts.into_pyarray(py), stops.into_pyarray(py), scales.into_pyarray(py))))
+        Ok(ranges_arrays(py, r))
+    }
+}
+
+fn ranges_arrays(py: Python<'_>, r: Option<Ranges>) -> Option<PlanArrays<'_>> {
+    r.map(|Ranges { starts, stops, scales }| (starts.into_pyarray(py), stops.into_pyarray(py), scales.into_pyarray(py)))
+}
+
+/// A 1-D float64 array as a slice: borrowed when contiguous, else copied (memory checked).
+fn slice_of<'a>(x: &'a ArrayView1<'a, f64>, name: &str) -> PyResult<Cow<'a, [f64]>> {
+    if let Some(s) = x.as_slice() {
+        return Ok(Cow::Borrowed(s));
+    }
+    let what = format!("a copy of {name}");
+    crate::mem::Need::new().array::<f64>(&what, &[x.len()]).check()?;
+    Ok(Cow::Owned(crate::mem::collect(&what, x.len(), x.iter().copied())?))
+}
+
+/// One round's plan of a spec with a shared plan, computed once (`Spec.round`, `Spec.round_ahead`).
+#[pyclass(frozen, module = "permk._core", name = "Round")]
+pub struct PyRound(Round);
+
+#[pymethods]
+impl PyRound {
+    #[getter]
+    fn n(&self) -> usize {
+        self.0.n()
+    }
+
+    #[getter]
+    fn d(&self) -> usize {
+        self.0.d()
+    }
+
+    /// Every coordinate is sent by at most one worker this round.
+    #[getter]
+    fn disjoint(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.0.disjoint())
+    }
+
+    fn offsets<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        Ok(py.detach(|| self.0.offsets_i64())?.into_pyarray(py))
+    }
+
+    fn scales<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        Ok(py.detach(|| self.0.scales())?.into_pyarray(py))
+    }
+
+    fn coords<'py>(&self, py: Python<'py>, start: usize, stop: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        Ok(py.detach(|| self.0.coords(start, stop))?.into_pyarray(py))
+    }
+
+    fn rows<'py>(&self, py: Python<'py>, start: usize, stop: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        Ok(py.detach(|| self.0.rows(start, stop))?.into_pyarray(py))
+    }
+
+    fn ranges<'py>(&self, py: Python<'py>) -> PyResult<Option<PlanArrays<'py>>> {
+        let r = py.detach(|| self.0.ranges())?;
+        Ok(ranges_arrays(py, r))
+    }
+
+    fn gather<'py>(&self, py: Python<'py>, a: &Bound<'py, PyAny>, start: usize) -> PyResult<Bound<'py, PyAny>> {
+        fn go<'py, T: Real + numpy::Element>(py: Python<'py>, r: &Round, a: ArrayView2<T>, start: usize) -> PyResult<Bound<'py, PyAny>> {
+            Ok(py.detach(|| r.gather(a, start))?.into_pyarray(py).into_any())
+        }
+        match arr2(a, "a")? {
+            Arr2::F64(x) => go(py, &self.0, x.as_array(), start),
+            Arr2::F32(x) => go(py, &self.0, x.as_array(), start),
+        }
+    }
+
+    fn mean<'py>(&self, py: Python<'py>, values: PyReadonlyArray1<'py, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let v = values.as_array();
+        let out = py.detach(|| -> PyResult<Vec<f64>> { Ok(self.0.mean(&slice_of(&v, "values")?)?) })?;
+        Ok(out.into_pyarray(py))
+    }
+}
+
+/// A round being computed on a background thread (`Spec.round_ahead`).
+#[pyclass(frozen, module = "permk._core", name = "PendingRound")]
+pub struct PyPendingRound(PendingRound);
+
+#[pymethods]
+impl PyPendingRound {
+    /// Joins the computation (GIL released) and returns its round, once.
+    fn wait(&self, py: Python<'_>) -> PyResult<PyRound> {
+        let handle = self.0.take()?;
+        Ok(PyRound(py.detach(|| PendingRound::join(handle))?))
     }
 }
 
@@ -377,6 +478,21 @@ impl PyTridiagonal {
         Ok((o, i, v, fb.finite))
     }
 
+    /// The values of workers `start..stop` of `round` in plan order:
+    /// `scale_i * (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i * ∇f_i(x)_j` when `y` is None).
+    fn round_values<'py>(
+        &self,
+        py: Python<'py>,
+        round: &PyRound,
+        x: PyReadonlyArray1<'py, f64>,
+        y: Option<PyReadonlyArray1<'py, f64>>,
+        start: usize,
+        stop: usize,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
+        Ok(py.detach(|| self.0.round_values(&round.0, x, y, start, stop))?.into_pyarray(py))
+    }
+
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.
     fn solve_mean<'py>(&self, py: Python<'py>, rhs: Vec<f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
         Ok(py.detach(|| self.0.solve_mean(&rhs))?.into_pyarray(py))
@@ -389,6 +505,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PySpec>()?;
     m.add_class::<PyTridiagonal>()?;
+    m.add_class::<PyRound>()?;
+    m.add_class::<PyPendingRound>()?;
     m.add_function(wrap_pyfunction!(permk_plan_from_permutations, m)?)?;
     m.add_function(wrap_pyfunction!(block_plan_from_permutation, m)?)?;
     m.add_function(wrap_pyfunction!(coin, m)?)?;

@@ -13,7 +13,71 @@ use crate::compress::{self, emit_worker, Assignment, Messages, Quantizer, RoundP
 use crate::error::{CoreError, Result};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
+use crate::round::{Emit, Round};
 use crate::{rng, threads};
+
+/// The plan values of [`Tridiagonal::round_values`].
+struct GradValues<'a> {
+    f: &'a Tridiagonal,
+    x: &'a [f64],
+    y: Option<&'a [f64]>,
+}
+
+impl GradValues<'_> {
+    /// `∇f_i(x)_j` as [`Tridiagonal::local_grad_coords`] computes it.
+    #[inline(always)]
+    fn g(&self, x: &[f64], i: usize, j: usize) -> f64 {
+        let v = self.f.a[i] * t_at(x, j) + self.f.c * x[j];
+        if j == 0 {
+            v - self.f.beta[i]
+        } else {
+            v
+        }
+    }
+}
+
+impl Emit<f64> for GradValues<'_> {
+    #[inline(always)]
+    fn one(&self, i: usize, j: usize, scale: f64) -> f64 {
+        match self.y {
+            None => self.g(self.x, i, j) * scale,
+            Some(y) => (self.g(self.x, i, j) - self.g(y, i, j)) * scale,
+        }
+    }
+
+    /// The interior `1 <= j < d − 1` without branches (`(2x_j − x_{j−1}) − x_{j+1}`, the
+    /// order of [`t_at`]), the ends through [`Emit::one`].
+    fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [f64]) {
+        let d = self.x.len();
+        let a = lo.max(1).min(hi);
+        let b = hi.min(d.saturating_sub(1)).max(a);
+        for j in (lo..a).chain(b..hi) {
+            out[j - lo] = self.one(i, j, scale);
+        }
+        if a == b {
+            return;
+        }
+        let (ai, c) = (self.f.a[i], self.f.c);
+        let g = |l: &[f64], m: &[f64], r: &[f64], k: usize| ai * (2.0 * m[k] - l[k] - r[k]) + c * m[k];
+        let o = &mut out[a - lo..b - lo];
+        let len = o.len();
+        // slices of the output's length: the loops below index them without bounds checks
+        let (xl, xm, xr) = (&self.x[a - 1..b - 1][..len], &self.x[a..b][..len], &self.x[a + 1..b + 1][..len]);
+        match self.y {
+            None => {
+                for (k, o) in o.iter_mut().enumerate() {
+                    *o = g(xl, xm, xr, k) * scale;
+                }
+            }
+            Some(y) => {
+                let (yl, ym, yr) = (&y[a - 1..b - 1][..len], &y[a..b][..len], &y[a + 1..b + 1][..len]);
+                for (k, o) in o.iter_mut().enumerate() {
+                    *o = (g(xl, xm, xr, k) - g(yl, ym, yr, k)) * scale;
+                }
+            }
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub struct Tridiagonal {
@@ -193,6 +257,40 @@ impl Tridiagonal {
             out.push(if j == 0 { v - self.beta[i] } else { v });
         }
         Ok(Array1::from(out))
+    }
+
+    /// The values of workers `start..stop` of `round` in plan order:
+    /// `scale_i · (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i · ∇f_i(x)_j` without `y`), each gradient
+    /// coordinate computed exactly as [`Self::local_grad_coords`] computes it, the difference
+    /// first, then one multiplication by the scale: bit for bit numpy's
+    /// `(local_grad_coords(x, rows, cols) − local_grad_coords(y, rows, cols)) * scales[rows]`.
+    pub fn round_values(&self, round: &Round, x: ArrayView1<f64>, y: Option<ArrayView1<f64>>, start: usize, stop: usize) -> Result<Vec<f64>> {
+        let d = round.d();
+        if round.n() != self.n() {
+            return Err(CoreError::invalid("round", format!("the round has {} workers but the problem has n = {}", round.n(), self.n())));
+        }
+        if x.len() != d {
+            return Err(CoreError::invalid("x", format!("must have the round's d = {d} coordinates, got {}", x.len())));
+        }
+        if let Some(y) = &y {
+            if y.len() != d {
+                return Err(CoreError::invalid("y", format!("must have the round's d = {d} coordinates, got {}", y.len())));
+            }
+        }
+        let len = round.len_of(start, stop)?;
+        Need::new()
+            .array::<f64>("the round's values", &[len])
+            .bytes("the workers' positions", round.values_scratch(start, stop))
+            .array::<f64>("a copy of x", &[d])
+            .array::<f64>("a copy of y", &[if y.is_some() { d } else { 0 }])
+            .check()?;
+        let (mut b1, mut b2) = (Vec::new(), Vec::new());
+        let x = contiguous(&x, &mut b1, "a copy of x")?;
+        let y = match &y {
+            Some(y) => Some(contiguous(y, &mut b2, "a copy of y")?),
+            None => None,
+        };
+        round.values("the round's values", start, stop, &GradValues { f: self, x, y })
     }
 
     /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
@@ -701,6 +799,50 @@ mod tests {
             spec(BlockPermK { partition: Partition::labels(vec![1, 0, 1, 0, 1, 1, 0]).unwrap() }),
             spec(CoordinateSampling),
         ]
+    }
+
+    #[test]
+    fn round_values_are_local_grad_coords_arithmetic() {
+        let mut specs = shared_specs();
+        specs.push(spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }));
+        for (n, d) in [(3, 7), (7, 3), (4, 10), (1, 5), (5, 5), (6, 1), (12, 4), (4, 20_000), (3, 300_000)] {
+            let q = problem_n(n);
+            let (x, y) = (vector(d, 1), vector(d, 2));
+            for sp in &specs {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let r = Round::new(sp, n, d, 7, 3).unwrap();
+                for (lo, hi) in [(0, n), (n / 2, n), (0, n / 2), (n - 1, n)] {
+                    let rows = ndarray::Array1::from(r.rows(lo, hi).unwrap());
+                    let cols = ndarray::Array1::from(r.coords(lo, hi).unwrap());
+                    let scales = r.scales().unwrap();
+                    let gx = q.local_grad_coords(x.view(), rows.view(), cols.view()).unwrap();
+                    let gy = q.local_grad_coords(y.view(), rows.view(), cols.view()).unwrap();
+                    let diff: Vec<u64> = (0..rows.len()).map(|t| ((gx[t] - gy[t]) * scales[rows[t] as usize]).to_bits()).collect();
+                    let one: Vec<u64> = (0..rows.len()).map(|t| (gx[t] * scales[rows[t] as usize]).to_bits()).collect();
+                    let got = |y: Option<ArrayView1<f64>>| -> Vec<u64> { q.round_values(&r, x.view(), y, lo, hi).unwrap().iter().map(|v| v.to_bits()).collect() };
+                    assert_eq!(got(Some(y.view())), diff, "{sp:?} n={n} d={d} {lo}..{hi}");
+                    assert_eq!(got(None), one, "{sp:?} n={n} d={d} {lo}..{hi}");
+                    // strided x and y: the same values
+                    let xs = ndarray::concatenate![ndarray::Axis(0), x.view(), x.view()];
+                    let xs = xs.slice(s![..;2]);
+                    let v = q.round_values(&r, if d > 1 { x.view() } else { xs }, Some(y.view()), lo, hi).unwrap();
+                    assert_eq!(v.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), diff);
+                }
+                if d == 5 && n == 5 {
+                    let err = |e: CoreError| match e {
+                        CoreError::InvalidArgument { name, .. } => name,
+                        other => panic!("{other:?}"),
+                    };
+                    assert_eq!(err(q.round_values(&r, vector(4, 1).view(), None, 0, n).unwrap_err()), "x");
+                    assert_eq!(err(q.round_values(&r, x.view(), Some(vector(6, 1).view()), 0, n).unwrap_err()), "y");
+                    assert_eq!(err(q.round_values(&r, x.view(), None, 3, 2).unwrap_err()), "start");
+                    assert_eq!(err(q.round_values(&r, x.view(), None, 0, n + 1).unwrap_err()), "stop");
+                    assert_eq!(err(problem_n(4).round_values(&r, x.view(), None, 0, 1).unwrap_err()), "round");
+                }
+            }
+        }
     }
 
     #[test]

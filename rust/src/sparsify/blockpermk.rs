@@ -189,8 +189,12 @@ impl Sparsify for BlockPermK {
         Ok(Assignment::Plan(plan::block_plan(n, blocks, pi)?))
     }
 
+    fn contiguous(&self, _n: usize, _d: usize) -> bool {
+        self.partition.is_ranges()
+    }
+
     fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {
-        if !self.partition.is_ranges() {
+        if !self.contiguous(n, d) {
             return Ok(None);
         }
         self.assign::<f64>(n, d, seed, round, None)?.block_ranges()

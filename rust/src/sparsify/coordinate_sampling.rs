@@ -39,6 +39,10 @@ impl Sparsify for CoordinateSampling {
         Ok(Assignment::Owners { owner: owners(seed, round, n, d)?, n, scale: n as f64 })
     }
 
+    fn contiguous(&self, n: usize, d: usize) -> bool {
+        n == 1 || d == 1
+    }
+
     fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {
         // a single worker owns everything, or a single coordinate has one owner: O(n) work
         if n == 1 {

@@ -28,6 +28,10 @@ impl Sparsify for Identity {
         Ok(Assignment::Plan(RoundPlan::All { n }))
     }
 
+    fn contiguous(&self, _n: usize, _d: usize) -> bool {
+        true
+    }
+
     fn ranges(&self, n: usize, d: usize, _seed: u64, _round: u64) -> Result<Option<Ranges>> {
         let mut r = Ranges::idle(n, 1.0)?;
         r.stops.fill(d as i64);

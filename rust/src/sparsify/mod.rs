@@ -122,8 +122,14 @@ pub trait Sparsify: Sized + Clone + fmt::Debug + PartialEq + Send + Sync {
         self.assign::<T>(n, d, seed, round, None)?.into_plan(d)?.rows(start, start + m)
     }
 
-    /// Every worker's coordinates as one range, when the sparsifier guarantees that for
-    /// `(n, d)`; `O(n)` work. `None` otherwise.
+    /// True when the sparsifier guarantees that every worker's coordinates form one range for
+    /// `(n, d)` in every round: exactly when [`Sparsify::ranges`] returns `Some`.
+    fn contiguous(&self, _n: usize, _d: usize) -> bool {
+        false
+    }
+
+    /// Every worker's coordinates as one range when [`Sparsify::contiguous`]; `O(n)` work.
+    /// `None` otherwise.
     fn ranges(&self, _n: usize, _d: usize, _seed: u64, _round: u64) -> Result<Option<Ranges>> {
         Ok(None)
     }
@@ -214,6 +220,10 @@ macro_rules! registry {
             #[allow(clippy::too_many_arguments)]
             pub fn assign_rows<T: Real>(&self, n: usize, d: usize, seed: u64, round: u64, start: usize, m: usize, data: Option<ArrayView2<T>>) -> Result<RoundPlan> {
                 match self { $(Sparsifier::$ty(s) => s.assign_rows(n, d, seed, round, start, m, data)),+ }
+            }
+
+            pub fn contiguous(&self, n: usize, d: usize) -> bool {
+                match self { $(Sparsifier::$ty(s) => s.contiguous(n, d)),+ }
             }
 
             pub fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {

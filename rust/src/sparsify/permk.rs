@@ -45,14 +45,18 @@ impl Sparsify for PermK {
         Ok(Assignment::Plan(plan::block_plan(n, Blocks::Ranges(bounds), pi)?))
     }
 
+    fn contiguous(&self, n: usize, d: usize) -> bool {
+        n == 1 || d <= n
+    }
+
     fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {
+        if !self.contiguous(n, d) {
+            return Ok(None);
+        }
         if n == 1 {
             let mut r = Ranges::idle(1, 1.0)?;
             r.stops[0] = d as i64;
             return Ok(Some(r));
-        }
-        if d > n {
-            return Ok(None);
         }
         // one coordinate per worker at most: O(n) work
         let asg = self.assign::<f64>(n, d, seed, round, None)?;

@@ -78,8 +78,12 @@ impl Sparsify for RandK {
         Ok((OwnedCoords::List(out), d as f64 / self.k as f64))
     }
 
+    fn contiguous(&self, _n: usize, _d: usize) -> bool {
+        self.k == 1
+    }
+
     fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {
-        if self.k != 1 {
+        if !self.contiguous(n, d) {
             return Ok(None);
         }
         // one coordinate per worker (O(n) draws)

@@ -1,0 +1,834 @@
+//! One round's plan of a spec with a shared plan, computed once ([`Round::new`], or ahead on a
+//! background thread: [`PendingRound`]) and used natively: the held workers' values
+//! ([`Round::gather`], [`Round::values`]) and the server's average ([`Round::mean`]).
+//!
+//! A [`Round`] keeps the sparsifier's compact [`Assignment`] (owner labels, block plans,
+//! ranges) and the `n + 1` CSR offsets of its plan, nothing of size `O(total)`: the int64 CSR
+//! arrays of `Spec.plan` are built only when asked ([`Round::coords`]). Every worker's
+//! coordinates, in order, and its scale are those of [`crate::compress::plan`] for the same
+//! `(n, d, seed, round)`, bit for bit (the same [`crate::sparsify::Sparsify::assign`]).
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
+
+use ndarray::ArrayView2;
+use rayon::prelude::*;
+
+use crate::compress::{Spec, RANGES_MIN_BLOCK};
+use crate::error::{CoreError, Result};
+use crate::kernels::{self, ValueRows};
+use crate::mem::{self, Need, Zeroed};
+use crate::plan::{with_owner, Assignment, Blocks, Coords, Label, Ranges, RoundPlan};
+use crate::real::Real;
+use crate::threads;
+
+/// What [`Round::values`] writes for every `(worker, coordinate)` pair of the round, in plan
+/// order: worker `i`'s value at coordinate `j` with the worker's scale `scale`.
+pub trait Emit<V>: Sync {
+    fn one(&self, i: usize, j: usize, scale: f64) -> V;
+
+    /// Worker `i`'s values on the coordinates `lo..hi` into `out` (`hi - lo` of them): the
+    /// same values as [`Emit::one`], possibly computed with vector instructions.
+    fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [V]) {
+        for (o, j) in out.iter_mut().zip(lo..hi) {
+            *o = self.one(i, j, scale);
+        }
+    }
+}
+
+/// Plan values of at least this many entries are computed on the pool's threads (plan forms
+/// other than owners), in chunks of whole workers of about `VALUES_CHUNK` entries.
+pub const VALUES_PAR_THRESHOLD: usize = 1 << 18;
+const VALUES_CHUNK: usize = 1 << 15;
+/// Owner rounds of at least this many coordinates take their average on the pool's threads, in
+/// chunks of `OWNERS_CHUNK` coordinates.
+pub const OWNERS_PAR_THRESHOLD: usize = 1 << 18;
+const OWNERS_CHUNK: usize = 1 << 16;
+/// Ranges up to this long are computed value by value ([`Emit::one`]).
+const SHORT_RANGE: usize = 4;
+
+/// One round's plan of a spec with a shared plan, in the sparsifier's compact form.
+#[derive(Debug)]
+pub struct Round {
+    n: usize,
+    d: usize,
+    asg: Assignment,
+    /// Worker `i`'s values are `offsets[i]..offsets[i + 1]` of the concatenated plan values.
+    offsets: Vec<usize>,
+    /// Block plans whose blocks are ranges (PermK for `n > d`, contiguous BlockPermK): worker
+    /// `i` sends the range `starts[i] .. starts[i] + (offsets[i + 1] − offsets[i])` (0 when
+    /// idle), so the hot loops read two sequential arrays instead of the plan's indirections.
+    /// Empty for the other plans.
+    starts: Vec<usize>,
+    /// The sparsifier guarantees one range per worker ([`crate::sparsify::Sparsify::contiguous`]).
+    contiguous: bool,
+    disjoint: OnceLock<bool>,
+}
+
+/// The coordinates themselves.
+struct CoordsOf;
+
+impl Emit<i64> for CoordsOf {
+    #[inline(always)]
+    fn one(&self, _i: usize, j: usize, _scale: f64) -> i64 {
+        j as i64
+    }
+
+    fn range(&self, _i: usize, lo: usize, _hi: usize, _scale: f64, out: &mut [i64]) {
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = (lo + t) as i64;
+        }
+    }
+}
+
+/// `T::of(scale · a[i − start, j])` (`a[i − start, j]` itself when the scale is 1): the
+/// values of the plan, as every aggregation path computes them.
+struct Gather<'a, T> {
+    a: ArrayView2<'a, T>,
+    start: usize,
+}
+
+impl<T: Real> Emit<T> for Gather<'_, T> {
+    #[inline(always)]
+    fn one(&self, i: usize, j: usize, scale: f64) -> T {
+        kernels::scaled(self.a[[i - self.start, j]], scale)
+    }
+
+    fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [T]) {
+        let row = self.a.row(i - self.start);
+        match row.as_slice() {
+            Some(r) if scale == 1.0 => out.copy_from_slice(&r[lo..hi]),
+            Some(r) => out.iter_mut().zip(&r[lo..hi]).for_each(|(o, &x)| *o = T::of(scale * x.f64())),
+            None => out.iter_mut().zip(lo..hi).for_each(|(o, j)| *o = kernels::scaled(row[j], scale)),
+        }
+    }
+}
+
+impl Round {
+    /// Checks that a round of `spec` can be computed for `n` workers in dimension `d`: a shared
+    /// plan, a defined `(n, d)`, and the memory of its compact form.
+    pub fn check(spec: &Spec, n: usize, d: usize) -> Result<()> {
+        if !spec.shared_plan() {
+            let why = if spec.sparsifier.data_dependent() {
+                format!("{}'s coordinates depend on the data", spec.sparsifier.title())
+            } else {
+                format!("the quantizer {:?} changes the values", spec.quantizer.name())
+            };
+            return Err(CoreError::invalid("spec", format!("a round needs a spec with a shared plan (Spec.shared_plan); {why}")));
+        }
+        spec.check(n, d)?;
+        let fp = spec.sparsifier.footprint(n, d);
+        Need::new()
+            .bytes("the round's assignment", fp.assign)
+            .array::<usize>("the round's offsets", &[n.saturating_add(1)])
+            .array::<usize>("the workers' ranges", &[n])
+            .check()
+    }
+
+    /// The round `round` of `spec` for `n` workers in dimension `d`.
+    pub fn new(spec: &Spec, n: usize, d: usize, seed: u64, round: u64) -> Result<Round> {
+        Self::check(spec, n, d)?;
+        Self::compute(spec, n, d, seed, round)
+    }
+
+    /// [`Round::new`] after [`Round::check`].
+    fn compute(spec: &Spec, n: usize, d: usize, seed: u64, round: u64) -> Result<Round> {
+        let asg = spec.sparsifier.assign::<f64>(n, d, seed, round, None)?;
+        let mut starts = Vec::new();
+        let offsets = match &asg {
+            Assignment::Owners { owner, .. } => with_owner!(owner, v => Assignment::owner_offsets(v, n))?,
+            Assignment::Plan(RoundPlan::All { .. }) => mem::collect("the round's offsets", n + 1, (0..=n).map(|i| i * d))?,
+            Assignment::Plan(RoundPlan::Csr { offsets, .. }) => mem::copy("the round's offsets", offsets)?,
+            Assignment::Plan(RoundPlan::Blocks { pi, slot_block, blocks, .. }) => {
+                let mut o = mem::vec("the round's offsets", n + 1)?;
+                if let Blocks::Ranges(_) = blocks {
+                    starts = mem::vec("the workers' ranges", n)?;
+                }
+                let mut total = 0;
+                o.push(0);
+                for i in 0..n {
+                    let c = RoundPlan::block_of(pi, slot_block, i).map_or(Coords::List(&[]), |b| blocks.block(b));
+                    total += c.len(d);
+                    o.push(total);
+                    if let Blocks::Ranges(_) = blocks {
+                        starts.push(if let Coords::Range(a, _) = c { a } else { 0 });
+                    }
+                }
+                o
+            }
+        };
+        if offsets.len() != n + 1 {
+            return Err(CoreError::Internal(format!("the round's plan has {} workers, expected {n}", offsets.len().saturating_sub(1))));
+        }
+        Ok(Round { n, d, asg, offsets, starts, contiguous: spec.sparsifier.contiguous(n, d), disjoint: OnceLock::new() })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn d(&self) -> usize {
+        self.d
+    }
+
+    /// The compact assignment.
+    pub fn assignment(&self) -> &Assignment {
+        &self.asg
+    }
+
+    /// The CSR offsets (`n + 1`): worker `i`'s values are `offsets[i]..offsets[i + 1]`.
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
+    /// The number of values of all workers (`offsets[n]`).
+    pub fn total(&self) -> usize {
+        self.offsets[self.n]
+    }
+
+    /// True when every coordinate is sent by at most one worker this round: owners (PermK for
+    /// `d >= n`, CoordinateSampling), block plans with one worker per block, a single worker,
+    /// or a listed plan (RandK) whose coordinates happen to be distinct (checked once, on
+    /// first use).
+    pub fn disjoint(&self) -> bool {
+        *self.disjoint.get_or_init(|| match &self.asg {
+            Assignment::Owners { .. } => true,
+            _ if self.n == 1 => true,
+            Assignment::Plan(RoundPlan::All { .. }) => false,
+            Assignment::Plan(RoundPlan::Blocks { blocks, .. }) => self.n / blocks.m() == 1,
+            Assignment::Plan(RoundPlan::Csr { coords, .. }) => {
+                if coords.len() > self.d {
+                    return false;
+                }
+                // a sorted copy has no repeated coordinate (a copy the machine cannot hold: not
+                // known to be disjoint)
+                match mem::copy("a copy of the round's coordinates", coords) {
+                    Ok(mut c) => {
+                        c.sort_unstable();
+                        c.windows(2).all(|w| w[0] != w[1])
+                    }
+                    Err(_) => false,
+                }
+            }
+        })
+    }
+
+    /// Fails unless `start <= stop <= n`.
+    pub fn check_workers(&self, start: usize, stop: usize) -> Result<()> {
+        if stop > self.n {
+            return Err(CoreError::invalid("stop", format!("stop = {stop} exceeds the round's n = {} workers", self.n)));
+        }
+        if start > stop {
+            return Err(CoreError::invalid("start", format!("start = {start} exceeds stop = {stop}")));
+        }
+        Ok(())
+    }
+
+    /// The number of values of workers `start..stop` (checked).
+    pub fn len_of(&self, start: usize, stop: usize) -> Result<usize> {
+        self.check_workers(start, stop)?;
+        Ok(self.offsets[stop] - self.offsets[start])
+    }
+
+    /// The bytes of [`Round::values`]' temporaries for workers `start..stop` (checked).
+    pub fn values_scratch(&self, start: usize, stop: usize) -> u128 {
+        let m = stop.saturating_sub(start) as u128;
+        let len = self.offsets[stop.min(self.n)].saturating_sub(self.offsets[start.min(self.n)]) as u128;
+        let sel = if matches!(self.asg, Assignment::Owners { .. }) && m < self.n as u128 { 4 * (len + 1) } else { 0 };
+        8 * m + sel + 24 * (len / VALUES_CHUNK as u128 + 1)
+    }
+
+    /// The offsets as int64 (`O(n)`).
+    pub fn offsets_i64(&self) -> Result<Vec<i64>> {
+        Need::new().array::<i64>("the round's offsets", &[self.n + 1]).check()?;
+        mem::collect("the round's offsets", self.n + 1, self.offsets.iter().map(|&o| o as i64))
+    }
+
+    /// Every worker's scale (`O(n)`).
+    pub fn scales(&self) -> Result<Vec<f64>> {
+        Need::new().array::<f64>("the round's scales", &[self.n]).check()?;
+        match &self.asg {
+            Assignment::Owners { scale, .. } | Assignment::Plan(RoundPlan::Blocks { scale, .. }) => mem::filled("the round's scales", self.n, *scale),
+            Assignment::Plan(RoundPlan::All { .. }) => mem::filled("the round's scales", self.n, 1.0),
+            Assignment::Plan(RoundPlan::Csr { scales, .. }) => mem::copy("the round's scales", scales),
+        }
+    }
+
+    /// The coordinates of workers `start..stop` in plan order (`O(d)` for owners, else
+    /// `O(values)`).
+    pub fn coords(&self, start: usize, stop: usize) -> Result<Vec<i64>> {
+        let len = self.len_of(start, stop)?;
+        Need::new().array::<i64>("the round's coordinates", &[len]).bytes("the workers' positions", self.values_scratch(start, stop)).check()?;
+        self.values("the round's coordinates", start, stop, &CoordsOf)
+    }
+
+    /// The worker of each value of workers `start..stop` (`np.repeat(arange(start, stop), sizes)`).
+    pub fn rows(&self, start: usize, stop: usize) -> Result<Vec<i64>> {
+        let len = self.len_of(start, stop)?;
+        Need::new().array::<i64>("the round's rows", &[len]).check()?;
+        let mut out = mem::vec("the round's rows", len)?;
+        for i in start..stop {
+            let k = self.offsets[i + 1] - self.offsets[i];
+            out.extend(std::iter::repeat(i as i64).take(k));
+        }
+        Ok(out)
+    }
+
+    /// Every worker's coordinates as one range, when the sparsifier guarantees that for
+    /// `(n, d)` (the rule of `Spec.plan_ranges`, whose result this equals); `O(n)`.
+    pub fn ranges(&self) -> Result<Option<Ranges>> {
+        if !self.contiguous {
+            return Ok(None);
+        }
+        let (n, d) = (self.n, self.d);
+        Need::new().bytes("the ranges", Ranges::bytes(n)).check()?;
+        match &self.asg {
+            Assignment::Owners { scale, .. } if n == 1 => {
+                let mut r = Ranges::idle(1, *scale)?;
+                r.stops[0] = d as i64;
+                Ok(Some(r))
+            }
+            // contiguous owners: d <= n, so O(n)
+            Assignment::Owners { .. } => self.asg.owner_ranges(),
+            Assignment::Plan(RoundPlan::All { .. }) => {
+                let mut r = Ranges::idle(n, 1.0)?;
+                r.stops.fill(d as i64);
+                Ok(Some(r))
+            }
+            Assignment::Plan(RoundPlan::Blocks { blocks: Blocks::Ranges(_), scale, .. }) => {
+                let mut r = Ranges::idle(n, *scale)?;
+                for i in 0..n {
+                    let len = self.offsets[i + 1] - self.offsets[i];
+                    if len > 0 {
+                        r.starts[i] = self.starts[i] as i64;
+                        r.stops[i] = (self.starts[i] + len) as i64;
+                    }
+                }
+                Ok(Some(r))
+            }
+            Assignment::Plan(RoundPlan::Blocks { blocks: Blocks::Listed { .. }, .. }) => Ok(None),
+            Assignment::Plan(RoundPlan::Csr { offsets, coords, scales }) => {
+                let mut r = Ranges::idle(n, 1.0)?;
+                r.scales.copy_from_slice(scales);
+                for i in 0..n {
+                    let c = &coords[offsets[i]..offsets[i + 1]];
+                    let Some(&first) = c.first() else { continue };
+                    if c.windows(2).any(|w| w[1] != w[0].wrapping_add(1)) {
+                        return Ok(None);
+                    }
+                    r.starts[i] = first as i64;
+                    r.stops[i] = first as i64 + c.len() as i64;
+                }
+                Ok(Some(r))
+            }
+        }
+    }
+
+    /// The values `e` gives for workers `start..stop`, in plan order (`offsets[stop] −
+    /// offsets[start]` of them): owners in one pass over the coordinates (two for some of the
+    /// workers: their coordinates, then their values), the other plans worker by worker (on
+    /// the pool's threads for large outputs; each value is computed on its own, so the result
+    /// does not depend on the split). The caller has checked the memory (the output and
+    /// [`Round::values_scratch`]).
+    pub fn values<V: Zeroed + Send, E: Emit<V>>(&self, what: &str, start: usize, stop: usize, e: &E) -> Result<Vec<V>> {
+        let len = self.len_of(start, stop)?;
+        let mut out = mem::zeros::<V>(what, &[len])?;
+        match &self.asg {
+            Assignment::Owners { owner, scale, .. } => with_owner!(owner, v => self.values_owners(v, *scale, start, stop, &mut out, e))?,
+            Assignment::Plan(p) => self.values_plan(p, start, stop, &mut out, e)?,
+        }
+        Ok(out)
+    }
+
+    fn values_owners<L: Label, V, E: Emit<V>>(&self, owner: &[L], scale: f64, start: usize, stop: usize, out: &mut [V], e: &E) -> Result<()> {
+        if start == stop {
+            return Ok(());
+        }
+        let base = self.offsets[start];
+        let len = out.len();
+        let mut fill = mem::collect("the workers' positions", stop - start, self.offsets[start..stop].iter().map(|&o| o - base))?;
+        let mut put = |i: usize, j: usize| {
+            let p = &mut fill[i - start];
+            out[*p] = e.one(i, j, scale);
+            *p += 1;
+        };
+        if stop - start == self.n {
+            owner.iter().enumerate().for_each(|(j, &o)| put(o.idx(), j));
+            return Ok(());
+        }
+        // some workers (a rank's): their coordinates first, compacted without branches (whether
+        // a coordinate is theirs is unpredictable), then their values
+        let m = stop - start;
+        let mut sel = mem::filled("the workers' coordinates", len + 1, 0u32)?;
+        let mut k = 0;
+        for (j, &o) in owner.iter().enumerate() {
+            sel[k] = j as u32;
+            k += (o.idx().wrapping_sub(start) < m) as usize;
+        }
+        sel[..k].iter().for_each(|&j| put(owner[j as usize].idx(), j as usize));
+        Ok(())
+    }
+
+    fn values_plan<V: Send, E: Emit<V>>(&self, plan: &RoundPlan, start: usize, stop: usize, out: &mut [V], e: &E) -> Result<()> {
+        let d = self.d;
+        let offsets = &self.offsets;
+        let starts = &self.starts;
+        let block_scale = match plan {
+            RoundPlan::Blocks { scale, .. } => *scale,
+            _ => 1.0,
+        };
+        // the values of workers lo..hi into `out` (which holds exactly theirs)
+        let run = |lo: usize, hi: usize, out: &mut [V]| {
+            let base = offsets[lo];
+            if !starts.is_empty() {
+                // range blocks: worker i sends starts[i] .. starts[i] + len
+                for i in lo..hi {
+                    let seg = &mut out[offsets[i] - base..offsets[i + 1] - base];
+                    let a = starts[i];
+                    if seg.len() <= SHORT_RANGE {
+                        seg.iter_mut().enumerate().for_each(|(t, o)| *o = e.one(i, a + t, block_scale));
+                    } else {
+                        e.range(i, a, a + seg.len(), block_scale, seg);
+                    }
+                }
+                return;
+            }
+            for i in lo..hi {
+                let seg = &mut out[offsets[i] - base..offsets[i + 1] - base];
+                let (c, s) = plan.worker(i);
+                match c {
+                    Coords::All => e.range(i, 0, d, s, seg),
+                    // short ranges (PermK for n > d: singletons) one by one, without the setup
+                    // of a vectorised range
+                    Coords::Range(a, b) if b - a <= SHORT_RANGE => seg.iter_mut().zip(a..b).for_each(|(o, j)| *o = e.one(i, j, s)),
+                    Coords::Range(a, b) => e.range(i, a, b, s, seg),
+                    Coords::List(c) => seg.iter_mut().zip(c).for_each(|(o, &j)| *o = e.one(i, j as usize, s)),
+                }
+            }
+        };
+        if out.len() < VALUES_PAR_THRESHOLD || stop - start < 2 {
+            run(start, stop, out);
+            return Ok(());
+        }
+        // chunks of whole workers of at least VALUES_CHUNK values (the last one smaller)
+        let mut pieces = mem::vec("the value chunks", out.len() / VALUES_CHUNK + 1)?;
+        let mut rest = out;
+        let mut lo = start;
+        for i in start..stop {
+            if offsets[i + 1] - offsets[lo] >= VALUES_CHUNK || i + 1 == stop {
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(offsets[i + 1] - offsets[lo]);
+                pieces.push((lo, i + 1, head));
+                rest = tail;
+                lo = i + 1;
+            }
+        }
+        threads::install(|| pieces.into_par_iter().for_each(|(lo, hi, o)| run(lo, hi, o)))
+    }
+
+    /// The values of workers `start .. start + m` whose `(m, d)` inputs are `a`:
+    /// `T::of(scale_i · a[i − start, j])` at their coordinates in plan order (exactly the
+    /// values every aggregation path sums). Non-finite values are passed on, not reported.
+    pub fn gather<T: Real>(&self, a: ArrayView2<T>, start: usize) -> Result<Vec<T>> {
+        let (m, d) = a.dim();
+        if d != self.d {
+            return Err(CoreError::invalid("a", format!("must have d = {} columns, got {d}", self.d)));
+        }
+        let stop = start.checked_add(m).filter(|&s| s <= self.n).ok_or_else(|| {
+            CoreError::invalid("a", format!("its {m} rows from start = {start} exceed the round's n = {} workers", self.n))
+        })?;
+        let len = self.len_of(start, stop)?;
+        Need::new().array::<T>("the gathered values", &[len]).bytes("the workers' positions", self.values_scratch(start, stop)).check()?;
+        self.values("the gathered values", start, stop, &Gather { a, start })
+    }
+
+    /// `(1/n) Σ_i C_i(a_i)` from the values of all `n` workers concatenated in worker and plan
+    /// order (`offsets[n]` of them, e.g. [`Round::gather`]'s): summed in worker order into a
+    /// zeroed float64 output, then divided by `n`, which is bit for bit
+    /// `np.bincount(coords, weights=values, minlength=d) / n` (and, for a disjoint round,
+    /// `0.0 + v` placed at each coordinate, then divided by `n`). Owners take one pass over the
+    /// coordinates; contiguous blocks combine their workers tile by tile ([`kernels::ranges_combine`]);
+    /// the other plans add worker by worker. Non-finite values propagate.
+    pub fn mean(&self, values: &[f64]) -> Result<Vec<f64>> {
+        let (n, d) = (self.n, self.d);
+        if values.len() != self.total() {
+            return Err(CoreError::invalid(
+                "values",
+                format!("must hold the {} values of all {n} workers (offsets[n]), got {}", self.total(), values.len()),
+            ));
+        }
+        let chunks = (d.div_ceil(OWNERS_CHUNK) as u128).min(d as u128 / 8 / n as u128 + 1);
+        Need::new().array::<f64>("the average", &[d]).bytes("the workers' positions", 8 * n as u128 * (chunks + 1)).check()?;
+        let rows = ValueRows { values, offsets: &self.offsets };
+        match &self.asg {
+            Assignment::Owners { owner, .. } => return with_owner!(owner, v => self.mean_owners(v, values)),
+            Assignment::Plan(RoundPlan::All { .. }) if d >= RANGES_MIN_BLOCK => {
+                let workers = mem::collect("the block workers", n, 0..n as u32)?;
+                if let Some((out, _)) = kernels::ranges_combine(&rows, n, d, &[0, d], &[0, n], &workers, 1.0)? {
+                    return Ok(out);
+                }
+            }
+            Assignment::Plan(RoundPlan::Blocks { pi, slot_block, blocks: Blocks::Ranges(bounds), .. }) if d / (bounds.len() - 1) >= RANGES_MIN_BLOCK => {
+                let (first, workers) = kernels::block_workers(pi, slot_block, bounds.len() - 1)?;
+                if let Some((out, _)) = kernels::ranges_combine(&rows, n, d, bounds, &first, &workers, 1.0)? {
+                    return Ok(out);
+                }
+            }
+            _ => {}
+        }
+        let Assignment::Plan(plan) = &self.asg else { unreachable!("owners returned above") };
+        let mut out = mem::zeros::<f64>("the average", &[d])?;
+        let add = |out: &mut [f64], c: Coords<'_>, v: &[f64]| match c {
+            Coords::All => out.iter_mut().zip(v).for_each(|(o, &x)| *o += x),
+            Coords::Range(a, b) => out[a..b].iter_mut().zip(v).for_each(|(o, &x)| *o += x),
+            Coords::List(c) => c.iter().zip(v).for_each(|(&j, &x)| out[j as usize] += x),
+        };
+        if !self.starts.is_empty() {
+            // small range blocks (PermK for n > d: singletons)
+            for i in 0..n {
+                let v = &values[self.offsets[i]..self.offsets[i + 1]];
+                match v {
+                    [] => {}
+                    [x] => out[self.starts[i]] += x,
+                    _ => add(&mut out, Coords::Range(self.starts[i], self.starts[i] + v.len()), v),
+                }
+            }
+        } else {
+            for i in 0..n {
+                add(&mut out, plan.worker(i).0, &values[self.offsets[i]..self.offsets[i + 1]]);
+            }
+        }
+        let nt = n as f64;
+        out.iter_mut().for_each(|v| *v /= nt);
+        Ok(out)
+    }
+
+    /// Owners: coordinate `j`'s one value is the next of its owner's, in one pass over the
+    /// output by chunks of coordinates (each gathered, then divided while in cache); large
+    /// rounds with the chunks on the pool's threads ([`Round::chunk_fills`]).
+    fn mean_owners<L: Label>(&self, owner: &[L], values: &[f64]) -> Result<Vec<f64>> {
+        let nt = self.n as f64;
+        // coordinates `o` (owners `ow`) from the workers' positions `fill`
+        let pass = |o: &mut [f64], ow: &[L], fill: &mut [usize]| {
+            for (x, &l) in o.iter_mut().zip(ow) {
+                let p = &mut fill[l.idx()];
+                // each worker's values are a stream of their own (n of them interleaved): fetch
+                // two cache lines ahead in this one
+                kernels::prefetch(values.as_ptr().wrapping_add(*p + 16));
+                *x = 0.0 + values[*p];
+                *p += 1;
+            }
+            // the division apart, vectorised (the same operations on the same values)
+            o.iter_mut().for_each(|v| *v /= nt);
+        };
+        let mut out = mem::zeros::<f64>("the average", &[self.d])?;
+        match self.chunk_fills(owner)? {
+            Some(mut fills) => threads::install(|| {
+                out.par_chunks_mut(OWNERS_CHUNK)
+                    .zip(owner.par_chunks(OWNERS_CHUNK))
+                    .zip(fills.par_chunks_mut(self.n))
+                    .for_each(|((o, ow), fill)| pass(o, ow, fill))
+            })?,
+            None => {
+                let mut fill = mem::copy("the workers' positions", &self.offsets[..self.n])?;
+                out.chunks_mut(OWNERS_CHUNK).zip(owner.chunks(OWNERS_CHUNK)).for_each(|(o, ow)| pass(o, ow, &mut fill));
+            }
+        }
+        Ok(out)
+    }
+
+    /// For a parallel pass over the owners in chunks of `OWNERS_CHUNK` coordinates: every
+    /// worker's first position in every chunk (`fills[c·n + i]`), from a counting pass. `None`
+    /// when the round is too small to pay, or has too many workers for its chunks
+    /// (`n · chunks > d / 8`: the counts would cost as much as the pass).
+    fn chunk_fills<L: Label>(&self, owner: &[L]) -> Result<Option<Vec<usize>>> {
+        let (n, d) = (self.n, self.d);
+        let chunks = d.div_ceil(OWNERS_CHUNK);
+        if d < OWNERS_PAR_THRESHOLD || n.saturating_mul(chunks) > d / 8 {
+            return Ok(None);
+        }
+        let mut fills = mem::filled("the workers' chunk positions", n * chunks, 0usize)?;
+        threads::install(|| {
+            fills.par_chunks_mut(n).zip(owner.par_chunks(OWNERS_CHUNK)).for_each(|(f, ow)| ow.iter().for_each(|l| f[l.idx()] += 1))
+        })?;
+        let mut next = mem::copy("the workers' positions", &self.offsets[..n])?;
+        for f in fills.chunks_mut(n) {
+            for (f, p) in f.iter_mut().zip(next.iter_mut()) {
+                let count = *f;
+                *f = *p;
+                *p += count;
+            }
+        }
+        Ok(Some(fills))
+    }
+}
+
+/// A round being computed on a background thread ([`PendingRound::spawn`]): [`PendingRound::wait`]
+/// joins it once. Dropped without waiting, the thread is detached: it ends with its
+/// computation (pure Rust on owned data) and its result is dropped.
+#[derive(Debug)]
+pub struct PendingRound {
+    handle: Mutex<Option<JoinHandle<Result<Round>>>>,
+}
+
+fn panic_text(p: &(dyn Any + Send)) -> String {
+    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned()).unwrap_or_else(|| "(no message)".into())
+}
+
+impl PendingRound {
+    /// Checks the arguments here (errors at once), then computes [`Round::new`]`(spec, n, d,
+    /// seed, round)` on a new thread; the result is that round exactly.
+    pub fn spawn(spec: Arc<Spec>, n: usize, d: usize, seed: u64, round: u64) -> Result<PendingRound> {
+        Round::check(&spec, n, d)?;
+        Self::start(move || Round::compute(&spec, n, d, seed, round))
+    }
+
+    /// Runs `f` on a new thread; a panic in it becomes an error of [`PendingRound::wait`].
+    pub fn start(f: impl FnOnce() -> Result<Round> + Send + 'static) -> Result<PendingRound> {
+        let handle = std::thread::Builder::new()
+            .name("permk-round".into())
+            .spawn(move || {
+                catch_unwind(AssertUnwindSafe(f))
+                    .unwrap_or_else(|p| Err(CoreError::Internal(format!("the round's background computation panicked: {}", panic_text(p.as_ref())))))
+            })
+            .map_err(|e| CoreError::Internal(format!("could not start the round's background thread: {e}")))?;
+        Ok(PendingRound { handle: Mutex::new(Some(handle)) })
+    }
+
+    /// Takes the thread's handle, once (the second call is an error).
+    pub fn take(&self) -> Result<JoinHandle<Result<Round>>> {
+        self.handle
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| CoreError::invalid("wait", "this PendingRound was already waited for (wait() returns its Round once)"))
+    }
+
+    /// Joins a handle of [`PendingRound::take`]: the round, or the computation's error.
+    pub fn join(handle: JoinHandle<Result<Round>>) -> Result<Round> {
+        handle
+            .join()
+            .unwrap_or_else(|p| Err(CoreError::Internal(format!("the round's background computation panicked: {}", panic_text(p.as_ref())))))
+    }
+
+    /// Waits for the round (once).
+    pub fn wait(&self) -> Result<Round> {
+        Self::join(self.take()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compress::{aggregate, aggregate_with_plan, plan, plan_ranges, round_plan, BlockPermK, CoordinateSampling, Identity, Partition, PermK, Quantizer, RandK, TopK};
+    use crate::sparsify::Sparsifier;
+    use ndarray::{s, Array2};
+
+    fn spec(s: impl Into<Sparsifier>) -> Spec {
+        Spec::new(s, Quantizer::None).unwrap()
+    }
+
+    fn big(n: usize, d: usize) -> Array2<f64> {
+        Array2::from_shape_fn((n, d), |(i, j)| ((i * 7919 + j * 104729) % 1000003) as f64 / 997.0 - 500.0)
+    }
+
+    /// Every sparsifier with a shared plan, several forms of each.
+    fn shared_specs() -> Vec<Spec> {
+        vec![
+            spec(Identity),
+            spec(PermK),
+            spec(RandK { k: 1 }),
+            spec(RandK { k: 3 }),
+            spec(BlockPermK { partition: Partition::Contiguous { m: 2 } }),
+            spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }),
+            spec(BlockPermK { partition: Partition::labels(vec![1, 0, 1, 1, 0, 0, 1]).unwrap() }),
+            spec(BlockPermK { partition: Partition::labels(vec![0, 0, 1, 1, 1, 2, 2]).unwrap() }),
+            spec(CoordinateSampling),
+        ]
+    }
+
+    /// (n, d) pairs: n > d, n = d, n < d, n = 1, d not divisible by n, large blocks.
+    const SHAPES: [(usize, usize); 10] = [(4, 10), (7, 3), (5, 5), (1, 7), (3, 7), (10, 4), (6, 13), (20, 7), (2, 70_000), (9, 100)];
+
+    fn bits(v: &[f64]) -> Vec<u64> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// `np.bincount(coords, weights=values, minlength=d) / n`.
+    fn bincount_mean(coords: &[i64], values: &[f64], n: usize, d: usize) -> Vec<f64> {
+        let mut out = vec![0.0; d];
+        for (&j, &v) in coords.iter().zip(values) {
+            out[j as usize] += v;
+        }
+        out.iter().map(|v| v / n as f64).collect()
+    }
+
+    #[test]
+    fn a_round_is_the_plan() {
+        for sp in shared_specs() {
+            for (n, d) in SHAPES {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                for round in 0..3 {
+                    let p = plan(&sp, n, d, 11, round).unwrap();
+                    let r = Round::new(&sp, n, d, 11, round).unwrap();
+                    assert_eq!((r.n(), r.d()), (n, d));
+                    assert_eq!(r.offsets_i64().unwrap(), p.offsets, "{sp:?} n={n} d={d}");
+                    assert_eq!(r.coords(0, n).unwrap(), p.coords, "{sp:?} n={n} d={d}");
+                    assert_eq!(bits(&r.scales().unwrap()), bits(&p.scales));
+                    for (a, b) in [(0, 0), (0, 1), (n / 2, n), (n - 1, n), (n / 3, 2 * n / 3)] {
+                        let (lo, hi) = (p.offsets[a] as usize, p.offsets[b] as usize);
+                        assert_eq!(r.coords(a, b).unwrap(), p.coords[lo..hi], "{sp:?} n={n} d={d} {a}..{b}");
+                        let rows: Vec<i64> = (a..b).flat_map(|i| std::iter::repeat(i as i64).take((p.offsets[i + 1] - p.offsets[i]) as usize)).collect();
+                        assert_eq!(r.rows(a, b).unwrap(), rows);
+                    }
+                    assert_eq!(r.ranges().unwrap(), plan_ranges(&sp, n, d, 11, round).unwrap(), "{sp:?} n={n} d={d}");
+                    // disjoint: no coordinate twice
+                    let mut seen = vec![0; d];
+                    p.coords.iter().for_each(|&j| seen[j as usize] += 1);
+                    assert_eq!(r.disjoint(), seen.iter().all(|&c| c <= 1), "{sp:?} n={n} d={d}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gather_and_mean_are_the_aggregate() {
+        for sp in shared_specs() {
+            for (n, d) in SHAPES {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let a = big(n, d);
+                let r = Round::new(&sp, n, d, 3, 5).unwrap();
+                let p = plan(&sp, n, d, 3, 5).unwrap();
+                let vals = r.gather(a.view(), 0).unwrap();
+                // the values are the plan's: scale_i · a[i, j]
+                let want: Vec<f64> = (0..n)
+                    .flat_map(|i| (p.offsets[i] as usize..p.offsets[i + 1] as usize).map(move |t| (i, t)))
+                    .map(|(i, t)| kernels::scaled(a[[i, p.coords[t] as usize]], p.scales[i]))
+                    .collect();
+                assert_eq!(bits(&vals), bits(&want), "{sp:?} n={n} d={d}");
+                let mean = r.mean(&vals).unwrap();
+                let agg = aggregate(&sp, a.view(), 3, 5).unwrap();
+                let generic = aggregate_with_plan(&sp, &round_plan::<f64>(&sp, n, d, 3, 5, None).unwrap(), a.view(), 3, 5).unwrap();
+                assert_eq!(bits(&mean), bits(agg.as_slice().unwrap()), "{sp:?} n={n} d={d}");
+                assert_eq!(bits(&mean), bits(generic.as_slice().unwrap()));
+                assert_eq!(bits(&mean), bits(&bincount_mean(&p.coords, &vals, n, d)));
+                // any values (not only scaled inputs), with signed zeros and non-finite ones
+                let mut any: Vec<f64> = (0..vals.len()).map(|t| ((t * 37) % 11) as f64 - 5.0).collect();
+                for (t, v) in any.iter_mut().enumerate() {
+                    match t % 13 {
+                        3 => *v = -0.0,
+                        7 => *v = 1e-310,
+                        _ => {}
+                    }
+                }
+                if !any.is_empty() && d > 1 {
+                    any[vals.len() / 2] = f64::NAN;
+                    any[0] = f64::INFINITY;
+                }
+                let m = r.mean(&any).unwrap();
+                let b = bincount_mean(&p.coords, &any, n, d);
+                assert!(m.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())), "{sp:?} n={n} d={d}");
+                // gather of a slice of workers, float32 and strided inputs
+                for (lo, hi) in [(0, n), (n / 2, n), (1.min(n), n), (0, 0)] {
+                    let g = r.gather(a.slice(s![lo..hi, ..]), lo).unwrap();
+                    assert_eq!(bits(&g), bits(&vals[p.offsets[lo] as usize..p.offsets[hi] as usize]));
+                    let at = a.t().to_owned();
+                    let g = r.gather(at.t().slice(s![lo..hi, ..]), lo).unwrap();
+                    assert_eq!(bits(&g), bits(&vals[p.offsets[lo] as usize..p.offsets[hi] as usize]));
+                }
+                let a32 = a.mapv(|v| v as f32);
+                let g32 = r.gather(a32.view(), 0).unwrap();
+                let want32: Vec<f32> = (0..n)
+                    .flat_map(|i| (p.offsets[i] as usize..p.offsets[i + 1] as usize).map(move |t| (i, t)))
+                    .map(|(i, t)| (p.scales[i] * a32[[i, p.coords[t] as usize]] as f64) as f32)
+                    .collect();
+                assert_eq!(g32, want32);
+            }
+        }
+    }
+
+    #[test]
+    fn large_rounds_do_not_depend_on_the_thread_count() {
+        let (n, d) = (40, 300_000);
+        let a = big(n, d);
+        let specs = [spec(PermK), spec(Identity), spec(BlockPermK { partition: Partition::Contiguous { m: 8 } }), spec(RandK { k: 20_000 })];
+        let run = || -> Vec<(Vec<f64>, Vec<f64>)> {
+            specs
+                .iter()
+                .map(|sp| {
+                    let r = Round::new(sp, n, d, 1, 2).unwrap();
+                    let v = r.gather(a.view(), 0).unwrap();
+                    let m = r.mean(&v).unwrap();
+                    (v, m)
+                })
+                .collect()
+        };
+        let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        crate::threads::set_num_threads(1).unwrap();
+        let one = run();
+        crate::threads::set_num_threads(3).unwrap();
+        let three = run();
+        for ((v1, m1), (v3, m3)) in one.iter().zip(&three) {
+            assert_eq!(bits(v1), bits(v3));
+            assert_eq!(bits(m1), bits(m3));
+        }
+        for (sp, (_, m)) in specs.iter().zip(&one) {
+            assert_eq!(bits(m), bits(aggregate(sp, a.view(), 1, 2).unwrap().as_slice().unwrap()), "{sp:?}");
+        }
+    }
+
+    #[test]
+    fn bad_arguments_are_named_errors() {
+        let name = |r: Result<Round>| match r {
+            Err(CoreError::InvalidArgument { name, .. }) => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(name(Round::new(&spec(TopK { k: 1 }), 3, 5, 0, 0)), "spec");
+        assert_eq!(name(Round::new(&Spec::new(PermK, Quantizer::Natural).unwrap(), 3, 5, 0, 0)), "spec");
+        assert_eq!(name(Round::new(&spec(PermK), 0, 5, 0, 0)), "n_workers");
+        assert_eq!(name(Round::new(&spec(RandK { k: 9 }), 3, 5, 0, 0)), "k");
+        let r = Round::new(&spec(PermK), 3, 5, 0, 0).unwrap();
+        let arg = |e: CoreError| match e {
+            CoreError::InvalidArgument { name, .. } => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(arg(r.coords(2, 1).unwrap_err()), "start");
+        assert_eq!(arg(r.rows(0, 4).unwrap_err()), "stop");
+        assert_eq!(arg(r.mean(&[1.0; 4]).unwrap_err()), "values");
+        assert_eq!(arg(r.gather(big(3, 4).view(), 0).unwrap_err()), "a");
+        assert_eq!(arg(r.gather(big(3, 5).view(), 1).unwrap_err()), "a");
+        assert_eq!(arg(r.gather(big(1, 5).view(), usize::MAX).unwrap_err()), "a");
+        // sizes are checked before allocating
+        let id = Round::new(&spec(Identity), 1 << 20, 1 << 31, 0, 0).unwrap();
+        assert!(matches!(id.coords(0, 1 << 20), Err(CoreError::Memory { .. })));
+        assert!(matches!(Round::new(&spec(PermK), 1 << 31, u32::MAX as usize, 0, 0), Err(CoreError::Memory { .. })));
+    }
+
+    #[test]
+    fn a_round_ahead_is_the_round() {
+        for sp in shared_specs() {
+            for (n, d) in [(4, 10), (20, 7), (3, 7)] {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let p = PendingRound::spawn(Arc::new(sp.clone()), n, d, 4, 9).unwrap();
+                let got = p.wait().unwrap();
+                let want = Round::new(&sp, n, d, 4, 9).unwrap();
+                assert_eq!(got.assignment(), want.assignment());
+                assert_eq!(got.offsets(), want.offsets());
+                assert!(matches!(p.wait(), Err(CoreError::InvalidArgument { name, .. }) if name == "wait"));
+            }
+        }
+        // errors: at once for bad arguments, at wait() for a panic; never waited: detached
+        assert!(PendingRound::spawn(Arc::new(spec(TopK { k: 1 })), 3, 5, 0, 0).is_err());
+        let p = PendingRound::start(|| panic!("boom")).unwrap();
+        let e = p.wait().unwrap_err();
+        assert!(matches!(&e, CoreError::Internal(m) if m.contains("boom")), "{e}");
+        drop(PendingRound::spawn(Arc::new(spec(PermK)), 4, 100_000, 0, 0).unwrap());
+    }
+}
