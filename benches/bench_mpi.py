@@ -1,15 +1,26 @@
-"""Localhost MPI benchmark: PermK's Allgatherv of blocks against a dense Allreduce.
+"""Localhost MPI benchmark: one compressed round of the MPI backend against the bare collectives.
 
-One compressed MARINA round moves, per rank, its PermK block (``⌈d/n⌉`` float64 values, the
-coordinates recomputed from the shared seed) with ``Allgatherv``; each rank then scatters the
-blocks into ``R^d`` (:meth:`permk.distributed` p2p mode). The uncompressed baseline is an
-``Allreduce`` of the same ``d``-vector. For d in {1e5, 1e6, 1e7} on 2 and 4 processes this
-prints the time per round (the slowest rank's, median over repetitions) and the bytes per rank:
-handed to MPI (what the paper counts) and on the wire for ring algorithms
-(``Allgatherv``: ``(n−1)/n · 8d``; ``Allreduce``: ``2(n−1)/n · 8d``).
+Every rank holds one worker (``n`` = number of processes). A round is what
+:class:`permk.distributed.MPIBackend` does in MARINA's compressed exchange
+(``compressed_mean``): compute the round's plan from ``(seed, t)``, take the worker's values at
+its coordinates, exchange them and form the aggregate in ``R^d`` on every rank (p2p). Rows:
 
-    python benches/bench_mpi.py                 # launches mpiexec -n 2 and -n 4 itself
-    python benches/bench_mpi.py --procs 4 --dims 100000
+* ``plan``: the round's plan alone (:meth:`permk.Compressor.round`, every rank);
+* ``PermK``: a random-permutation PermK round (values gathered, ``Allgatherv``, placed), without
+  and with the next round's plan computed ahead on a background thread (``prefetch``);
+* ``BlockPermK(n)``: a block round (``m = n`` contiguous blocks, a random permutation of the
+  workers): the values land in the aggregate buffer through one ``Allgatherv`` whose
+  displacements are the round's block starts;
+* ``Allgatherv``: the bare collective of the same blocks into place (the floor of a
+  BlockPermK(n) round);
+* ``Allreduce``: the uncompressed baseline, an ``Allreduce`` of the ``d``-vector.
+
+Time per round = the slowest rank's, median over the repetitions. Bytes per rank: handed to MPI
+(what the paper counts) and on the wire for ring algorithms (``Allgatherv``: ``(n−1)/n · 8d``;
+``Allreduce``: ``2(n−1)/n · 8d``).
+
+    python benches/bench_mpi.py                   # launches mpiexec -n 2 and -n 4 itself
+    python benches/bench_mpi.py --procs 4 --dims 1000000
     mpiexec -n 4 python benches/bench_mpi.py --inner --dims 1000000   # one configuration
 """
 
@@ -22,84 +33,118 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+ROWS = ("plan_permk", "plan_block", "permk", "permk_prefetch", "block", "allgatherv", "allreduce")
+
 
 def _reps(d: int) -> int:
-    return 30 if d <= 100_000 else 10 if d <= 1_000_000 else 5
+    return 40 if d <= 100_000 else 15 if d <= 1_000_000 else 6
+
+
+class OneRow:
+    """A local problem of one worker per rank whose gradient is a fixed vector (the benchmark
+    times the exchange, not an oracle)."""
+
+    def __init__(self, n: int, d: int, rank: int) -> None:
+        self.n, self.d, self.workers = n, d, range(rank, rank + 1)
+        self.x0 = np.zeros(d)
+        self.rows = np.random.default_rng(rank).standard_normal((1, d))
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return self.rows
 
 
 def inner(dims: list[int]) -> None:
     from mpi4py import MPI
 
     import permk
-    from permk.distributed import LocalView, _Comm
+    from permk.distributed import MPIBackend
 
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
-    comp = permk.PermK()
+    permk_c, block_c = permk.PermK(), permk.BlockPermK(n)
     for d in dims:
-        # only n and d matter to the collectives; the view's problem is never evaluated here
-        view = LocalView(permk.Quadratic.synthetic(n=n, d=d, lam=1.0, noise_scale=0.0), workers=range(rank, rank + 1))
-        c = _Comm(comm, view, "p2p", "allreduce")
-        x = np.random.default_rng(rank).standard_normal(d)
-        out, recv = np.empty(d), np.empty(d)
-        # plan: the round's permutation (Rust, every rank); permk: pack the block, Allgatherv,
-        # place the blocks (permk.distributed's p2p path); allgatherv: the collective alone
-        rows: dict[str, list[float]] = {"plan": [], "permk": [], "allgatherv": [], "allreduce": []}
-        sent = {"permk": 0, "allreduce": 0}
-        for t in range(_reps(d) + 1):  # the first repetition warms up
+        prob = OneRow(n, d, rank)
+        backends = {p: MPIBackend(prob, comm, path="dense", prefetch=p) for p in (False, True)}
+        x = prob.rows[0]
+        out = np.empty(d)
+        agg = np.empty(d)
+
+        def bare_allgatherv(t: int) -> None:
+            s, e, _ = block_c.round(n, d, seed=1, round=t).ranges()  # type: ignore[misc]
+            comm.Allgatherv(x[s[rank] : e[rank]], [agg, (e - s).tolist(), s.tolist(), MPI.DOUBLE])
+
+        ops: dict[str, Callable[[int], Any]] = {
+            "plan_permk": lambda t: permk_c.round(n, d, seed=1, round=t),
+            "plan_block": lambda t: block_c.round(n, d, seed=1, round=t),
+            "permk": lambda t: backends[False].compressed_mean(permk_c, x, seed=1, round=t),
+            "block": lambda t: backends[False].compressed_mean(block_c, x, seed=1, round=t),
+            "allgatherv": bare_allgatherv,
+            "allreduce": lambda t: comm.Allreduce(x, out, op=MPI.SUM),
+        }
+        times: dict[str, list[float]] = {k: [] for k in ROWS}
+        reps = _reps(d)
+        for name, op in ops.items():
+            for t in range(reps + 1):  # the first repetition warms up
+                comm.Barrier()
+                t0 = time.perf_counter()
+                op(t)
+                dt = time.perf_counter() - t0
+                if t:
+                    times[name].append(dt)
+        # prefetch: back-to-back rounds, each one's plan computed while the previous communicates
+        pf = backends[True]
+        pf.compressed_mean(permk_c, x, seed=1, round=0)
+        for t in range(1, reps + 1):
             comm.Barrier()
             t0 = time.perf_counter()
-            plan = comp.plan(n, d, seed=1, round=t)
-            t_plan = time.perf_counter() - t0
-            comm.Barrier()
-            t1 = time.perf_counter()
-            vals = x[plan.worker(rank)] * plan.scales[rank]
-            c.take()
-            mean = c.mean_plan(plan, vals, unique=True)
-            t2 = time.perf_counter()
-            sent["permk"] = c.take()[0]
-            counts = [int(plan.offsets[r + 1] - plan.offsets[r]) for r in range(n)]
-            displs = [int(v) for v in plan.offsets[:-1]]
-            comm.Barrier()
-            t3 = time.perf_counter()
-            comm.Allgatherv(vals, [recv, counts, displs, MPI.DOUBLE])
-            t4 = time.perf_counter()
-            comm.Barrier()
-            t5 = time.perf_counter()
-            comm.Allreduce(x, out, op=MPI.SUM)
-            dense = out / n
-            t6 = time.perf_counter()
-            sent["allreduce"] = x.nbytes
-            if t == 0:
-                assert np.isfinite(mean).all() and np.isfinite(dense).all()
-                continue
-            local = np.array([t_plan, t2 - t1, t4 - t3, t6 - t5])
-            slowest = np.empty(4)
-            comm.Allreduce(local, slowest, op=MPI.MAX)
-            for k, v in zip(rows, slowest):
-                rows[k].append(float(v))
+            pf.compressed_mean(permk_c, x, seed=1, round=t)
+            times["permk_prefetch"].append(time.perf_counter() - t0)
+        # the aggregate is the same with and without prefetch, and BlockPermK's is the blocks in place
+        same = np.array_equal(backends[False].compressed_mean(permk_c, x, seed=1, round=reps + 1),
+                              pf.compressed_mean(permk_c, x, seed=1, round=reps + 1))
+        assert same, "prefetch changed the aggregate"
+        local = np.array([np.median(times[k]) for k in ROWS])
+        slowest = np.empty_like(local)
+        comm.Allreduce(local, slowest, op=MPI.MAX)
         if rank == 0:
-            res: dict[str, Any] = {"n": n, "d": d, "reps": _reps(d)}
-            res.update({f"t_{k}": float(np.median(v)) for k, v in rows.items()})
-            res.update(bytes_permk=sent["permk"], bytes_allreduce=sent["allreduce"],
+            res: dict[str, Any] = {"n": n, "d": d, "reps": reps}
+            res.update({f"t_{k}": float(v) for k, v in zip(ROWS, slowest)})
+            res.update(bytes_permk=8 * -(-d // n), bytes_allreduce=8 * d,
                        wire_permk=(n - 1) * 8 * d / n, wire_allreduce=2 * (n - 1) * 8 * d / n)
             print("RESULT " + json.dumps(res), flush=True)
-        del c, view, x, out
 
 
 def _fmt_t(s: float) -> str:
-    return f"{s * 1e3:8.2f} ms" if s >= 1e-3 else f"{s * 1e6:8.1f} us"
+    return f"{s * 1e3:.2f} ms" if s >= 1e-3 else f"{s * 1e6:.0f} µs"
 
 
 def _fmt_b(b: float) -> str:
     for unit, f in (("MB", 1e6), ("kB", 1e3)):
         if b >= f:
-            return f"{b / f:7.2f} {unit}"
-    return f"{b:7.0f} B "
+            return f"{b / f:.2f} {unit}"
+    return f"{b:.0f} B"
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """The results as the README's markdown table."""
+    lines = [
+        "| ranks | d | plan PermK | plan BlockPermK(n) | PermK round | PermK round, prefetch | BlockPermK(n) round "
+        "| bare Allgatherv | dense Allreduce | BlockPermK / Allgatherv | BlockPermK / Allreduce | PermK / Allreduce "
+        "| PermK prefetch / Allreduce | bytes to MPI / rank: compressed vs dense |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        ar = r["t_allreduce"]
+        lines.append(
+            f"| {r['n']} | {r['d']:.0e} | {_fmt_t(r['t_plan_permk'])} | {_fmt_t(r['t_plan_block'])} | {_fmt_t(r['t_permk'])} "
+            f"| {_fmt_t(r['t_permk_prefetch'])} | {_fmt_t(r['t_block'])} | {_fmt_t(r['t_allgatherv'])} | {_fmt_t(ar)} "
+            f"| {r['t_block'] / r['t_allgatherv']:.2f} | {r['t_block'] / ar:.2f} | {r['t_permk'] / ar:.2f} "
+            f"| {r['t_permk_prefetch'] / ar:.2f} | {_fmt_b(r['bytes_permk'])} vs {_fmt_b(r['bytes_allreduce'])} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -107,7 +152,7 @@ def main() -> None:
     ap.add_argument("--inner", action="store_true", help="run the measurement (under mpiexec)")
     ap.add_argument("--dims", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--procs", type=int, nargs="+", default=[2, 4])
-    ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="set for the MPI processes, e.g. MPIR_CVAR_ALLGATHERV_INTRA_ALGORITHM=brucks (MPICH)")
     args = ap.parse_args()
@@ -128,21 +173,9 @@ def main() -> None:
             sys.exit(f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}")
         results += [json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     tuned = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(("MPIR_CVAR_", "OMPI_MCA_")))
-    print(f"localhost, {os.cpu_count()} cores; time per round = slowest rank, median of the repetitions; "
-          f"MPI settings: {tuned or 'defaults'}")
-    head = (f"{'n':>2} {'d':>9} | {'plan':>11} {'PermK':>11} {'Allgatherv':>11} | {'Allreduce':>11} | "
-            f"{'t ratio':>8} {'t ratio':>8} | {'PermK':>9} {'Allreduce':>9} {'ratio':>5} | {'PermK':>9} {'Allreduce':>9} {'ratio':>5}")
-    print(head)
-    print(f"{'':>12} | {'(Rust)':>11} {'exchange':>11} {'alone':>11} | {'(dense)':>11} | "
-          f"{'AR/PermK':>8} {'AR/AGv':>8} | {'bytes handed to MPI / rank':>25} | {'bytes on the wire / rank':>25}")
-    print("-" * len(head))
-    for r in results:
-        print(f"{r['n']:>2} {r['d']:>9.0e} | {_fmt_t(r['t_plan']):>11} {_fmt_t(r['t_permk']):>11} {_fmt_t(r['t_allgatherv']):>11} | "
-              f"{_fmt_t(r['t_allreduce']):>11} | {r['t_allreduce'] / r['t_permk']:8.2f} {r['t_allreduce'] / r['t_allgatherv']:8.2f} | "
-              f"{_fmt_b(r['bytes_permk']):>9} {_fmt_b(r['bytes_allreduce']):>9} {r['bytes_allreduce'] / r['bytes_permk']:5.1f} | "
-              f"{_fmt_b(r['wire_permk']):>9} {_fmt_b(r['wire_allreduce']):>9} {r['wire_allreduce'] / r['wire_permk']:5.1f}")
-    print("PermK exchange = pack the block + Allgatherv of the values + place them (permk.distributed, p2p); "
-          "plan = recomputing the round's permutation from (seed, t) on every rank.")
+    print(f"localhost, {os.cpu_count()} cores; time per round = the slowest rank's median; MPI settings: {tuned or 'defaults'}")
+    print(table(results))
+
 
 if __name__ == "__main__":
     main()

@@ -335,7 +335,7 @@ def test_argument_errors_and_resume_on_one_process() -> None:
         "not_a_problem": ("TypeError", "LocalView wraps a global problem"),
         "mode": ("ValueError", "mode must be one of 'p2p', 'server'"),
         "reduce": ("ValueError", "reduce must be one of 'allreduce', 'ordered'"),
-        "path": ("ValueError", "path='rust' is not available for compressed_mean_diff with PermK on MPI"),
+        "path": ("ValueError", "path='rust' is not available for compressed_mean_diff with GroupPermK"),
         "topk_marina": ("ValueError", "MARINA needs an unbiased compressor"),
         "permk_ef21": ("ValueError", "EF21 needs a contractive compressor"),
         "rounds": ("ValueError", "rounds must be in"),

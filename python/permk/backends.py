@@ -174,14 +174,13 @@ class Simulator:
         return np.asarray(rows, dtype=np.float64).mean(axis=0)
 
     def _plan_values(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int) -> Array:
-        plan = compressor.plan(self.n, self.d, seed=seed, round=round)
-        if plan is None:
-            raise ValueError(f"{compressor.name} declares a shared plan (capabilities.shared_plan) but its plan() returned None")
-        rows = np.repeat(np.arange(self.n, dtype=np.int64), np.diff(plan.offsets))
-        vals = self._coords(x, rows, plan.coords)
+        """The fused path: only the plan's coordinates of the local gradients are computed."""
+        r = compressor.round(self.n, self.d, seed=seed, round=round)
+        rows, cols = r.rows(0, self.n), r.coords(0, self.n)
+        vals = self._coords(x, rows, cols)
         if y is not None:
-            vals = vals - self._coords(y, rows, plan.coords)
-        return np.bincount(plan.coords, weights=vals * plan.scales[rows], minlength=self.d) / self.n
+            vals = vals - self._coords(y, rows, cols)
+        return r.mean(vals * r.scales()[rows])
 
     def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
         if self.path(compressor, "compressed_mean") == "fused":

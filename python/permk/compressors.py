@@ -42,7 +42,7 @@ import inspect
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, NamedTuple, Sequence
+from typing import Any, ClassVar, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -54,6 +54,9 @@ __all__ = [
     "Message",
     "Messages",
     "Plan",
+    "Round",
+    "PlanRound",
+    "PendingRound",
     "Ranges",
     "VarianceBound",
     "Compressor",
@@ -151,6 +154,103 @@ class Plan(NamedTuple):
     def worker(self, i: int) -> np.ndarray:
         """The coordinates worker ``i`` sends."""
         return self.coords[self.offsets[i] : self.offsets[i + 1]]
+
+
+@runtime_checkable
+class Round(Protocol):
+    """One round's shared plan, computed once and used by every exchange of the round
+    (:meth:`Compressor.round`): what the native ``permk._core.Round`` is, and what
+    :class:`PlanRound` gives a Python compressor from its :meth:`Compressor.plan`.
+
+    Worker ``i``'s values are entries ``offsets()[i]:offsets()[i+1]`` of the round's values
+    concatenated in worker order, at its coordinates in plan order, each multiplied by
+    ``scales()[i]``."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def d(self) -> int: ...
+    @property
+    def disjoint(self) -> bool: ...
+    def offsets(self) -> np.ndarray: ...
+    def scales(self) -> np.ndarray: ...
+    def coords(self, start: int, stop: int) -> np.ndarray: ...
+    def rows(self, start: int, stop: int) -> np.ndarray: ...
+    def ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None: ...
+    def gather(self, a: np.ndarray, start: int) -> np.ndarray: ...
+    def mean(self, values: np.ndarray) -> np.ndarray: ...
+
+
+class PendingRound(Protocol):
+    """A round being computed ahead (:meth:`Compressor.round_ahead`); ``wait()`` returns it."""
+
+    def wait(self) -> Round: ...
+
+
+class PlanRound:
+    """:class:`Round` over an explicit :class:`Plan` (the plan of a Python compressor), with
+    the native round's arithmetic: values ``scale_i * a_ij`` rounded once, summed in worker
+    order into zeros (a disjoint plan: placed), then divided by ``n``."""
+
+    def __init__(self, plan: Plan, d: int) -> None:
+        self.plan, self.n, self.d = plan, len(plan.offsets) - 1, int(d)
+        self.disjoint = bool(plan.disjoint)
+
+    def _span(self, start: int, stop: int) -> tuple[int, int]:
+        start, stop = check_int(start, "start", low=0, high=self.n + 1), check_int(stop, "stop", low=0, high=self.n + 1)
+        if start > stop:
+            raise ValueError(f"start ({start}) must not exceed stop ({stop})")
+        return start, stop
+
+    def offsets(self) -> np.ndarray:
+        return self.plan.offsets
+
+    def scales(self) -> np.ndarray:
+        return self.plan.scales
+
+    def coords(self, start: int, stop: int) -> np.ndarray:
+        start, stop = self._span(start, stop)
+        return self.plan.coords[self.plan.offsets[start] : self.plan.offsets[stop]]
+
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        start, stop = self._span(start, stop)
+        return np.repeat(np.arange(start, stop, dtype=np.int64), np.diff(self.plan.offsets[start : stop + 1]))
+
+    def ranges(self) -> None:
+        return None
+
+    def gather(self, a: np.ndarray, start: int) -> np.ndarray:
+        a = as_float_array(a, 2, "a")
+        m = a.shape[0]
+        start, stop = self._span(start, start + m)
+        if a.shape[1] != self.d:
+            raise ValueError(f"a must have {self.d} columns, got shape {a.shape}")
+        rows = self.rows(start, stop)
+        return a[rows - start, self.coords(start, stop)] * self.plan.scales[rows].astype(a.dtype)
+
+    def mean(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape != (int(self.plan.offsets[-1]),):
+            raise ValueError(f"values must hold the {int(self.plan.offsets[-1])} values of the round, got shape {values.shape}")
+        if self.disjoint:  # one term per coordinate: 0.0 + v, as the worker-order sum computes it
+            out = np.zeros(self.d)
+            out[self.plan.coords] = values + 0.0
+            out /= self.n
+            return out
+        return np.bincount(self.plan.coords, weights=values, minlength=self.d) / self.n
+
+
+class _Ready:
+    """A round computed at once (the :class:`PendingRound` of a Python compressor)."""
+
+    def __init__(self, r: Round) -> None:
+        self._round: Round | None = r
+
+    def wait(self) -> Round:
+        if self._round is None:
+            raise ValueError("wait: this round was already taken")
+        r, self._round = self._round, None
+        return r
 
 
 def aggregate_messages(messages: Sequence[Message]) -> np.ndarray:
@@ -355,6 +455,21 @@ class Compressor(abc.ABC):
         compressor's plan at ``(n, d)`` has that form (BlockPermK, PermK with ``n > d``), else None."""
         return None
 
+    def round(self, n: int, d: int, *, seed: int, round: int) -> Round:
+        """The round's shared plan as a :class:`Round`, computed once for all the round's
+        exchanges (the backends use it; ``capabilities.shared_plan`` required). By default a
+        :class:`PlanRound` over :meth:`plan`; a Rust compressor returns the native round."""
+        plan = self.plan(n, d, seed=seed, round=round)
+        if plan is None:
+            raise ValueError(f"{self.name} has no shared plan (capabilities.shared_plan is False, or its plan() returned None)")
+        return PlanRound(plan, d)
+
+    def round_ahead(self, n: int, d: int, *, seed: int, round: int) -> PendingRound:
+        """:meth:`round`, started now and taken with ``wait()``: a Rust compressor computes it on
+        a background thread (the MPI backend asks for round ``t + 1`` while round ``t``
+        communicates); by default it is computed at once."""
+        return _Ready(self.round(n, d, seed=seed, round=round))
+
     def disjoint(self, n: int, d: int) -> bool:
         """Whether, with a shared plan, every coordinate is sent by at most one worker in every
         round at ``(n, d)`` (PermK with ``d ≥ n``, BlockPermK with ``m = n``): the aggregate is
@@ -492,6 +607,18 @@ class RustCompressor(Compressor):
         self.check(n, d)
         out = self.kernel.plan_ranges(n, d, check_seed(seed), check_int(round, "round"))
         return None if out is None else Ranges(*out)
+
+    def round(self, n: int, d: int, *, seed: int, round: int) -> Round:
+        self.check(n, d)
+        if not self.capabilities.shared_plan:
+            raise ValueError(f"{self.name} has no shared plan (capabilities.shared_plan is False)")
+        return self.kernel.round(n, d, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
+
+    def round_ahead(self, n: int, d: int, *, seed: int, round: int) -> PendingRound:
+        self.check(n, d)
+        if not self.capabilities.shared_plan:
+            raise ValueError(f"{self.name} has no shared plan (capabilities.shared_plan is False)")
+        return self.kernel.round_ahead(n, d, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
 
 
 def _iv_constant(n: int, q: int) -> float:

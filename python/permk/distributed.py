@@ -31,7 +31,13 @@ aggregate, from which every rank forms the new iterate, as in Algorithm "MARINA"
   (``Allgatherv``/``Gatherv``); each rank adds them at the recomputed coordinates in worker order
   (bit for bit the simulator's ``aggregate``), or places them when the plan is disjoint. With a
   problem that has the coordinate oracle ``local_grad_coords(x, rows, cols)`` only the sent
-  coordinates are evaluated, for all the rank's workers in one call (``path="fused"``);
+  coordinates are evaluated, for all the rank's workers in one call (``path="fused"``; with a
+  native problem kernel and a Rust compressor the values are computed in Rust,
+  ``path="rust"``). The plan is computed once per round (:meth:`permk.Compressor.round`), and
+  round ``t + 1``'s plan on a background thread while round ``t`` communicates
+  (``prefetch``: by default when the plan is costly, e.g. PermK at large ``d``). When every rank holds one worker and the plan gives each worker one
+  contiguous block of a disjoint round (``BlockPermK(n)``), the blocks land directly in the
+  aggregate buffer (one ``Allgatherv`` with the round's displacements);
 * otherwise (TopK, quantizers): ``(index, value)`` pairs (uint32 indices; no lengths exchanged
   when the messages have a fixed size); EF21 with a native problem kernel and a Rust compressor
   computes its workers' messages in one Rust call (``path="rust"``);
@@ -69,6 +75,7 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 import traceback
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
@@ -77,7 +84,7 @@ import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real
 from .backends import EXCHANGES, choose_path, native_pair, start_point
-from .compressors import Compressor, Identity, Messages, Plan, Ranges
+from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
 from .problems import index_array
@@ -101,6 +108,8 @@ __all__ = [
 Array = np.ndarray
 Mode = Literal["p2p", "server"]
 Reduce = Literal["allreduce", "ordered"]
+#: ``prefetch="auto"`` computes the next round's plan ahead when a plan took this long here.
+PREFETCH_MIN_SECONDS = 1e-4
 
 
 def _mpi() -> Any:
@@ -374,7 +383,8 @@ class MPIBackend:
     """The workers of this process, and the exchanges between all ranks (see the module
     docstring). Counts the bytes each round hands to MPI."""
 
-    def __init__(self, problem: Any, comm: Any = None, *, mode: str = "p2p", reduce: str = "allreduce", path: str = "auto") -> None:
+    def __init__(self, problem: Any, comm: Any = None, *, mode: str = "p2p", reduce: str = "allreduce", path: str = "auto",
+                 prefetch: bool | Literal["auto"] = "auto") -> None:
         for attr in ("n", "d", "x0", "workers"):
             if not hasattr(problem, attr):
                 raise TypeError(f"the problem must be a permk.distributed.LocalProblem (missing {attr!r}), or a global problem")
@@ -400,6 +410,13 @@ class MPIBackend:
         self._buffers: dict[tuple[int, str], Array] = {}
         self._own_G: Array | None = None
         self._paths: dict[tuple[int, str], tuple[Compressor, str]] = {}
+        if not (isinstance(prefetch, bool) or prefetch == "auto"):
+            raise TypeError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
+        self.prefetch: bool | str = prefetch
+        self._ahead: tuple[Compressor, tuple[int, int], PendingRound] | None = None
+        self._slow_plan: dict[int, bool] = {}
+        self._theory: dict[int, tuple[Compressor, int]] = {}
+        self._agg: Array | None = None
 
     # -- paths ---------------------------------------------------------------------------------
     def path(self, compressor: Compressor, exchange: str) -> str:
@@ -410,9 +427,10 @@ class MPIBackend:
                 chosen = "dense"
             else:
                 shared = compressor.capabilities.shared_plan
+                native = native_pair(self.problem, compressor) is not None
                 available = {"dense": True,
                              "fused": exchange != "error_feedback" and shared and hasattr(self.problem, "local_grad_coords"),
-                             "rust": exchange == "error_feedback" and native_pair(self.problem, compressor) is not None}
+                             "rust": native and (exchange == "error_feedback" or shared)}
                 chosen = choose_path(self.forced, available, f"{exchange} with {compressor.name} on MPI")
             hit = self._paths[(id(compressor), exchange)] = (compressor, chosen)
         return hit[1]
@@ -484,37 +502,51 @@ class MPIBackend:
     def mean_grad(self, x: Array) -> Array:
         return self.mean_rows(self.local_grads(x))
 
-    def _plan_values(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int,
-                     exchange: str) -> tuple[Plan, Array]:
-        """The round's plan and the held workers' values (concatenated in worker order)."""
-        plan = compressor.plan(self.n, self.d, seed=seed, round=round)
-        if plan is None:
-            raise ValueError(f"{compressor.name} declares a shared plan (capabilities.shared_plan) but its plan() returned None")
-        ws = self.workers
-        lo, hi = int(plan.offsets[ws.start]), int(plan.offsets[ws.stop])
-        cols = plan.coords[lo:hi]
-        rows = np.repeat(np.arange(ws.start, ws.stop, dtype=np.int64), np.diff(plan.offsets[ws.start : ws.stop + 1]))
-        if self.path(compressor, exchange) == "fused":
+    def _round(self, compressor: Compressor, seed: int, round: int) -> Round:
+        """Round ``round``'s plan: the one computed ahead if it is that round's, else computed now.
+        Then round ``round + 1``'s plan is started on a background thread, to be ready when this
+        round's communication is over (it is a pure function of ``(seed, round + 1)``): always
+        with ``prefetch=True``; with ``"auto"`` when computing a plan here took at least
+        :data:`PREFETCH_MIN_SECONDS` (starting a thread costs 20–100 µs, more than a small plan)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] is compressor and ahead[1] == (seed, round):
+            r = ahead[2].wait()
+        else:
+            t0 = time.perf_counter()
+            r = compressor.round(self.n, self.d, seed=seed, round=round)
+            self._slow_plan[id(compressor)] = time.perf_counter() - t0 >= PREFETCH_MIN_SECONDS
+        if self.prefetch is True or (self.prefetch == "auto" and self._slow_plan[id(compressor)]):
+            self._ahead = (compressor, (seed, round + 1), compressor.round_ahead(self.n, self.d, seed=seed, round=round + 1))
+        return r
+
+    def _values(self, compressor: Compressor, r: Round, x: Array, y: Array | None, start: int, stop: int, exchange: str) -> Array:
+        """Workers ``start..stop``'s values of round ``r``, in plan order, scaled:
+        ``scale_i * (∇f_i(x) − ∇f_i(y))_j`` (``y`` None: ``scale_i * ∇f_i(x)_j``), the same
+        bits on every path."""
+        path = self.path(compressor, exchange)
+        if path == "rust":
+            return self.problem.kernel.round_values(r, x, y, start, stop)  # type: ignore[no-any-return]
+        if path == "fused":
+            rows, cols = r.rows(start, stop), r.coords(start, stop)
             vals = self._coords(x, rows, cols)
             if y is not None:
                 vals = vals - self._coords(y, rows, cols)
-        else:
-            local = rows - ws.start
-            vals = self.local_grads(x)[local, cols]
-            if y is not None:
-                vals = vals - self.local_grads(y)[local, cols]
-        return plan, vals * plan.scales[rows]
+            return vals * r.scales()[rows]
+        ws = self.workers
+        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
+        return r.gather(D[start - ws.start : stop - ws.start], start)
 
     def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
         if self.counting:
             self.theory = self._theory_bytes(compressor)
         if compressor.capabilities.shared_plan:
-            if self.size == self.n and compressor.disjoint(self.n, self.d):
-                ranges = compressor.plan_ranges(self.n, self.d, seed=seed, round=round)
+            r = self._round(compressor, seed, round)
+            if self.size == self.n and r.disjoint:
+                ranges = r.ranges()
                 if ranges is not None:  # one contiguous block per worker, one worker per rank
-                    return self._mean_in_place(compressor, ranges, x, y, exchange)
-            plan, vals = self._plan_values(compressor, x, y, seed, round, exchange)
-            return self._mean_plan(plan, vals)
+                    return self._mean_in_place(compressor, r, Ranges(*ranges), x, y, exchange)
+            ws = self.workers
+            return self._mean_round(r, self._values(compressor, r, x, y, ws.start, ws.stop, exchange))
         D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
         msgs = compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
         return self._mean_pairs(msgs, compressor)
@@ -539,34 +571,30 @@ class MPIBackend:
         msgs = compressor.compress_rows(self.local_grads(x) - G, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
         return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
 
-    def _mean_in_place(self, compressor: Compressor, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
+    def _mean_in_place(self, compressor: Compressor, r: Round, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
         """A disjoint round in which every rank's one worker sends one contiguous block (BlockPermK
         with ``m = n``): an ``Allgatherv`` (server: ``Gatherv``) whose displacements are the
         round's block starts puts every value at its coordinate in the aggregate buffer — no
-        packing, no placement loop — then ``(0 + v)/n`` as the worker-order sum computes it."""
+        packing, no placement loop, no pass over ``R^d`` after it. The sender divides: it sends
+        ``(0 + v)/n``, the worker-order sum's term divided by ``n``, the same bits as dividing
+        the placed sum (a coordinate no block covers is 0)."""
         w = self.workers.start
-        lo, hi = int(ranges.starts[w]), int(ranges.stops[w])
-        if self.path(compressor, exchange) == "fused":
-            cols, rows = np.arange(lo, hi, dtype=np.int64), np.full(hi - lo, w, dtype=np.int64)
-            vals = self._coords(x, rows, cols)
-            if y is not None:
-                vals = vals - self._coords(y, rows, cols)
-        else:
-            vals = self.local_grads(x)[0, lo:hi]
-            if y is not None:
-                vals = vals - self.local_grads(y)[0, lo:hi]
-        vals = np.ascontiguousarray(vals * ranges.scales[w], dtype=np.float64)
+        vals = self._values(compressor, r, x, y, w, w + 1, exchange)
         self._sent(vals.nbytes, vals.nbytes)
-        counts = [int(v) for v in ranges.stops - ranges.starts]
-        out = np.zeros(self.d) if self.mode == "p2p" or self.rank == 0 else None
-        spec = [out, counts, [int(v) for v in ranges.starts], self.MPI.DOUBLE]
+        vals = np.ascontiguousarray(vals, dtype=np.float64)
+        vals += 0.0
+        vals /= self.n
+        counts = (ranges.stops - ranges.starts).tolist()
+        out = None
+        if self.mode == "p2p" or self.rank == 0:
+            out = self._aggregate_buffer()
+            if sum(counts) != self.d:
+                out.fill(0.0)
+        spec = [out, counts, ranges.starts.tolist(), self.MPI.DOUBLE]
         if self.mode == "p2p":
             self.comm.Allgatherv(vals, spec)
         else:
             self.comm.Gatherv(vals, spec if self.rank == 0 else None, root=0)
-        if out is not None:
-            out += 0.0
-            out /= self.n
         return self._share(out)
 
     def _theory_bytes(self, compressor: Compressor) -> int:
@@ -574,15 +602,16 @@ class MPIBackend:
         (and 32-bit indices where they travel: without a shared plan). For a compressor whose
         message size is random (``capabilities.random_size``) it is the bound, which a round's
         largest message may not reach."""
-        k = compressor.floats_per_worker(self.n, self.d)
-        if compressor.capabilities.shared_plan:
-            return 8 * k
-        return k * (8 + (4 if self.d < 2**32 else 8))
+        hit = self._theory.get(id(compressor))
+        if hit is None or hit[0] is not compressor:
+            k = compressor.floats_per_worker(self.n, self.d)
+            hit = self._theory[id(compressor)] = (compressor, 8 * k if compressor.capabilities.shared_plan else k * (8 + (4 if self.d < 2**32 else 8)))
+        return hit[1]
 
-    def _mean_plan(self, plan: Plan, values: Array) -> Array:
-        """``(1/n) Σ_i C_i(a_i)`` from the held workers' values at the plan's coordinates: only
-        values travel; a disjoint plan's values are placed, not summed."""
-        off = plan.offsets
+    def _mean_round(self, r: Round, values: Array) -> Array:
+        """``(1/n) Σ_i C_i(a_i)`` from the held workers' values of round ``r``: only values travel
+        (gathered in worker order), and the round sums them — bit for bit the simulator's."""
+        off = r.offsets()
         sizes = np.diff(off[self.workers.start : self.workers.stop + 1])
         counts = [int(off[b.stop] - off[b.start]) for b in self.blocks]
         values = np.ascontiguousarray(values, dtype=np.float64)
@@ -590,17 +619,7 @@ class MPIBackend:
             raise ValueError(f"this rank's message has {values.size} values, the plan says {counts[self.rank]}")
         self._sent(values.nbytes, 8 * int(sizes.max(initial=0)))
         recv = self._gather(values, counts, self.MPI.DOUBLE)
-        if recv is None:
-            return self._share(None)
-        if plan.disjoint:
-            # one term per coordinate: 0.0 + v (as the worker-order sum computes it, -0.0 -> 0.0)
-            out = np.zeros(self.d)
-            recv += 0.0
-            out[plan.coords] = recv
-            out /= self.n
-            return self._share(out)
-        # worker-order sum from 0: np.bincount adds the weights one after the other
-        return self._share(np.bincount(plan.coords, weights=recv, minlength=self.d) / self.n)
+        return self._share(None if recv is None else r.mean(recv))
 
     def _mean_pairs(self, msgs: Messages, compressor: Compressor) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs.
@@ -639,6 +658,16 @@ class MPIBackend:
         root = self.rank == 0
         self.comm.Gatherv(buf, spec if root else None, root=0)
         return spec[0] if root else None  # type: ignore[return-value]
+
+    def _aggregate_buffer(self) -> Array:
+        """A ``(d,)`` array for a round's aggregate: the last one handed out when nothing but this
+        backend holds it any more (the method has consumed it: ``g + Δ`` made a new array), else
+        a new one. A fresh array of ``d`` floats costs page faults on first touch (~1 ms per
+        8 MB), which is as much as the exchange of a large block round."""
+        buf = self._agg
+        if buf is None or sys.getrefcount(buf) > 2:  # 2: self._agg and getrefcount's argument
+            buf = self._agg = np.empty(self.d)
+        return buf
 
     def _buffer(self, size: int, dtype: Any) -> Array:
         """A receive buffer, reused across rounds (its contents are consumed before the next
@@ -818,13 +847,16 @@ def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int,
 # ---------------------------------------------------------------------------------------------
 def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, seed: int, comm: Any = None,
         mode: Mode = "p2p", reduce: Reduce = "allreduce", abort_on_error: bool = True, record_every: int = 1,
-        progress: bool = False, path: str = "auto", state: State | None = None, x0: Any = None,
+        progress: bool = False, path: str = "auto", state: State | None = None, x0: Any = None, prefetch: bool | Literal["auto"] = "auto",
         **options: Any) -> DistributedRunResult:
     """Run ``method`` on MPI: the arguments and result of :func:`permk.run`, with the problem a
     :class:`LocalProblem` of this rank (or a global problem, viewed through :class:`LocalView`),
     plus ``comm`` (default ``COMM_WORLD``), ``mode`` (``"p2p"`` or ``"server"``), ``reduce``
-    (``"allreduce"`` or ``"ordered"``: how full gradients are summed) and ``abort_on_error``.
-    Every rank must call it with the same arguments."""
+    (``"allreduce"`` or ``"ordered"``: how full gradients are summed), ``abort_on_error`` and
+    ``prefetch`` (compute round ``t + 1``'s shared plan on a background thread while round ``t``
+    communicates: ``True``, ``False``, or ``"auto"``, when a plan takes longer to compute than a
+    thread to start; the iterates are the same either way). Every rank must call it with the same
+    arguments."""
     comm = _world(comm)
     rank = comm.Get_rank()
     _limit_threads_once(comm)
@@ -832,7 +864,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
 
     def setup() -> dict[str, Any]:
         local = as_local(problem, comm)
-        backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path)
+        backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch)
         params = method_setup(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
                               record_every=record_every, step=rank == 0, **options)
         params.update(path=backend.path(compressor, method.exchange), backend="mpi", mode=mode, reduce=reduce,

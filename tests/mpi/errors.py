@@ -27,7 +27,7 @@ def main() -> None:
         "not_a_problem": lambda: pd.marina(object(), permk.PermK(), rounds=3, seed=0),
         "mode": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, mode="ring"),  # type: ignore[arg-type]
         "reduce": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, reduce="tree"),  # type: ignore[arg-type]
-        "path": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=0, path="rust"),
+        "path": lambda: pd.marina(v, permk.GroupPermK([[0], [1]]), rounds=3, seed=0, path="rust"),
         "topk_marina": lambda: pd.marina(v, permk.TopK(2), rounds=3, seed=0),
         "permk_ef21": lambda: pd.ef21(v, permk.PermK(), rounds=3, seed=0),
         "rounds": lambda: pd.marina(v, permk.PermK(), rounds=0, seed=0),

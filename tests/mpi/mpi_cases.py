@@ -23,6 +23,13 @@ CASES: dict[str, dict[str, Any]] = {
     "marina_randk": dict(method="marina", n=4, d=20, comp=("RandK", 3), mode="p2p", reduce="ordered"),
     "marina_randk_server": dict(method="marina", n=4, d=20, comp=("RandK", 3), mode="server", reduce="ordered"),
     "marina_blockpermk": dict(method="marina", n=4, d=9, comp=("BlockPermK", 2), mode="p2p", reduce="ordered"),
+    # the three ways of computing a round's values (native kernel, coordinate oracle, dense
+    # rows), with and without the plan of the next round computed ahead: the same bits
+    "marina_permk_fused": dict(method="marina", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", path="fused"),
+    "marina_permk_rust_no_prefetch": dict(method="marina", n=8, d=20, comp=("PermK",), mode="server", reduce="ordered", path="rust",
+                                          prefetch=False),
+    "marina_blockpermk_n_in_place_fused": dict(method="marina", n=4, d=13, comp=("BlockPermK", 4), mode="p2p", reduce="ordered",
+                                               path="fused"),
     "ef21_topk": dict(method="ef21", n=4, d=20, comp=("TopK", 3), mode="p2p", reduce="ordered"),
     "ef21_topk_blocks_server": dict(method="ef21", n=8, d=10, comp=("TopK", 2), mode="server", reduce="ordered"),
     "gd": dict(method="gd", n=4, d=10, comp=None, mode="p2p", reduce="ordered"),
@@ -191,5 +198,6 @@ def run_mpi(case: dict[str, Any], comm: Any = None) -> Any:
         local = LeastSquaresShard(case["n"], case["d"], list(pd.workers_of(case["n"], comm)))
     else:
         local = problem(case)
-    kw = dict(run_kwargs(case), comm=comm, mode=case["mode"], reduce=case["reduce"], path=case.get("path", "auto"))
+    kw = dict(run_kwargs(case), comm=comm, mode=case["mode"], reduce=case["reduce"], path=case.get("path", "auto"),
+              prefetch=case.get("prefetch", True))
     return pd.run(METHODS[case["method"]], local, compressor(case) or permk.Identity(), **kw)
