@@ -289,6 +289,13 @@ def test_a_failing_rank_aborts_the_job(kind: str, message: str, origin: str, tmp
 
 
 @needs_mpi
+@pytest.mark.parametrize("nprocs", [0, 3])
+def test_the_reused_aggregate_buffer_is_never_one_the_caller_holds(nprocs: int) -> None:
+    proc = _launch(nprocs, "buffers.py")
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+@needs_mpi
 def test_a_rank_raising_outside_the_drivers_ends_a_plain_launch(tmp_path: Path) -> None:
     """``mpiexec -n 3 python script.py`` (no ``-m mpi4py``, no explicit hook) where rank 1 raises
     in the user's own code before the run: importing permk.distributed under mpiexec installed

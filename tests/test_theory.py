@@ -722,8 +722,8 @@ def test_complexity_errors() -> None:
         complexity(permk.marina, permk.PermK, **{**args, "eps": 0.0})
     with pytest.raises(TypeError, match="real"):
         complexity(permk.marina, permk.PermK, **{**args, "L_minus": "1"})
-    with pytest.raises(TypeError):
-        complexity(permk.marina, permk.BlockPermK, **args)  # needs m: pass an instance
+    # a class without a tunable size stands for its default at (n, d): BlockPermK(min(n, d))
+    assert complexity(permk.marina, permk.BlockPermK, **args).floats == complexity(permk.marina, permk.BlockPermK(4), **args).floats
     with pytest.raises(TypeError, match="Compressor"):
         complexity(permk.marina, "PermK", **args)
     with pytest.raises(TypeError):

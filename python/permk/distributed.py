@@ -112,6 +112,22 @@ Reduce = Literal["allreduce", "ordered"]
 PREFETCH_MIN_SECONDS = 1e-4
 
 
+class _Holder:
+    slot: Any = None
+
+
+def _only_held_here() -> int:
+    """What ``sys.getrefcount`` says of an object held by one attribute alone, measured as
+    :meth:`MPIBackend._aggregate_buffer` measures (the count differs between CPython versions)."""
+    h = _Holder()
+    h.slot = object()
+    buf = h.slot
+    return sys.getrefcount(buf)
+
+
+_ONLY_HELD_HERE = _only_held_here()
+
+
 def _mpi() -> Any:
     try:
         from mpi4py import MPI
@@ -665,7 +681,7 @@ class MPIBackend:
         a new one. A fresh array of ``d`` floats costs page faults on first touch (~1 ms per
         8 MB), which is as much as the exchange of a large block round."""
         buf = self._agg
-        if buf is None or sys.getrefcount(buf) > 2:  # 2: self._agg and getrefcount's argument
+        if buf is None or sys.getrefcount(buf) > _ONLY_HELD_HERE:
             buf = self._agg = np.empty(self.d)
         return buf
 

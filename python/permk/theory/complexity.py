@@ -168,8 +168,8 @@ def complexity(
 
     ``compressor`` may be a class: one with a tunable size (``permk.RandK`` / ``permk.TopK``:
     ``capabilities.tunable == "k"``) means "optimise ``K`` over ``1..d``" (integer log-grid
-    refinement), other classes are instantiated without arguments; an instance keeps its
-    parameters. The constants may be upper bounds (the theorems hold with them);
+    refinement), other classes give their default at ``(n, d)`` (``Compressor.default``:
+    ``BlockPermK(min(n, d))``, ...); an instance keeps its parameters. The constants may be upper bounds (the theorems hold with them);
     ``mu > L_minus`` is rejected.
 
     >>> import permk
@@ -194,7 +194,7 @@ def complexity(
             k = _argmin_int(lambda k: _solve(method, cls(**{size: k}), n, d, constants, eps, delta0).floats, 1, d)
             best = _solve(method, cls(**{size: k}), n, d, constants, eps, delta0)
         else:
-            best = _solve(method, cls(), n, d, constants, eps, delta0)
+            best = _solve(method, cls.default(n, d), n, d, constants, eps, delta0)
     else:
         raise TypeError(f"compressor must be a permk.Compressor or a Compressor class, got {compressor!r}")
     table = table_complexity(method, compressor, n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps,
