@@ -610,6 +610,289 @@ def test_round_non_finite_values_propagate() -> None:
 
 
 # ------------------------------------------------------------------------------------------
+# Round options: divide= and out= (one pass, into a reused buffer)
+# ------------------------------------------------------------------------------------------
+
+
+def _awkward(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """Values with signed zeros (-0.0 among them), subnormals and large ones."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((n, d)) * 10.0 ** rng.integers(-3, 4, (n, d))
+    a.flat[::5] = -0.0
+    a.flat[1::7] = 0.0
+    a.flat[2::11] = -3e-310
+    return a
+
+
+def _divided(g: np.ndarray, k: int) -> np.ndarray:
+    """numpy's ``(g + 0.0) / k`` (in ``g``'s dtype)."""
+    return (g + 0.0) / k
+
+
+def _neg_zero(v: np.ndarray) -> np.ndarray:
+    return (v == 0) & np.signbit(v)
+
+
+@_cases(SHAPES)
+def test_round_gather_divide_and_out_are_the_numpy_composition(kw: dict[str, Any], n: int, d: int) -> None:
+    r, (offsets, _, _) = _round_and_plan(kw, n, d)
+    A = _awkward(n, d, n * d)
+    for dtype in (np.float64, np.float32):
+        for a in (np.ascontiguousarray(A, dtype=dtype), np.asfortranarray(A, dtype=dtype)):
+            for s, t in [(0, n), (n // 2, n), (n - 1, n), (0, 0)]:
+                g = r.gather(a[s:t], s)
+                assert _same_bits(r.gather(a[s:t], s, divide=None, out=None), g)
+                for k in (1, 2, 3, 4, 7, n, np.int64(5), 2**53):
+                    want = _divided(g, int(k))
+                    assert want.dtype == dtype
+                    assert _same_bits(r.gather(a[s:t], s, divide=k), want), (dtype, s, t, k)
+                    buf = np.full(offsets[t] - offsets[s], np.nan, dtype=dtype)
+                    got = r.gather(a[s:t], s, divide=k, out=buf)
+                    assert got is buf and _same_bits(buf, want), (dtype, s, t, k)
+                    # -0.0 values become +0.0, as in the worker-order sum from zero
+                    assert not _neg_zero(buf[_neg_zero(g)]).any()
+                buf = np.full(offsets[t] - offsets[s], np.nan, dtype=dtype)
+                assert r.gather(a[s:t], s, out=buf) is buf and _same_bits(buf, g)
+    # the mean into a buffer: the same bits, for any values (signed zeros, subnormals, NaN)
+    values = _awkward(1, int(offsets[-1]), 7)[0]
+    if values.size:
+        values[values.size // 2] = np.nan
+    for fill in (np.nan, -0.0, 1.0):
+        buf = np.full(d, fill)
+        assert r.mean(values, out=buf) is buf
+        assert _same_bits(buf, r.mean(values))
+    buf = np.empty(d)
+    assert _same_bits(r.mean(np.repeat(values, 2)[::2], out=buf), r.mean(values))
+    # a disjoint round: the divided values placed at their coordinates are the mean
+    if r.disjoint:
+        placed = np.zeros(d)
+        placed[r.coords(0, n)] = r.gather(A, 0, divide=n)
+        assert _same_bits(placed, r.mean(r.gather(A, 0)))
+
+
+def test_round_gather_minus_zero_is_plus_zero() -> None:
+    r = _core.Spec("blockpermk", m=2).round(2, 8, 0, 0)
+    a = np.full((2, 8), -0.0)
+    assert np.signbit(r.gather(a, 0)).all()  # the values themselves are passed on
+    for k in (1, 2, 3):
+        v = r.gather(a, 0, divide=k)
+        assert not np.signbit(v).any() and (v == 0).all()
+        assert _same_bits(v, _divided(r.gather(a, 0), k))
+    assert _same_bits(r.gather(a.astype(np.float32), 0, divide=3), np.zeros(8, np.float32))
+
+
+@_cases([(4, 10), (10, 4), (1, 7), (20, 7), (9, 100), (3, 5000)])
+def test_round_values_divide_and_out_are_the_numpy_composition(kw: dict[str, Any], n: int, d: int) -> None:
+    r, (offsets, _, _) = _round_and_plan(kw, n, d)
+    q = _problem(n)
+    rng = np.random.default_rng(d)
+    x, y = rng.standard_normal(d), rng.standard_normal(d)
+    x[::3] = y[::3]  # some differences are exactly zero (and -0.0 after the scale)
+    for s, t in [(0, n), (n // 2, n), (n - 1, n)]:
+        for yy in (y, None):
+            v = q.round_values(r, x, yy, s, t)
+            for k in (1, 2, 3, n, 2**53):
+                want = _divided(v, k)
+                assert _same_bits(q.round_values(r, x, yy, s, t, divide=k), want)
+                buf = np.full(offsets[t] - offsets[s], np.nan)
+                assert q.round_values(r, x, yy, s, t, divide=k, out=buf) is buf
+                assert _same_bits(buf, want)
+            buf = np.full(offsets[t] - offsets[s], np.nan)
+            assert q.round_values(r, x, yy, s, t, out=buf) is buf and _same_bits(buf, v)
+            # strided x, y
+            buf2 = np.empty_like(buf)
+            y2 = None if yy is None else np.repeat(yy, 2)[::2]
+            assert _same_bits(q.round_values(r, np.repeat(x, 2)[::2], y2, s, t, divide=n, out=buf2), _divided(v, n))
+
+
+_BadCase = tuple[str, Callable[[np.ndarray], Any], Callable[[], np.ndarray], type[Exception], str]
+
+
+def _with_divide(call: Callable[..., Any], k: Any) -> Callable[[np.ndarray], Any]:
+    return lambda b: call(b, divide=k)
+
+
+def _bad_out_cases() -> list[_BadCase]:
+    """(id, call with the buffer, buffer factory, exception, message) for every bad divide/out."""
+    r = _core.Spec("permk").round(3, 5, 0, 0)  # 5 values in all, d = 5
+    blk = _core.Spec("blockpermk", m=2).round(2, 10, 0, 0)  # 5 values per worker
+    q = _problem(3)
+    a = np.arange(15.0).reshape(3, 5)
+    a32 = a.astype(np.float32)
+    x, y = np.ones(5), np.zeros(5)
+    v = np.ones(5)
+    def f64(m: int = 5) -> np.ndarray:
+        return np.full(m, 7.0)
+
+    cases: list[_BadCase] = []
+    calls: list[tuple[str, Callable[..., Any]]] = [
+        ("gather", lambda b, **kw: r.gather(a, 0, out=b, **kw)),
+        ("gather32", lambda b, **kw: r.gather(a32, 0, out=b.astype(np.float32) if b.dtype == np.float64 else b, **kw)),
+        ("round_values", lambda b, **kw: q.round_values(r, x, y, 0, 3, out=b, **kw)),
+    ]
+    divisors: list[tuple[Any, type[Exception], str]] = [
+            (0, ValueError, r"^divide: must be an integer in \[1, 2\*\*53\], got 0"),
+            (-2, ValueError, r"^divide: .*got -2"),
+            (2**53 + 1, ValueError, r"^divide: "),
+            (2**64, ValueError, r"^divide: "),
+            (2.0, TypeError, r"^divide: must be an int"),
+            (np.float64(2), TypeError, r"^divide: must be an int"),
+            (True, TypeError, r"^divide: must be an int"),
+        ("2", TypeError, r"^divide: must be an int"),
+    ]
+    for name, call in calls:
+        for k, exc, msg in divisors:
+            cases.append((f"{name}-divide={k!r}", _with_divide(call, k), f64, exc, msg))
+    bad_outs: list[tuple[str, Callable[[], np.ndarray], type[Exception], str]] = [
+        ("short", lambda: f64(4), ValueError, r"^out: must have the 5 values of workers 0\.\.3"),
+        ("long", lambda: f64(6), ValueError, r"^out: must have the 5 values"),
+        ("empty", lambda: f64(0), ValueError, r"^out: must have the 5 values"),
+        ("float32", lambda: f64().astype(np.float32), ValueError, r"^out: must have dtype float64"),
+        ("int64", lambda: np.full(5, 7, np.int64), ValueError, r"^out: must have dtype float64"),
+        ("2-D", lambda: np.full((1, 5), 7.0), ValueError, r"^out: must be a 1-D array"),
+        ("strided", lambda: f64(10)[::2], ValueError, r"^out: must be C-contiguous"),
+        ("reversed", lambda: f64()[::-1], ValueError, r"^out: must be C-contiguous"),
+        ("read-only", lambda: _readonly(f64()), ValueError, r"^out: must be writeable"),
+        ("big-endian", lambda: f64().astype(">f8"), ValueError, r"^out: must have dtype float64"),
+    ]
+    for bid, make, bad, msg in bad_outs:
+        cases.append((f"gather-out-{bid}", lambda b: r.gather(a, 0, divide=3, out=b), make, bad, msg))
+        cases.append((f"round_values-out-{bid}", lambda b: q.round_values(r, x, y, 0, 3, divide=3, out=b), make, bad, msg))
+        cases.append((f"mean-out-{bid}", lambda b: r.mean(v, out=b), make, bad, _mean_msg(msg)))
+    cases += [
+        ("gather32-out-float64", lambda b: r.gather(a32, 0, out=b), f64, ValueError, r"^out: must have dtype float32 \(a's dtype\), got float64"),
+        ("gather-out-list", lambda b: r.gather(a, 0, out=_as_list(b)), f64, TypeError, r"^out: must be a numpy array"),
+        ("mean-out-list", lambda b: r.mean(v, out=_as_list(b)), f64, TypeError, r"^out: must be a numpy array"),
+        ("round_values-out-list", lambda b: q.round_values(r, x, y, 0, 3, out=_as_list(b)), f64, TypeError, r"^out: must be a numpy array"),
+        # the other arguments are checked too before writing
+        ("gather-bad-a", lambda b: r.gather(np.zeros((3, 4)), 0, divide=2, out=b), f64, ValueError, r"^a: "),
+        ("gather-bad-start", lambda b: blk.gather(np.zeros((2, 10)), 1, divide=2, out=b), f64, ValueError, r"^a: .*rows"),
+        ("mean-bad-values", lambda b: r.mean(np.ones(4), out=b), f64, ValueError, r"^values: "),
+        ("round_values-bad-x", lambda b: q.round_values(r, np.ones(4), None, 0, 3, out=b), f64, ValueError, r"^x: "),
+        ("round_values-bad-stop", lambda b: q.round_values(r, x, None, 0, 4, out=b), f64, ValueError, r"^stop: "),
+    ]
+    return cases
+
+
+def _as_list(b: np.ndarray) -> Any:
+    """``b`` as a list (not an array: a wrong type for ``out``)."""
+    return list(b)
+
+
+def _mean_msg(msg: str) -> str:
+    """The message of a bad ``out`` of ``mean`` (whose length is ``d``)."""
+    return r"^out: must have the round's d = 5 coordinates" if "the 5 values" in msg else msg
+
+
+def _readonly(b: np.ndarray) -> np.ndarray:
+    b.flags.writeable = False
+    return b
+
+
+_BAD_OUT = _bad_out_cases()
+
+
+@pytest.mark.parametrize("call,make,exc,match", [c[1:] for c in _BAD_OUT], ids=[c[0] for c in _BAD_OUT])
+def test_round_bad_divide_or_out_raise_before_writing(call: Callable[[np.ndarray], Any], make: Callable[[], np.ndarray], exc: type, match: str) -> None:
+    buf = make()
+    root = buf if buf.base is None else buf.base  # all of a view's memory
+    before = np.array(root, copy=True)
+    with pytest.raises(exc, match=match):
+        call(buf)
+    assert _same_bits(root, before)  # untouched
+
+
+def test_round_out_must_not_share_memory_with_the_inputs() -> None:
+    r = _core.Spec("identity").round(2, 6, 0, 0)  # 6 values per worker
+    q = _problem(2)
+    a = np.arange(12.0).reshape(2, 6)
+    base = np.arange(24.0)
+    for out, inp in [
+        (a[1], a),  # a row of a itself
+        (base[3:9], base[:12].reshape(2, 6)),  # a partial overlap
+        # within a strided a's bounds but on no element of it: refused too, as by
+        # np.may_share_memory (bounds), though np.shares_memory would say no
+        (base[13:19], base.reshape(2, 12)[:, ::2]),
+    ]:
+        assert np.may_share_memory(out, inp[1:])
+        before = out.copy()
+        with pytest.raises(ValueError, match=r"^out: must not share memory with a"):
+            r.gather(inp[1:], 1, out=out)
+        with pytest.raises(ValueError, match=r"^out: must not share memory with a"):
+            r.gather(inp[1:], 1, divide=2, out=out)
+        assert _same_bits(out, before)
+    # a Fortran-ordered a: its memory spans both rows
+    f = np.asfortranarray(np.arange(12.0).reshape(2, 6))
+    with pytest.raises(ValueError, match=r"^out: must not share memory with a"):
+        r.gather(f[1:], 1, out=f.reshape(-1, order="A")[3:9])
+    # disjoint parts of one buffer are fine
+    ok = base[12:18]
+    assert r.gather(base[:6].reshape(1, 6), 1, divide=2, out=ok) is ok
+    assert _same_bits(ok, _divided(base[:6], 2))
+    # round_values: not x, not y
+    p = _core.Spec("permk").round(2, 6, 0, 0)  # 6 values in all, d = 6
+    x, y = np.arange(6.0), np.ones(6)
+    for out, name in [(x, "x"), (y, "y")]:
+        before = out.copy()
+        with pytest.raises(ValueError, match=rf"^out: must not share memory with {name}"):
+            q.round_values(p, x, y, 0, 2, divide=2, out=out)
+        assert _same_bits(out, before)
+    # mean: not values
+    vals = np.arange(6.0)
+    with pytest.raises(ValueError, match=r"^out: must not share memory with values"):
+        p.mean(vals, out=vals)
+    with pytest.raises(ValueError, match=r"^out: must not share memory with values"):
+        p.mean(base[:12:2], out=base[6:12])
+    assert _same_bits(vals, np.arange(6.0))
+
+
+def test_round_options_do_not_depend_on_the_thread_count() -> None:
+    before = _core.get_num_threads()
+    n, d = 3, 400_000
+    A = _awkward(n, d, 1)
+    q = _problem(n)
+    x, y = A[0].copy(), A[1].copy()
+    rounds = [
+        _core.Spec("blockpermk", m=2).round(2, 2 * d, 1, 2),  # one worker: one block of 400 000 values
+        _core.Spec("identity").round(n, d, 1, 2),
+        _core.Spec("randk", k=300_000).round(n, d, 1, 2),
+        _core.Spec("permk").round(n, d, 1, 2),
+    ]
+    probs = [_problem(2), q, q, q]
+    data = [np.concatenate([A[:2], A[1::-1]], axis=1), A, A, A]
+    xs = [(np.tile(x, 2), np.tile(y, 2)), (x, y), (x, y), (x, y)]
+
+    def run() -> list[np.ndarray]:
+        out = []
+        for r, p, a, (xx, yy) in zip(rounds, probs, data, xs):
+            off = r.offsets()
+            b = np.full(off[1], np.nan)
+            out.append(r.gather(a[:1], 0, divide=r.n, out=b).copy())
+            b = np.full(off[-1], np.nan)
+            out.append(r.gather(a[: r.n], 0, divide=3, out=b).copy())
+            out.append(r.gather(a[: r.n], 0))
+            b = np.full(off[1], np.nan)
+            out.append(p.round_values(r, xx, yy, 0, 1, divide=r.n, out=b).copy())
+            m = np.full(r.d, np.nan)
+            out.append(r.mean(np.asarray(r.gather(a[: r.n], 0), dtype=np.float64), out=m).copy())
+        return out
+
+    try:
+        results = []
+        for k in (1, 2, 3):
+            _core.set_num_threads(k)
+            results.append(run())
+        for other in results[1:]:
+            assert all(_same_bits(u, v) for u, v in zip(results[0], other))
+        # and they are the numpy compositions
+        r, a = rounds[0], data[0]
+        assert _same_bits(results[0][0], _divided(r.gather(a[:1], 0), 2))
+        assert _same_bits(results[0][3], _divided(probs[0].round_values(r, xs[0][0], xs[0][1], 0, 1), 2))
+    finally:
+        _core.set_num_threads(before)
+
+
+# ------------------------------------------------------------------------------------------
 # Allocations the machine cannot hold are refused before they happen
 # ------------------------------------------------------------------------------------------
 

@@ -130,20 +130,45 @@ class Round:
         """``(starts, stops, scales)`` when every worker's coordinates form one contiguous
         range, by the rule of :meth:`Spec.plan_ranges` (whose result this equals), else
         None. ``O(n)``."""
-    def gather(self, a: npt.NDArray[np.floating], start: int) -> npt.NDArray[np.floating]:
+    def gather(
+        self, a: npt.NDArray[np.floating], start: int, *, divide: int | None = None, out: npt.NDArray[np.floating] | None = None
+    ) -> npt.NDArray[np.floating]:
         """The values of workers ``start .. start + m`` whose inputs are the rows of the
         ``(m, d)`` float64/float32 array ``a`` (any strides), in plan order:
         ``scale_i * a[i - start, j]`` rounded once to ``a``'s dtype, exactly the values every
         aggregation path sums. Non-finite values are passed on, not reported. ValueError
-        naming ``a`` for a wrong shape or rows beyond ``n``."""
-    def mean(self, values: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+        naming ``a`` for a wrong shape or rows beyond ``n``.
+
+        ``divide=k`` (an int, ``1 <= k <= 2**53``; TypeError for a float or a bool,
+        ValueError naming ``divide`` out of range): each value ``v`` becomes ``(v + 0.0) / k``,
+        two IEEE operations in ``a``'s dtype in the same pass (no fused multiply-add): bit for
+        bit numpy's ``(gather(a, start) + 0.0) / k`` (``+ 0.0`` turns ``-0.0`` into ``+0.0``,
+        as the worker-order sum from zero does; a power of two multiplies by its exact
+        reciprocal, the same bits). With ``k = n`` these are the terms of :meth:`mean`'s
+        average, so a disjoint round's values can be placed straight into the aggregate.
+
+        ``out``: a writeable C-contiguous 1-D array of ``a``'s dtype (float64, or float32 for
+        a float32 ``a``) with exactly ``offsets()[start + m] - offsets()[start]`` elements,
+        sharing no memory with ``a`` (``np.may_share_memory``'s bounds test): the values are
+        written there (every element overwritten, one pass, no allocation) and ``out`` itself
+        is returned. TypeError naming ``out`` when it is not a numpy array, ValueError naming
+        it for any other mismatch; every argument is checked before anything is written. Large
+        outputs are computed on the core's threads (when more than one), chunk by chunk; the
+        result never depends on the number of threads."""
+    def mean(self, values: npt.NDArray[np.float64], *, out: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.float64]:
         """``(1/n) Σ_i C_i(a_i)`` from the values of all ``n`` workers concatenated in worker
         and plan order (``offsets()[n]`` of them, ValueError naming ``values`` otherwise):
         summed in worker order into a zeroed float64 output, then divided by ``n``; bit for
         bit ``np.bincount(coords, weights=values, minlength=d) / n`` (for a disjoint round,
         ``values + 0.0`` placed at the coordinates, then divided by ``n``), and
         :meth:`Spec.aggregate` of ``a`` when ``values = gather(a, 0)`` (float64). Non-finite
-        values propagate. ``O(d + values)``; large rounds on the core's threads."""
+        values propagate. ``O(d + values)``; large rounds on the core's threads.
+
+        ``out``: a writeable C-contiguous 1-D float64 array of length ``d`` sharing no memory
+        with ``values``: the average is written there (every element overwritten, the same
+        bits) and ``out`` itself is returned, without allocating (no page faults of a fresh
+        ``(d,)`` array). TypeError naming ``out`` when it is not a numpy array, ValueError
+        naming it otherwise, checked before anything is written."""
 
 @final
 class PendingRound:
@@ -243,6 +268,9 @@ class Tridiagonal:
         y: npt.NDArray[np.float64] | None,
         start: int,
         stop: int,
+        *,
+        divide: int | None = None,
+        out: npt.NDArray[np.float64] | None = None,
     ) -> npt.NDArray[np.float64]:
         """The values of workers ``start..stop`` of ``round`` (whose ``n`` must be the
         problem's) in plan order: ``scale_i * (∇f_i(x)_j − ∇f_i(y)_j)``, each gradient
@@ -251,6 +279,10 @@ class Tridiagonal:
         local_grad_coords(y, rows, cols)) * scales[rows]`` with ``rows, cols =
         round.rows(start, stop), round.coords(start, stop)``. ``y`` None:
         ``scale_i * ∇f_i(x)_j``. ``x`` and ``y`` have length ``round.d`` (ValueError naming
-        them)."""
+        them).
+
+        ``divide`` and ``out`` as in :meth:`Round.gather` (float64 only; ``out`` must not
+        share memory with ``x`` or ``y``): one pass computes, scales, optionally takes
+        ``(v + 0.0) / k`` and writes; bit for bit ``(round_values(...) + 0.0) / k``."""
     def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]:
         """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)``."""

@@ -426,15 +426,49 @@ pub fn ranges_combine<T: Real, R: RowParts<T>>(
     workers: &[u32],
     scale: f64,
 ) -> Result<Option<(Vec<T>, bool)>> {
-    let m = bounds.len() - 1;
-    if bounds[0] != 0 || bounds[m] != d || bounds.windows(2).any(|w| w[0] > w[1]) || first.len() != m + 1 {
-        return Ok(None); // not a partition of 0..d into ranges: the generic path
+    if !ranges_partition(d, bounds, first) {
+        return Ok(None);
     }
-    if (0..m).any(|b| first[b] >= first[b + 1]) {
-        return Ok(None); // a block without workers would leave its coordinates unwritten
+    let mut out = mem::vec::<T>("the average", d)?;
+    let Some(finite) = ranges_combine_into(rows, n, d, bounds, first, workers, scale, &mut out.spare_capacity_mut()[..d])? else {
+        return Ok(None);
+    };
+    // SAFETY: `ranges_combine_into` returned `Some`: it wrote every one of the `d` elements
+    // (the tiles partition 0..d and every tile was written in full by its first worker).
+    unsafe { out.set_len(d) };
+    Ok(Some((out, finite)))
+}
+
+/// True when `bounds` partition `0..d` into ranges and every block has a worker (the
+/// precondition of the contiguous block kernel; checked before writing anything).
+pub fn ranges_partition(d: usize, bounds: &[usize], first: &[usize]) -> bool {
+    let m = bounds.len() - 1;
+    // not a partition of 0..d into ranges: the generic path
+    bounds[0] == 0 && bounds[m] == d && bounds.windows(2).all(|w| w[0] <= w[1]) && first.len() == m + 1
+        // a block without workers would leave its coordinates unwritten
+        && (0..m).all(|b| first[b] < first[b + 1])
+}
+
+/// [`ranges_combine`] into `out` (`d` slots, initialised or not): `Some(finite)` once every
+/// slot is written, `None` (nothing written) unless [`ranges_partition`], or (never, for
+/// consistent offsets) when a worker's part does not cover its tile, some slots then written.
+/// Only initialised values are ever written into `out`.
+#[allow(clippy::too_many_arguments)]
+fn ranges_combine_into<T: Real, R: RowParts<T>>(
+    rows: &R,
+    n: usize,
+    d: usize,
+    bounds: &[usize],
+    first: &[usize],
+    workers: &[u32],
+    scale: f64,
+    out: &mut [MaybeUninit<T>],
+) -> Result<Option<bool>> {
+    let m = bounds.len() - 1;
+    if out.len() != d || !ranges_partition(d, bounds, first) {
+        return Ok(None);
     }
     let tiles = range_tiles(bounds)?;
-    let mut out = mem::vec::<T>("the average", d)?;
     let nt = T::of(n as f64);
     // `Some(finite)`, or `None` when a worker's part does not cover the tile (never, for
     // consistent offsets: then the tile is not fully written)
@@ -457,7 +491,7 @@ pub fn ranges_combine<T: Real, R: RowParts<T>>(
     };
     let both = |x: Option<bool>, y: Option<bool>| Some(x? && y?);
     let mut parts: Vec<&mut [MaybeUninit<T>]> = mem::vec("the block tiles", tiles.len())?;
-    let mut rest: &mut [MaybeUninit<T>] = &mut out.spare_capacity_mut()[..d];
+    let mut rest: &mut [MaybeUninit<T>] = out;
     for &(_, lo, hi) in &tiles {
         let (head, tail) = std::mem::take(&mut rest).split_at_mut(hi - lo);
         parts.push(head);
@@ -476,12 +510,33 @@ pub fn ranges_combine<T: Real, R: RowParts<T>>(
         let mut buf = Vec::new();
         parts.into_iter().zip(&tiles).try_fold(true, |ok, (o, t)| Some(tile(t, o, &mut buf)? && ok))
     };
-    let Some(finite) = written else { return Ok(None) };
-    // SAFETY: the tiles partition 0..d (bounds run from 0 to d, checked above) and every tile
-    // was written in full by its first worker (`written`: every block has a worker and every
-    // part covers its tile), so the first `d` elements are initialised.
-    unsafe { out.set_len(d) };
-    Ok(Some((out, finite)))
+    // `Some`: the tiles partition 0..d (bounds run from 0 to d, checked above) and every tile
+    // was written in full by its first worker (every block has a worker and every part covers
+    // its tile), so all `d` slots are written
+    Ok(written)
+}
+
+/// [`ranges_combine`] into the initialised `out` (`d` values, overwritten): `Some(finite)`
+/// once every value is written; `None` with `out` untouched unless [`ranges_partition`] (and,
+/// never for consistent offsets, `None` with `out` partly written when a worker's values do
+/// not cover its tile).
+#[allow(clippy::too_many_arguments)]
+pub fn ranges_combine_over<T: Real, R: RowParts<T>>(
+    rows: &R,
+    n: usize,
+    d: usize,
+    bounds: &[usize],
+    first: &[usize],
+    workers: &[u32],
+    scale: f64,
+    out: &mut [T],
+) -> Result<Option<bool>> {
+    // SAFETY: `MaybeUninit<T>` has the layout of `T`, and `ranges_combine_into` only writes
+    // initialised values into its slots (`MaybeUninit::new`), never reads them before writing
+    // and never exposes the slots, so every element of `out` stays a valid `T` (`T: Copy`,
+    // nothing to drop).
+    let slots = unsafe { &mut *(out as *mut [T] as *mut [MaybeUninit<T>]) };
+    ranges_combine_into(rows, n, d, bounds, first, workers, scale, slots)
 }
 
 /// `compress_all` of the block compressors whose blocks are ranges: row `i` of the zeroed

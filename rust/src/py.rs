@@ -2,8 +2,11 @@
 //! Every computation lives in the pure-Rust modules; a new sparsifier needs nothing here
 //! (`Spec(name, **params)` goes through [`Spec::from_name`]).
 
-use numpy::ndarray::{ArrayView1, ArrayView2};
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2};
+use numpy::ndarray::{ArrayView, ArrayView1, ArrayView2, Dimension};
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2,
+    PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
@@ -12,7 +15,7 @@ use crate::compress::{self, CsrArrays, Messages, Real, Spec};
 use crate::error::CoreError;
 use crate::params::{Params, Value};
 use crate::plan::Ranges;
-use crate::round::{PendingRound, Round};
+use crate::round::{Divisor, PendingRound, Round};
 use crate::sparsify::{blockpermk, permk};
 use crate::{quadratic, rng, threads};
 
@@ -259,6 +262,83 @@ fn slice_of<'a>(x: &'a ArrayView1<'a, f64>, name: &str) -> PyResult<Cow<'a, [f64
     Ok(Cow::Owned(crate::mem::collect(&what, x.len(), x.iter().copied())?))
 }
 
+/// The name of `v`'s type, for messages.
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+/// The `divide` option: `None`, or an int (`operator.index`) in `[1, 2**53]`: TypeError for
+/// anything else than an int (a bool, a float), ValueError for an int out of range.
+fn divisor(v: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Divisor>> {
+    let Some(v) = v else { return Ok(None) };
+    let not_int = || PyTypeError::new_err(format!("divide: must be an int (or None), got {}", type_name(v)));
+    if v.is_instance_of::<PyBool>() {
+        return Err(not_int());
+    }
+    let k = v.py().import("operator")?.call_method1("index", (v,)).map_err(|_| not_int())?;
+    match k.extract::<i64>() {
+        Ok(k) if k >= 1 => Ok(Some(Divisor::new(k as u64)?)),
+        _ => Err(PyValueError::new_err(format!("divide: must be an integer in [1, 2**53], got {k}"))),
+    }
+}
+
+/// The bytes `[lo, hi)` the elements of `v` span (`lo == hi` when it has none): the bounds
+/// `np.may_share_memory` compares.
+fn extent<T, D: Dimension>(v: &ArrayView<'_, T, D>) -> (usize, usize) {
+    if v.is_empty() {
+        return (0, 0);
+    }
+    let size = std::mem::size_of::<T>() as isize;
+    let p = v.as_ptr() as isize;
+    let (mut lo, mut hi) = (p, p + size);
+    for (&n, &s) in v.shape().iter().zip(v.strides()) {
+        let e = (n as isize - 1) * s * size;
+        if e < 0 {
+            lo += e;
+        } else {
+            hi += e;
+        }
+    }
+    (lo as usize, hi as usize)
+}
+
+/// `out` (the argument of that name) borrowed for writing: a writeable C-contiguous 1-D numpy
+/// array of `T` (`dtype` names it) whose memory does not overlap any of `inputs` (their byte
+/// ranges, as `np.may_share_memory`). TypeError when it is not a numpy array, ValueError
+/// otherwise; nothing is written here (its length is checked by the kernel, also before
+/// writing).
+fn out_array<'py, T: numpy::Element>(out: &Bound<'py, PyAny>, dtype: &str, inputs: &[(&str, (usize, usize))]) -> PyResult<PyReadwriteArray1<'py, T>> {
+    let arr = out.cast::<PyUntypedArray>().map_err(|_| PyTypeError::new_err(format!("out: must be a numpy array (or None), got {}", type_name(out))))?;
+    if arr.ndim() != 1 {
+        return Err(PyValueError::new_err(format!("out: must be a 1-D array, got {} dimensions", arr.ndim())));
+    }
+    if !arr.dtype().is_equiv_to(&numpy::dtype::<T>(out.py())) {
+        return Err(PyValueError::new_err(format!("out: must have dtype {dtype}, got {}", arr.dtype())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(PyValueError::new_err("out: must be C-contiguous"));
+    }
+    if !out.getattr("flags")?.getattr("writeable")?.extract::<bool>()? {
+        return Err(PyValueError::new_err("out: must be writeable"));
+    }
+    let typed = arr.cast::<PyArray1<T>>()?;
+    let mine = {
+        let p = typed.data() as usize;
+        (p, p + typed.len() * std::mem::size_of::<T>())
+    };
+    for &(name, (lo, hi)) in inputs {
+        if mine.0 < mine.1 && lo < hi && mine.0 < hi && lo < mine.1 {
+            return Err(PyValueError::new_err(format!("out: must not share memory with {name}")));
+        }
+    }
+    typed.try_readwrite().map_err(|e| PyValueError::new_err(format!("out: cannot be written: {e}")))
+}
+
+/// The borrowed `out` as a slice (C-contiguous: checked by [`out_array`]).
+fn out_slice<'a, T: numpy::Element>(w: &'a mut PyReadwriteArray1<'_, T>) -> PyResult<&'a mut [T]> {
+    w.as_slice_mut().map_err(|_| PyValueError::new_err("out: must be C-contiguous"))
+}
+
 /// One round's plan of a spec with a shared plan, computed once (`Spec.round`, `Spec.round_ahead`).
 #[pyclass(frozen, module = "permk._core", name = "Round")]
 pub struct PyRound(Round);
@@ -302,20 +382,53 @@ impl PyRound {
         Ok(ranges_arrays(py, r))
     }
 
-    fn gather<'py>(&self, py: Python<'py>, a: &Bound<'py, PyAny>, start: usize) -> PyResult<Bound<'py, PyAny>> {
-        fn go<'py, T: Real + numpy::Element>(py: Python<'py>, r: &Round, a: ArrayView2<T>, start: usize) -> PyResult<Bound<'py, PyAny>> {
-            Ok(py.detach(|| r.gather(a, start))?.into_pyarray(py).into_any())
+    /// The workers' values in plan order (`divide`: each `(v + 0) / k`; `out`: written there
+    /// and returned).
+    #[pyo3(signature = (a, start, *, divide=None, out=None))]
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        a: &Bound<'py, PyAny>,
+        start: usize,
+        divide: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        fn go<'py, T: Real + numpy::Element>(
+            py: Python<'py>,
+            r: &Round,
+            a: ArrayView2<T>,
+            start: usize,
+            divide: Option<Divisor>,
+            out: Option<&Bound<'py, PyAny>>,
+            dtype: &str,
+        ) -> PyResult<Bound<'py, PyAny>> {
+            let Some(out) = out else {
+                return Ok(py.detach(|| r.gather_div(a, start, divide))?.into_pyarray(py).into_any());
+            };
+            let mut w = out_array::<T>(out, dtype, &[("a", extent(&a))])?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| r.gather_into(a, start, divide, o))?;
+            Ok(out.clone())
         }
+        let divide = divisor(divide)?;
         match arr2(a, "a")? {
-            Arr2::F64(x) => go(py, &self.0, x.as_array(), start),
-            Arr2::F32(x) => go(py, &self.0, x.as_array(), start),
+            Arr2::F64(x) => go(py, &self.0, x.as_array(), start, divide, out, "float64 (a's dtype)"),
+            Arr2::F32(x) => go(py, &self.0, x.as_array(), start, divide, out, "float32 (a's dtype)"),
         }
     }
 
-    fn mean<'py>(&self, py: Python<'py>, values: PyReadonlyArray1<'py, f64>) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    /// The average of all workers' values (`out`: written there and returned).
+    #[pyo3(signature = (values, *, out=None))]
+    fn mean<'py>(&self, py: Python<'py>, values: PyReadonlyArray1<'py, f64>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let v = values.as_array();
-        let out = py.detach(|| -> PyResult<Vec<f64>> { Ok(self.0.mean(&slice_of(&v, "values")?)?) })?;
-        Ok(out.into_pyarray(py))
+        let Some(out) = out else {
+            let out = py.detach(|| -> PyResult<Vec<f64>> { Ok(self.0.mean(&slice_of(&v, "values")?)?) })?;
+            return Ok(out.into_pyarray(py));
+        };
+        let mut w = out_array::<f64>(out, "float64", &[("values", extent(&v))])?;
+        let o = out_slice(&mut w)?;
+        py.detach(|| -> PyResult<()> { Ok(self.0.mean_into(&slice_of(&v, "values")?, o)?) })?;
+        Ok(out.cast::<PyArray1<f64>>()?.clone())
     }
 }
 
@@ -479,7 +592,10 @@ impl PyTridiagonal {
     }
 
     /// The values of workers `start..stop` of `round` in plan order:
-    /// `scale_i * (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i * ∇f_i(x)_j` when `y` is None).
+    /// `scale_i * (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i * ∇f_i(x)_j` when `y` is None);
+    /// `divide`: each `(v + 0) / k`; `out`: written there and returned.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (round, x, y, start, stop, *, divide=None, out=None))]
     fn round_values<'py>(
         &self,
         py: Python<'py>,
@@ -488,9 +604,22 @@ impl PyTridiagonal {
         y: Option<PyReadonlyArray1<'py, f64>>,
         start: usize,
         stop: usize,
+        divide: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let divide = divisor(divide)?;
         let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
-        Ok(py.detach(|| self.0.round_values(&round.0, x, y, start, stop))?.into_pyarray(py))
+        let Some(out) = out else {
+            return Ok(py.detach(|| self.0.round_values_div(&round.0, x, y, start, stop, divide))?.into_pyarray(py));
+        };
+        let mut inputs = vec![("x", extent(&x))];
+        if let Some(y) = &y {
+            inputs.push(("y", extent(y)));
+        }
+        let mut w = out_array::<f64>(out, "float64", &inputs)?;
+        let o = out_slice(&mut w)?;
+        py.detach(|| self.0.round_values_into(&round.0, x, y, start, stop, divide, o))?;
+        Ok(out.cast::<PyArray1<f64>>()?.clone())
     }
 
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.

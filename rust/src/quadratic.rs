@@ -13,17 +13,18 @@ use crate::compress::{self, emit_worker, Assignment, Messages, Quantizer, RoundP
 use crate::error::{CoreError, Result};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
-use crate::round::{Emit, Round};
+use crate::round::{with_post, Divisor, Emit, Post, Round};
 use crate::{rng, threads};
 
-/// The plan values of [`Tridiagonal::round_values`].
-struct GradValues<'a> {
+/// The plan values of [`Tridiagonal::round_values`], then `post`'s ([`crate::round::Post`]).
+struct GradValues<'a, P> {
     f: &'a Tridiagonal,
     x: &'a [f64],
     y: Option<&'a [f64]>,
+    post: P,
 }
 
-impl GradValues<'_> {
+impl<P> GradValues<'_, P> {
     /// `∇f_i(x)_j` as [`Tridiagonal::local_grad_coords`] computes it.
     #[inline(always)]
     fn g(&self, x: &[f64], i: usize, j: usize) -> f64 {
@@ -36,13 +37,13 @@ impl GradValues<'_> {
     }
 }
 
-impl Emit<f64> for GradValues<'_> {
+impl<P: Post<f64>> Emit<f64> for GradValues<'_, P> {
     #[inline(always)]
     fn one(&self, i: usize, j: usize, scale: f64) -> f64 {
-        match self.y {
+        self.post.apply(match self.y {
             None => self.g(self.x, i, j) * scale,
             Some(y) => (self.g(self.x, i, j) - self.g(y, i, j)) * scale,
-        }
+        })
     }
 
     /// The interior `1 <= j < d − 1` without branches (`(2x_j − x_{j−1}) − x_{j+1}`, the
@@ -57,7 +58,7 @@ impl Emit<f64> for GradValues<'_> {
         if a == b {
             return;
         }
-        let (ai, c) = (self.f.a[i], self.f.c);
+        let (ai, c, p) = (self.f.a[i], self.f.c, self.post);
         let g = |l: &[f64], m: &[f64], r: &[f64], k: usize| ai * (2.0 * m[k] - l[k] - r[k]) + c * m[k];
         let o = &mut out[a - lo..b - lo];
         let len = o.len();
@@ -66,13 +67,13 @@ impl Emit<f64> for GradValues<'_> {
         match self.y {
             None => {
                 for (k, o) in o.iter_mut().enumerate() {
-                    *o = g(xl, xm, xr, k) * scale;
+                    *o = p.apply(g(xl, xm, xr, k) * scale);
                 }
             }
             Some(y) => {
                 let (yl, ym, yr) = (&y[a - 1..b - 1][..len], &y[a..b][..len], &y[a + 1..b + 1][..len]);
                 for (k, o) in o.iter_mut().enumerate() {
-                    *o = (g(xl, xm, xr, k) - g(yl, ym, yr, k)) * scale;
+                    *o = p.apply((g(xl, xm, xr, k) - g(yl, ym, yr, k)) * scale);
                 }
             }
         }
@@ -265,6 +266,44 @@ impl Tridiagonal {
     /// first, then one multiplication by the scale: bit for bit numpy's
     /// `(local_grad_coords(x, rows, cols) − local_grad_coords(y, rows, cols)) * scales[rows]`.
     pub fn round_values(&self, round: &Round, x: ArrayView1<f64>, y: Option<ArrayView1<f64>>, start: usize, stop: usize) -> Result<Vec<f64>> {
+        self.round_values_to(round, x, y, start, stop, None, None)
+    }
+
+    /// [`Tridiagonal::round_values`], each value `v` then `(v + 0) / k` (two IEEE operations,
+    /// in the same pass) when `divide` is `Some(k)`.
+    pub fn round_values_div(&self, round: &Round, x: ArrayView1<f64>, y: Option<ArrayView1<f64>>, start: usize, stop: usize, divide: Option<Divisor>) -> Result<Vec<f64>> {
+        self.round_values_to(round, x, y, start, stop, divide, None)
+    }
+
+    /// [`Tridiagonal::round_values_div`] written into `out` (exactly the workers' number of
+    /// values, else an error naming `out`; every argument is checked before anything is
+    /// written).
+    #[allow(clippy::too_many_arguments)]
+    pub fn round_values_into(
+        &self,
+        round: &Round,
+        x: ArrayView1<f64>,
+        y: Option<ArrayView1<f64>>,
+        start: usize,
+        stop: usize,
+        divide: Option<Divisor>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        self.round_values_to(round, x, y, start, stop, divide, Some(out)).map(drop)
+    }
+
+    /// The values into `out`, or a new array when `out` is `None` (returned; empty otherwise).
+    #[allow(clippy::too_many_arguments)]
+    fn round_values_to(
+        &self,
+        round: &Round,
+        x: ArrayView1<f64>,
+        y: Option<ArrayView1<f64>>,
+        start: usize,
+        stop: usize,
+        divide: Option<Divisor>,
+        out: Option<&mut [f64]>,
+    ) -> Result<Vec<f64>> {
         let d = round.d();
         if round.n() != self.n() {
             return Err(CoreError::invalid("round", format!("the round has {} workers but the problem has n = {}", round.n(), self.n())));
@@ -278,8 +317,16 @@ impl Tridiagonal {
             }
         }
         let len = round.len_of(start, stop)?;
+        if let Some(o) = &out {
+            if o.len() != len {
+                return Err(CoreError::invalid(
+                    "out",
+                    format!("must have the {len} values of workers {start}..{stop} (offsets[stop] − offsets[start]), got {}", o.len()),
+                ));
+            }
+        }
         Need::new()
-            .array::<f64>("the round's values", &[len])
+            .array::<f64>("the round's values", &[if out.is_some() { 0 } else { len }])
             .bytes("the workers' positions", round.values_scratch(start, stop))
             .array::<f64>("a copy of x", &[d])
             .array::<f64>("a copy of y", &[if y.is_some() { d } else { 0 }])
@@ -290,7 +337,13 @@ impl Tridiagonal {
             Some(y) => Some(contiguous(y, &mut b2, "a copy of y")?),
             None => None,
         };
-        round.values("the round's values", start, stop, &GradValues { f: self, x, y })
+        with_post!(divide, f64, post => {
+            let e = GradValues { f: self, x, y, post };
+            match out {
+                Some(o) => round.values_into(start, stop, &e, o).map(|_| Vec::new()),
+                None => round.values("the round's values", start, stop, &e),
+            }
+        })
     }
 
     /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
@@ -824,6 +877,19 @@ mod tests {
                     let got = |y: Option<ArrayView1<f64>>| -> Vec<u64> { q.round_values(&r, x.view(), y, lo, hi).unwrap().iter().map(|v| v.to_bits()).collect() };
                     assert_eq!(got(Some(y.view())), diff, "{sp:?} n={n} d={d} {lo}..{hi}");
                     assert_eq!(got(None), one, "{sp:?} n={n} d={d} {lo}..{hi}");
+                    // divided (`(v + 0) / k`, two operations) and into a buffer of garbage
+                    for k in [1u64, 2, 3, n as u64, 8, 1 << 53] {
+                        let div = Some(Divisor::new(k).unwrap());
+                        let want = |b: &[u64]| -> Vec<u64> { b.iter().map(|&v| ((f64::from_bits(v) + 0.0) / k as f64).to_bits()).collect() };
+                        let new: Vec<u64> = q.round_values_div(&r, x.view(), Some(y.view()), lo, hi, div).unwrap().iter().map(|v| v.to_bits()).collect();
+                        assert_eq!(new, want(&diff), "{sp:?} n={n} d={d} {lo}..{hi} k={k}");
+                        let mut out = vec![f64::NAN; diff.len()];
+                        q.round_values_into(&r, x.view(), None, lo, hi, div, &mut out).unwrap();
+                        assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want(&one), "{sp:?} n={n} d={d} {lo}..{hi} k={k}");
+                    }
+                    let mut out = vec![f64::NAN; diff.len()];
+                    q.round_values_into(&r, x.view(), Some(y.view()), lo, hi, None, &mut out).unwrap();
+                    assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), diff);
                     // strided x and y: the same values
                     let xs = ndarray::concatenate![ndarray::Axis(0), x.view(), x.view()];
                     let xs = xs.slice(s![..;2]);
@@ -840,6 +906,17 @@ mod tests {
                     assert_eq!(err(q.round_values(&r, x.view(), None, 3, 2).unwrap_err()), "start");
                     assert_eq!(err(q.round_values(&r, x.view(), None, 0, n + 1).unwrap_err()), "stop");
                     assert_eq!(err(problem_n(4).round_values(&r, x.view(), None, 0, 1).unwrap_err()), "round");
+                    // a wrong output length, after the other arguments; nothing written
+                    let len = r.offsets()[n];
+                    for m in [0, len - 1, len + 1] {
+                        let mut out = vec![7.0; m];
+                        assert_eq!(err(q.round_values_into(&r, x.view(), Some(y.view()), 0, n, None, &mut out).unwrap_err()), "out");
+                        assert!(out.iter().all(|&v| v == 7.0));
+                    }
+                    let mut out = vec![7.0; len];
+                    assert_eq!(err(q.round_values_into(&r, vector(4, 1).view(), None, 0, n, None, &mut out[..1]).unwrap_err()), "x");
+                    assert_eq!(err(q.round_values_into(&r, x.view(), None, 0, n + 1, None, &mut out).unwrap_err()), "stop");
+                    assert!(out.iter().all(|&v| v == 7.0));
                 }
             }
         }

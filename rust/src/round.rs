@@ -38,8 +38,9 @@ pub trait Emit<V>: Sync {
     }
 }
 
-/// Plan values of at least this many entries are computed on the pool's threads (plan forms
-/// other than owners), in chunks of whole workers of about `VALUES_CHUNK` entries.
+/// Plan values of at least this many entries are computed on the pool's threads when it has
+/// more than one (plan forms other than owners), in chunks of `VALUES_CHUNK` positions (a
+/// worker's values may span several chunks).
 pub const VALUES_PAR_THRESHOLD: usize = 1 << 18;
 const VALUES_CHUNK: usize = 1 << 15;
 /// Owner rounds of at least this many coordinates take their average on the pool's threads, in
@@ -83,25 +84,117 @@ impl Emit<i64> for CoordsOf {
     }
 }
 
-/// `T::of(scale · a[i − start, j])` (`a[i − start, j]` itself when the scale is 1): the
-/// values of the plan, as every aggregation path computes them.
-struct Gather<'a, T> {
-    a: ArrayView2<'a, T>,
-    start: usize,
+/// The `divide` option of [`Round::gather_into`] and
+/// [`crate::quadratic::Tridiagonal::round_values_into`]: an integer `k` in `1..=2^53` (exactly
+/// a float64), each value then becoming `(v + 0) / k`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Divisor(u64);
+
+impl Divisor {
+    /// The largest divisor: every integer up to it is exactly a float64.
+    pub const MAX: u64 = 1 << 53;
+
+    /// `k`, or an error naming `divide` unless `1 <= k <= 2^53`.
+    pub fn new(k: u64) -> Result<Divisor> {
+        if !(1..=Self::MAX).contains(&k) {
+            return Err(CoreError::invalid("divide", format!("must be an integer in [1, 2**53], got {k}")));
+        }
+        Ok(Divisor(k))
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
 }
 
-impl<T: Real> Emit<T> for Gather<'_, T> {
+/// What the value kernels do to each value once computed, in the same loop (one pass): nothing
+/// ([`Keep`]), or `(v + 0) / k` ([`DivideBy`], [`TimesInverse`]).
+pub trait Post<T>: Copy + Send + Sync {
+    /// True for [`Keep`] (the value is written as computed).
+    const KEEP: bool = false;
+    fn apply(self, v: T) -> T;
+}
+
+/// The value as computed.
+#[derive(Clone, Copy, Debug)]
+pub struct Keep;
+
+impl<T> Post<T> for Keep {
+    const KEEP: bool = true;
+    #[inline(always)]
+    fn apply(self, v: T) -> T {
+        v
+    }
+}
+
+/// `(v + 0) / k`: two IEEE operations in `T` (`+ 0` turns −0 into +0, as a sum from zero does).
+#[derive(Clone, Copy, Debug)]
+pub struct DivideBy<T>(pub T);
+
+impl<T: Real> Post<T> for DivideBy<T> {
+    #[inline(always)]
+    fn apply(self, v: T) -> T {
+        (v + T::zero()) / self.0
+    }
+}
+
+/// `(v + 0) · 2^−m` for `k = 2^m`: the same bits as `(v + 0) / k` (both are the correctly
+/// rounded `(v + 0) / k`, the reciprocal of a power of two being exact), without a division.
+#[derive(Clone, Copy, Debug)]
+pub struct TimesInverse<T>(pub T);
+
+impl<T: Real> Post<T> for TimesInverse<T> {
+    #[inline(always)]
+    fn apply(self, v: T) -> T {
+        (v + T::zero()) * self.0
+    }
+}
+
+/// Evaluates `$body` with `$p` bound to the [`Post`] (on values of type `$t`) of the
+/// `Option<Divisor>` `$divide`: [`Keep`] for `None`, [`TimesInverse`] for a power of two,
+/// else [`DivideBy`] (`k` rounded once to `$t`).
+macro_rules! with_post {
+    ($divide:expr, $t:ty, $p:ident => $body:expr) => {
+        match $divide {
+            None => {
+                let $p = $crate::round::Keep;
+                $body
+            }
+            Some(k) if k.get().is_power_of_two() => {
+                let $p = $crate::round::TimesInverse(<$t as $crate::real::Real>::of(1.0 / k.get() as f64));
+                $body
+            }
+            Some(k) => {
+                let $p = $crate::round::DivideBy(<$t as $crate::real::Real>::of(k.get() as f64));
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_post;
+
+/// `post(T::of(scale · a[i − start, j]))` (`a[i − start, j]` itself when the scale is 1): the
+/// values of the plan, as every aggregation path computes them, then `post`'s.
+struct Gather<'a, T, P> {
+    a: ArrayView2<'a, T>,
+    start: usize,
+    post: P,
+}
+
+impl<T: Real, P: Post<T>> Emit<T> for Gather<'_, T, P> {
     #[inline(always)]
     fn one(&self, i: usize, j: usize, scale: f64) -> T {
-        kernels::scaled(self.a[[i - self.start, j]], scale)
+        self.post.apply(kernels::scaled(self.a[[i - self.start, j]], scale))
     }
 
     fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [T]) {
         let row = self.a.row(i - self.start);
+        let p = self.post;
         match row.as_slice() {
-            Some(r) if scale == 1.0 => out.copy_from_slice(&r[lo..hi]),
-            Some(r) => out.iter_mut().zip(&r[lo..hi]).for_each(|(o, &x)| *o = T::of(scale * x.f64())),
-            None => out.iter_mut().zip(lo..hi).for_each(|(o, j)| *o = kernels::scaled(row[j], scale)),
+            Some(r) if scale == 1.0 && P::KEEP => out.copy_from_slice(&r[lo..hi]),
+            Some(r) if scale == 1.0 => out.iter_mut().zip(&r[lo..hi]).for_each(|(o, &x)| *o = p.apply(x)),
+            Some(r) => out.iter_mut().zip(&r[lo..hi]).for_each(|(o, &x)| *o = p.apply(T::of(scale * x.f64()))),
+            None => out.iter_mut().zip(lo..hi).for_each(|(o, j)| *o = p.apply(kernels::scaled(row[j], scale))),
         }
     }
 }
@@ -237,7 +330,7 @@ impl Round {
         let m = stop.saturating_sub(start) as u128;
         let len = self.offsets[stop.min(self.n)].saturating_sub(self.offsets[start.min(self.n)]) as u128;
         let sel = if matches!(self.asg, Assignment::Owners { .. }) && m < self.n as u128 { 4 * (len + 1) } else { 0 };
-        8 * m + sel + 24 * (len / VALUES_CHUNK as u128 + 1)
+        8 * m + sel
     }
 
     /// The offsets as int64 (`O(n)`).
@@ -327,19 +420,34 @@ impl Round {
     }
 
     /// The values `e` gives for workers `start..stop`, in plan order (`offsets[stop] −
-    /// offsets[start]` of them): owners in one pass over the coordinates (two for some of the
-    /// workers: their coordinates, then their values), the other plans worker by worker (on
-    /// the pool's threads for large outputs; each value is computed on its own, so the result
-    /// does not depend on the split). The caller has checked the memory (the output and
-    /// [`Round::values_scratch`]).
+    /// offsets[start]` of them), in a new array ([`Round::values_into`]). The caller has
+    /// checked the memory (the output and [`Round::values_scratch`]).
     pub fn values<V: Zeroed + Send, E: Emit<V>>(&self, what: &str, start: usize, stop: usize, e: &E) -> Result<Vec<V>> {
         let len = self.len_of(start, stop)?;
         let mut out = mem::zeros::<V>(what, &[len])?;
-        match &self.asg {
-            Assignment::Owners { owner, scale, .. } => with_owner!(owner, v => self.values_owners(v, *scale, start, stop, &mut out, e))?,
-            Assignment::Plan(p) => self.values_plan(p, start, stop, &mut out, e)?,
-        }
+        self.values_into(start, stop, e, &mut out)?;
         Ok(out)
+    }
+
+    /// The values `e` gives for workers `start..stop`, in plan order, written into `out`
+    /// (exactly `offsets[stop] − offsets[start]` of them, else an error naming `out` before
+    /// anything is written; every element is then written once): owners in one pass over the
+    /// coordinates (two for some of the workers: their coordinates, then their values), the
+    /// other plans by chunks of positions, on the pool's threads for large outputs (each value
+    /// is computed on its own, so the result does not depend on the split). The caller has
+    /// checked the memory of [`Round::values_scratch`].
+    pub fn values_into<V: Send, E: Emit<V>>(&self, start: usize, stop: usize, e: &E, out: &mut [V]) -> Result<()> {
+        let len = self.len_of(start, stop)?;
+        if out.len() != len {
+            return Err(CoreError::invalid(
+                "out",
+                format!("must have the {len} values of workers {start}..{stop} (offsets[stop] − offsets[start]), got {}", out.len()),
+            ));
+        }
+        match &self.asg {
+            Assignment::Owners { owner, scale, .. } => with_owner!(owner, v => self.values_owners(v, *scale, start, stop, out, e)),
+            Assignment::Plan(p) => self.values_plan(p, start, out, e),
+        }
     }
 
     fn values_owners<L: Label, V, E: Emit<V>>(&self, owner: &[L], scale: f64, start: usize, stop: usize, out: &mut [V], e: &E) -> Result<()> {
@@ -371,66 +479,67 @@ impl Round {
         Ok(())
     }
 
-    fn values_plan<V: Send, E: Emit<V>>(&self, plan: &RoundPlan, start: usize, stop: usize, out: &mut [V], e: &E) -> Result<()> {
-        let d = self.d;
+    fn values_plan<V: Send, E: Emit<V>>(&self, plan: &RoundPlan, start: usize, out: &mut [V], e: &E) -> Result<()> {
         let offsets = &self.offsets;
         let starts = &self.starts;
         let block_scale = match plan {
             RoundPlan::Blocks { scale, .. } => *scale,
             _ => 1.0,
         };
-        // the values of workers lo..hi into `out` (which holds exactly theirs)
-        let run = |lo: usize, hi: usize, out: &mut [V]| {
-            let base = offsets[lo];
+        // worker i's values t0..t1 (of its offsets[i + 1] − offsets[i]) into `seg`
+        let part = |i: usize, t0: usize, t1: usize, seg: &mut [V]| {
             if !starts.is_empty() {
                 // range blocks: worker i sends starts[i] .. starts[i] + len
-                for i in lo..hi {
-                    let seg = &mut out[offsets[i] - base..offsets[i + 1] - base];
-                    let a = starts[i];
-                    if seg.len() <= SHORT_RANGE {
-                        seg.iter_mut().enumerate().for_each(|(t, o)| *o = e.one(i, a + t, block_scale));
-                    } else {
-                        e.range(i, a, a + seg.len(), block_scale, seg);
-                    }
+                let a = starts[i];
+                if offsets[i + 1] - offsets[i] <= SHORT_RANGE {
+                    seg.iter_mut().zip(a + t0..a + t1).for_each(|(o, j)| *o = e.one(i, j, block_scale));
+                } else {
+                    e.range(i, a + t0, a + t1, block_scale, seg);
                 }
                 return;
             }
-            for i in lo..hi {
-                let seg = &mut out[offsets[i] - base..offsets[i + 1] - base];
-                let (c, s) = plan.worker(i);
-                match c {
-                    Coords::All => e.range(i, 0, d, s, seg),
-                    // short ranges (PermK for n > d: singletons) one by one, without the setup
-                    // of a vectorised range
-                    Coords::Range(a, b) if b - a <= SHORT_RANGE => seg.iter_mut().zip(a..b).for_each(|(o, j)| *o = e.one(i, j, s)),
-                    Coords::Range(a, b) => e.range(i, a, b, s, seg),
-                    Coords::List(c) => seg.iter_mut().zip(c).for_each(|(o, &j)| *o = e.one(i, j as usize, s)),
-                }
+            let (c, s) = plan.worker(i);
+            match c {
+                Coords::All => e.range(i, t0, t1, s, seg),
+                // short ranges (PermK for n > d: singletons) one by one, without the setup of a
+                // vectorised range
+                Coords::Range(a, b) if b - a <= SHORT_RANGE => seg.iter_mut().zip(a + t0..a + t1).for_each(|(o, j)| *o = e.one(i, j, s)),
+                Coords::Range(a, _) => e.range(i, a + t0, a + t1, s, seg),
+                Coords::List(c) => seg.iter_mut().zip(&c[t0..t1]).for_each(|(o, &j)| *o = e.one(i, j as usize, s)),
             }
         };
-        if out.len() < VALUES_PAR_THRESHOLD || stop - start < 2 {
-            run(start, stop, out);
+        // the values at positions p0 .. p0 + out.len() of the round's (offsets) into `out`
+        let run = |p0: usize, out: &mut [V]| {
+            let p1 = p0 + out.len();
+            if p0 == p1 {
+                return;
+            }
+            // the worker holding position p0 (offsets[i] <= p0 < offsets[i + 1])
+            let mut i = offsets.partition_point(|&o| o <= p0) - 1;
+            let mut pos = p0;
+            while pos < p1 {
+                let (w0, w1) = (offsets[i], offsets[i + 1]);
+                let (t0, t1) = (pos.max(w0) - w0, p1.min(w1) - w0);
+                if t0 < t1 {
+                    part(i, t0, t1, &mut out[w0 + t0 - p0..w0 + t1 - p0]);
+                }
+                pos = w1;
+                i += 1;
+            }
+        };
+        let base = offsets[start];
+        // a pool of one thread: here, without handing the work over (which measurably costs)
+        if out.len() < VALUES_PAR_THRESHOLD || threads::num_threads()? < 2 {
+            run(base, out);
             return Ok(());
         }
-        // chunks of whole workers of at least VALUES_CHUNK values (the last one smaller)
-        let mut pieces = mem::vec("the value chunks", out.len() / VALUES_CHUNK + 1)?;
-        let mut rest = out;
-        let mut lo = start;
-        for i in start..stop {
-            if offsets[i + 1] - offsets[lo] >= VALUES_CHUNK || i + 1 == stop {
-                let (head, tail) = std::mem::take(&mut rest).split_at_mut(offsets[i + 1] - offsets[lo]);
-                pieces.push((lo, i + 1, head));
-                rest = tail;
-                lo = i + 1;
-            }
-        }
-        threads::install(|| pieces.into_par_iter().for_each(|(lo, hi, o)| run(lo, hi, o)))
+        // chunks of VALUES_CHUNK positions (a worker's values may span several: one worker's
+        // block of a BlockPermK(n) round is split too)
+        threads::install(|| out.par_chunks_mut(VALUES_CHUNK).enumerate().for_each(|(c, o)| run(base + c * VALUES_CHUNK, o)))
     }
 
-    /// The values of workers `start .. start + m` whose `(m, d)` inputs are `a`:
-    /// `T::of(scale_i · a[i − start, j])` at their coordinates in plan order (exactly the
-    /// values every aggregation path sums). Non-finite values are passed on, not reported.
-    pub fn gather<T: Real>(&self, a: ArrayView2<T>, start: usize) -> Result<Vec<T>> {
+    /// Checks `a` (`(m, d)` inputs of workers `start .. start + m`): `(stop, values)`.
+    fn gather_workers<T>(&self, a: &ArrayView2<T>, start: usize) -> Result<(usize, usize)> {
         let (m, d) = a.dim();
         if d != self.d {
             return Err(CoreError::invalid("a", format!("must have d = {} columns, got {d}", self.d)));
@@ -438,9 +547,31 @@ impl Round {
         let stop = start.checked_add(m).filter(|&s| s <= self.n).ok_or_else(|| {
             CoreError::invalid("a", format!("its {m} rows from start = {start} exceed the round's n = {} workers", self.n))
         })?;
-        let len = self.len_of(start, stop)?;
+        Ok((stop, self.len_of(start, stop)?))
+    }
+
+    /// The values of workers `start .. start + m` whose `(m, d)` inputs are `a`:
+    /// `T::of(scale_i · a[i − start, j])` at their coordinates in plan order (exactly the
+    /// values every aggregation path sums). Non-finite values are passed on, not reported.
+    pub fn gather<T: Real>(&self, a: ArrayView2<T>, start: usize) -> Result<Vec<T>> {
+        self.gather_div(a, start, None)
+    }
+
+    /// [`Round::gather`], each value `v` then `(v + 0) / k` in `T` (two IEEE operations, in
+    /// the same pass) when `divide` is `Some(k)`: the worker-order sum's term divided by `n`
+    /// for `k = n`.
+    pub fn gather_div<T: Real>(&self, a: ArrayView2<T>, start: usize, divide: Option<Divisor>) -> Result<Vec<T>> {
+        let (stop, len) = self.gather_workers(&a, start)?;
         Need::new().array::<T>("the gathered values", &[len]).bytes("the workers' positions", self.values_scratch(start, stop)).check()?;
-        self.values("the gathered values", start, stop, &Gather { a, start })
+        with_post!(divide, T, post => self.values("the gathered values", start, stop, &Gather { a, start, post }))
+    }
+
+    /// [`Round::gather_div`] written into `out` (exactly the workers' number of values, else an
+    /// error naming `out`; all arguments are checked before anything is written).
+    pub fn gather_into<T: Real>(&self, a: ArrayView2<T>, start: usize, divide: Option<Divisor>, out: &mut [T]) -> Result<()> {
+        let (stop, _) = self.gather_workers(&a, start)?;
+        Need::new().bytes("the workers' positions", self.values_scratch(start, stop)).check()?;
+        with_post!(divide, T, post => self.values_into(start, stop, &Gather { a, start, post }, out))
     }
 
     /// `(1/n) Σ_i C_i(a_i)` from the values of all `n` workers concatenated in worker and plan
@@ -451,34 +582,90 @@ impl Round {
     /// coordinates; contiguous blocks combine their workers tile by tile ([`kernels::ranges_combine`]);
     /// the other plans add worker by worker. Non-finite values propagate.
     pub fn mean(&self, values: &[f64]) -> Result<Vec<f64>> {
-        let (n, d) = (self.n, self.d);
+        self.check_values(values)?;
+        Need::new().array::<f64>("the average", &[self.d]).bytes("the workers' positions", self.mean_scratch()).check()?;
+        self.mean_to(values, None)
+    }
+
+    /// [`Round::mean`] written into `out` (`d` values, all overwritten; else an error naming
+    /// `out`, before anything is written): the same bits.
+    pub fn mean_into(&self, values: &[f64], out: &mut [f64]) -> Result<()> {
+        self.check_values(values)?;
+        if out.len() != self.d {
+            return Err(CoreError::invalid("out", format!("must have the round's d = {} coordinates, got {}", self.d, out.len())));
+        }
+        Need::new().bytes("the workers' positions", self.mean_scratch()).check()?;
+        self.mean_to(values, Some(out)).map(drop)
+    }
+
+    fn check_values(&self, values: &[f64]) -> Result<()> {
         if values.len() != self.total() {
             return Err(CoreError::invalid(
                 "values",
-                format!("must hold the {} values of all {n} workers (offsets[n]), got {}", self.total(), values.len()),
+                format!("must hold the {} values of all {} workers (offsets[n]), got {}", self.total(), self.n, values.len()),
             ));
         }
-        let chunks = (d.div_ceil(OWNERS_CHUNK) as u128).min(d as u128 / 8 / n as u128 + 1);
-        Need::new().array::<f64>("the average", &[d]).bytes("the workers' positions", 8 * n as u128 * (chunks + 1)).check()?;
+        Ok(())
+    }
+
+    /// The bytes of [`Round::mean`]'s temporaries (the owners' chunk positions).
+    fn mean_scratch(&self) -> u128 {
+        let (n, d) = (self.n as u128, self.d as u128);
+        let chunks = (self.d.div_ceil(OWNERS_CHUNK) as u128).min(d / 8 / n + 1);
+        8 * n * (chunks + 1)
+    }
+
+    /// The average into `out`, or into a new array when `out` is `None` (returned; empty
+    /// otherwise). The arguments and the memory are checked.
+    fn mean_to(&self, values: &[f64], mut out: Option<&mut [f64]>) -> Result<Vec<f64>> {
+        let (n, d) = (self.n, self.d);
         let rows = ValueRows { values, offsets: &self.offsets };
+        // contiguous blocks: written once, tile by tile (`None`: the generic path)
+        let combine = |bounds: &[usize], first: &[usize], workers: &[u32], out: Option<&mut [f64]>| -> Result<Option<Vec<f64>>> {
+            Ok(match out {
+                Some(o) => kernels::ranges_combine_over(&rows, n, d, bounds, first, workers, 1.0, o)?.map(|_| Vec::new()),
+                None => kernels::ranges_combine(&rows, n, d, bounds, first, workers, 1.0)?.map(|(v, _)| v),
+            })
+        };
         match &self.asg {
-            Assignment::Owners { owner, .. } => return with_owner!(owner, v => self.mean_owners(v, values)),
+            Assignment::Owners { owner, .. } => {
+                return match out {
+                    Some(o) => with_owner!(owner, v => self.mean_owners(v, values, o)).map(|_| Vec::new()),
+                    None => {
+                        let mut o = mem::zeros::<f64>("the average", &[d])?;
+                        with_owner!(owner, v => self.mean_owners(v, values, &mut o))?;
+                        Ok(o)
+                    }
+                };
+            }
             Assignment::Plan(RoundPlan::All { .. }) if d >= RANGES_MIN_BLOCK => {
                 let workers = mem::collect("the block workers", n, 0..n as u32)?;
-                if let Some((out, _)) = kernels::ranges_combine(&rows, n, d, &[0, d], &[0, n], &workers, 1.0)? {
-                    return Ok(out);
+                if let Some(v) = combine(&[0, d], &[0, n], &workers, out.as_deref_mut())? {
+                    return Ok(v);
                 }
             }
             Assignment::Plan(RoundPlan::Blocks { pi, slot_block, blocks: Blocks::Ranges(bounds), .. }) if d / (bounds.len() - 1) >= RANGES_MIN_BLOCK => {
                 let (first, workers) = kernels::block_workers(pi, slot_block, bounds.len() - 1)?;
-                if let Some((out, _)) = kernels::ranges_combine(&rows, n, d, bounds, &first, &workers, 1.0)? {
-                    return Ok(out);
+                if let Some(v) = combine(bounds, &first, &workers, out.as_deref_mut())? {
+                    return Ok(v);
                 }
             }
             _ => {}
         }
-        let Assignment::Plan(plan) = &self.asg else { unreachable!("owners returned above") };
-        let mut out = mem::zeros::<f64>("the average", &[d])?;
+        let Assignment::Plan(plan) = &self.asg else {
+            return Err(CoreError::Internal("the owners' average returned above".into()));
+        };
+        let mut new = Vec::new();
+        let out: &mut [f64] = match out {
+            Some(o) => {
+                o.fill(0.0);
+                o
+            }
+            None => {
+                new = mem::zeros::<f64>("the average", &[d])?;
+                &mut new
+            }
+        };
         let add = |out: &mut [f64], c: Coords<'_>, v: &[f64]| match c {
             Coords::All => out.iter_mut().zip(v).for_each(|(o, &x)| *o += x),
             Coords::Range(a, b) => out[a..b].iter_mut().zip(v).for_each(|(o, &x)| *o += x),
@@ -491,23 +678,24 @@ impl Round {
                 match v {
                     [] => {}
                     [x] => out[self.starts[i]] += x,
-                    _ => add(&mut out, Coords::Range(self.starts[i], self.starts[i] + v.len()), v),
+                    _ => add(out, Coords::Range(self.starts[i], self.starts[i] + v.len()), v),
                 }
             }
         } else {
             for i in 0..n {
-                add(&mut out, plan.worker(i).0, &values[self.offsets[i]..self.offsets[i + 1]]);
+                add(out, plan.worker(i).0, &values[self.offsets[i]..self.offsets[i + 1]]);
             }
         }
         let nt = n as f64;
         out.iter_mut().for_each(|v| *v /= nt);
-        Ok(out)
+        Ok(new)
     }
 
-    /// Owners: coordinate `j`'s one value is the next of its owner's, in one pass over the
-    /// output by chunks of coordinates (each gathered, then divided while in cache); large
-    /// rounds with the chunks on the pool's threads ([`Round::chunk_fills`]).
-    fn mean_owners<L: Label>(&self, owner: &[L], values: &[f64]) -> Result<Vec<f64>> {
+    /// Owners: coordinate `j`'s one value is the next of its owner's, in one pass over `out`
+    /// (`d` values, all overwritten) by chunks of coordinates (each gathered, then divided
+    /// while in cache); large rounds with the chunks on the pool's threads
+    /// ([`Round::chunk_fills`]).
+    fn mean_owners<L: Label>(&self, owner: &[L], values: &[f64], out: &mut [f64]) -> Result<()> {
         let nt = self.n as f64;
         // coordinates `o` (owners `ow`) from the workers' positions `fill`
         let pass = |o: &mut [f64], ow: &[L], fill: &mut [usize]| {
@@ -522,7 +710,6 @@ impl Round {
             // the division apart, vectorised (the same operations on the same values)
             o.iter_mut().for_each(|v| *v /= nt);
         };
-        let mut out = mem::zeros::<f64>("the average", &[self.d])?;
         match self.chunk_fills(owner)? {
             Some(mut fills) => threads::install(|| {
                 out.par_chunks_mut(OWNERS_CHUNK)
@@ -535,7 +722,7 @@ impl Round {
                 out.chunks_mut(OWNERS_CHUNK).zip(owner.chunks(OWNERS_CHUNK)).for_each(|(o, ow)| pass(o, ow, &mut fill));
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// For a parallel pass over the owners in chunks of `OWNERS_CHUNK` coordinates: every
@@ -752,6 +939,124 @@ mod tests {
         }
     }
 
+    /// `(v + 0) / k` in `T`, as numpy's `(g + 0.0) / k` computes it.
+    fn divided<T: Real>(v: &[T], k: u64) -> Vec<T> {
+        v.iter().map(|&x| (x + T::zero()) / T::of(k as f64)).collect()
+    }
+
+    /// Distinct values of every sign, signed zeros, subnormals and non-finite ones.
+    fn awkward(n: usize, d: usize) -> Array2<f64> {
+        let mut a = big(n, d);
+        for (t, v) in a.iter_mut().enumerate() {
+            match t % 11 {
+                2 => *v = -0.0,
+                5 => *v = 0.0,
+                7 => *v = -3e-310,
+                9 => *v = 1e300,
+                _ => {}
+            }
+        }
+        if n * d > 4 {
+            a[[0, d - 1]] = f64::INFINITY;
+            a[[n - 1, 0]] = f64::NAN;
+        }
+        a
+    }
+
+    #[test]
+    fn divided_and_written_values_are_the_composition() {
+        for sp in shared_specs() {
+            for (n, d) in SHAPES {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let a = awkward(n, d);
+                let a32 = a.mapv(|v| v as f32);
+                let r = Round::new(&sp, n, d, 3, 5).unwrap();
+                for (lo, hi) in [(0, n), (n / 2, n), (n - 1, n), (0, 0)] {
+                    let rows = a.slice(s![lo..hi, ..]);
+                    let plain = r.gather(rows, lo).unwrap();
+                    let plain32 = r.gather(a32.slice(s![lo..hi, ..]), lo).unwrap();
+                    for k in [1, 2, 3, 4, 7, n as u64, 1 << 20, (1 << 53) - 1, 1 << 53] {
+                        let div = Some(Divisor::new(k).unwrap());
+                        let want = divided(&plain, k);
+                        assert_eq!(bits(&r.gather_div(rows, lo, div).unwrap()), bits(&want), "{sp:?} n={n} d={d} k={k}");
+                        // into a buffer of garbage: every element is overwritten
+                        let mut out = vec![f64::NAN; want.len()];
+                        r.gather_into(rows, lo, div, &mut out).unwrap();
+                        assert_eq!(bits(&out), bits(&want), "{sp:?} n={n} d={d} k={k}");
+                        // −0.0 becomes +0.0, as in a sum from zero
+                        let neg0 = (-0.0f64).to_bits();
+                        assert!(plain.iter().zip(&out).all(|(v, o)| v.to_bits() != neg0 || o.to_bits() == 0));
+                        let want32 = divided(&plain32, k);
+                        let mut out32 = vec![f32::NAN; want32.len()];
+                        r.gather_into(a32.slice(s![lo..hi, ..]), lo, div, &mut out32).unwrap();
+                        let b32 = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(b32(&out32), b32(&want32), "{sp:?} n={n} d={d} k={k}");
+                        assert_eq!(b32(&r.gather_div(a32.slice(s![lo..hi, ..]), lo, div).unwrap()), b32(&want32));
+                    }
+                    // without divide: the values themselves; strided input
+                    let mut out = vec![f64::NAN; plain.len()];
+                    let at = a.t().to_owned();
+                    r.gather_into(at.t().slice(s![lo..hi, ..]), lo, None, &mut out).unwrap();
+                    assert_eq!(bits(&out), bits(&plain));
+                }
+                // the mean into a buffer of garbage: the same bits
+                let vals = r.gather(a.view(), 0).unwrap();
+                let want = r.mean(&vals).unwrap();
+                let mut out = vec![f64::NAN; d];
+                r.mean_into(&vals, &mut out).unwrap();
+                assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())), "{sp:?} n={n} d={d}");
+                let mut out = vec![-0.0; d];
+                r.mean_into(&vals, &mut out).unwrap();
+                assert!(out.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan())), "{sp:?} n={n} d={d}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_power_of_two_divides_like_a_division() {
+        // the reciprocal's product is the quotient for every kind of value, subnormal results too
+        let xs = [0.0, -0.0, 1.0, -1.5, 3e-308, -2.2e-308, 5e-324, f64::MAX, f64::MIN_POSITIVE, 0.1, 1.0 / 3.0, f64::INFINITY, f64::NEG_INFINITY];
+        for m in [0, 1, 2, 5, 30, 52, 53] {
+            let k = 1u64 << m;
+            let (p, q) = (TimesInverse(1.0 / k as f64), DivideBy(k as f64));
+            for &x in &xs {
+                assert_eq!(Post::<f64>::apply(p, x).to_bits(), q.apply(x).to_bits(), "x={x} k={k}");
+                let x32 = x as f32;
+                let (p32, q32) = (TimesInverse(1.0 / k as f32), DivideBy(k as f32));
+                assert_eq!(Post::<f32>::apply(p32, x32).to_bits(), q32.apply(x32).to_bits(), "x={x32} k={k}");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_outputs_and_divisors_are_named_errors_before_writing() {
+        let arg = |e: CoreError| match e {
+            CoreError::InvalidArgument { name, .. } => name,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(arg(Divisor::new(0).unwrap_err()), "divide");
+        assert_eq!(arg(Divisor::new((1 << 53) + 1).unwrap_err()), "divide");
+        assert_eq!(Divisor::new(1 << 53).unwrap().get(), 1 << 53);
+        let r = Round::new(&spec(BlockPermK { partition: Partition::Contiguous { m: 2 } }), 2, 10, 0, 0).unwrap();
+        let a = big(2, 10);
+        let two = Some(Divisor::new(2).unwrap());
+        for len in [0, 4, 6, 11] {
+            let mut out = vec![7.0; len];
+            assert_eq!(arg(r.gather_into(a.view(), 0, two, &mut out).unwrap_err()), "out");
+            assert_eq!(arg(r.mean_into(&[1.0; 10], &mut out[..len.min(9)]).unwrap_err()), "out");
+            assert!(out.iter().all(|&v| v == 7.0));
+        }
+        // the inputs are checked first, and nothing is written either
+        let mut out = vec![7.0; 10];
+        assert_eq!(arg(r.gather_into(big(2, 9).view(), 0, two, &mut out).unwrap_err()), "a");
+        assert_eq!(arg(r.gather_into(a.view(), 1, two, &mut out).unwrap_err()), "a");
+        assert_eq!(arg(r.mean_into(&[1.0; 9], &mut out).unwrap_err()), "values");
+        assert_eq!(arg(r.values_into(0, 3, &CoordsOf, &mut [0i64; 10]).unwrap_err()), "stop");
+        assert!(out.iter().all(|&v| v == 7.0));
+    }
+
     #[test]
     fn large_rounds_do_not_depend_on_the_thread_count() {
         let (n, d) = (40, 300_000);
@@ -764,7 +1069,22 @@ mod tests {
                     let r = Round::new(sp, n, d, 1, 2).unwrap();
                     let v = r.gather(a.view(), 0).unwrap();
                     let m = r.mean(&v).unwrap();
-                    (v, m)
+                    // divided, into buffers, one worker's values (one block of 300 000 values
+                    // split into chunks) and some workers'
+                    let mut into = vec![f64::NAN; v.len()];
+                    r.gather_into(a.view(), 0, Some(Divisor::new(3).unwrap()), &mut into).unwrap();
+                    assert_eq!(bits(&into), bits(&divided(&v, 3)));
+                    let mut mean = vec![f64::NAN; d];
+                    r.mean_into(&v, &mut mean).unwrap();
+                    assert_eq!(bits(&mean), bits(&m));
+                    let o = r.offsets();
+                    for (lo, hi) in [(0, 1), (5, 6), (3, 17)] {
+                        let mut part = vec![f64::NAN; o[hi] - o[lo]];
+                        r.gather_into(a.slice(s![lo..hi, ..]), lo, Some(Divisor::new(4).unwrap()), &mut part).unwrap();
+                        assert_eq!(bits(&part), bits(&divided(&v[o[lo]..o[hi]], 4)));
+                        into.extend(part);
+                    }
+                    (into, mean)
                 })
                 .collect()
         };
