@@ -15,6 +15,8 @@ its coordinates, exchange them and form the aggregate in ``R^d`` on every rank (
   BlockPermK(n) round);
 * ``Allreduce``: the uncompressed baseline, an ``Allreduce`` of the ``d``-vector.
 
+Each rank uses ``cores // ranks`` threads for the Rust kernels, as the MPI drivers do.
+
 Time per round = the slowest rank's, median over the repetitions. Bytes per rank: handed to MPI
 (what the paper counts) and on the wire for ring algorithms (``Allgatherv``: ``(n−1)/n · 8d``;
 ``Allreduce``: ``2(n−1)/n · 8d``).
@@ -41,7 +43,7 @@ ROWS = ("plan_permk", "plan_block", "permk", "permk_prefetch", "block", "allgath
 
 
 def _reps(d: int) -> int:
-    return 40 if d <= 100_000 else 15 if d <= 1_000_000 else 6
+    return 60 if d <= 100_000 else 25 if d <= 1_000_000 else 10
 
 
 class OneRow:
@@ -62,9 +64,11 @@ def inner(dims: list[int]) -> None:
 
     import permk
     from permk.distributed import MPIBackend
+    from permk.parallel import limit_threads, threads_per_process
 
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
+    limit_threads(threads_per_process(n))  # as permk.distributed's drivers do: ranks × threads ≤ cores
     permk_c, block_c = permk.PermK(), permk.BlockPermK(n)
     for d in dims:
         prob = OneRow(n, d, rank)
@@ -87,26 +91,31 @@ def inner(dims: list[int]) -> None:
         }
         times: dict[str, list[float]] = {k: [] for k in ROWS}
         reps = _reps(d)
-        for name, op in ops.items():
-            for t in range(reps + 1):  # the first repetition warms up
-                comm.Barrier()
-                t0 = time.perf_counter()
-                op(t)
-                dt = time.perf_counter() - t0
-                if t:
-                    times[name].append(dt)
-        # prefetch: back-to-back rounds, each one's plan computed while the previous communicates
-        pf = backends[True]
-        pf.compressed_mean(permk_c, x, seed=1, round=0)
-        for t in range(1, reps + 1):
+
+        def timed(name: str, op: Callable[[int], Any], t: int) -> None:
             comm.Barrier()
             t0 = time.perf_counter()
-            pf.compressed_mean(permk_c, x, seed=1, round=t)
-            times["permk_prefetch"].append(time.perf_counter() - t0)
-        # the aggregate is the same with and without prefetch, and BlockPermK's is the blocks in place
-        same = np.array_equal(backends[False].compressed_mean(permk_c, x, seed=1, round=reps + 1),
-                              pf.compressed_mean(permk_c, x, seed=1, round=reps + 1))
-        assert same, "prefetch changed the aggregate"
+            op(t)
+            if t:  # the first repetition warms up
+                times[name].append(time.perf_counter() - t0)
+
+        # interleaved (every operation once per repetition), so that a drift of the machine's
+        # speed moves all of them alike
+        for t in range(reps + 1):
+            for name, op in ops.items():
+                timed(name, op, t)
+        # prefetch: consecutive rounds and nothing else, each round's plan computed on a
+        # background thread while the previous round communicates
+        pf = backends[True]
+        for t in range(reps + 1):
+            timed("permk_prefetch", lambda t: pf.compressed_mean(permk_c, x, seed=1, round=t), t)
+        # the aggregates are the compressors' own: the same with and without prefetch, and
+        # BlockPermK(n)'s blocks placed by the Allgatherv are Compressor.aggregate's bits
+        A = np.empty((n, d))
+        comm.Allgather(x, A)
+        for c, be in ((permk_c, backends[False]), (permk_c, pf), (block_c, backends[False])):
+            got = be.compressed_mean(c, x, seed=1, round=reps + 1)
+            assert got.tobytes() == c.aggregate(A, seed=1, round=reps + 1).tobytes(), c.name
         local = np.array([np.median(times[k]) for k in ROWS])
         slowest = np.empty_like(local)
         comm.Allreduce(local, slowest, op=MPI.MAX)

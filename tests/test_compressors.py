@@ -397,6 +397,63 @@ def test_catalog_holds_every_public_compressor() -> None:
     assert {"permk", "randk", "topk", "identity", "blockpermk", "naturalcompression", "qsgd", "compose"} <= set(CATALOG)
 
 
+def _defined(c: Compressor, n: int, d: int) -> bool:
+    try:
+        c.check(n, d)
+    except ValueError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("n,d", [(5, 13), (7, 3), (1, 4), (4, 4), (3, 40)])
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_a_rounds_plan_is_the_plan_in_every_form(name: str, n: int, d: int) -> None:
+    """``Compressor.round`` (native for a Rust compressor) agrees bit for bit with
+    :class:`permk.PlanRound` over ``Compressor.plan``: coordinates, rows, scales, the values
+    (``divide``, ``out``) and the mean (``out``), -0.0 included — the backends use either."""
+    c = FACTORIES[name](n, d)
+    if c is None or not c.capabilities.shared_plan or not _defined(c, n, d):
+        return
+    A = make_input(n, d, np.float64, "C", seed=n * d)
+    A[:, 1::5] = -0.0
+    for t in range(3):
+        r, ref = c.round(n, d, seed=5, round=t), permk.PlanRound(c.plan(n, d, seed=5, round=t), d)
+        assert (r.n, r.d, r.disjoint) == (ref.n, ref.d, ref.disjoint) or (not ref.disjoint and r.disjoint)
+        np.testing.assert_array_equal(r.offsets(), ref.offsets())
+        np.testing.assert_array_equal(r.scales(), ref.scales())
+        for start, stop in ((0, n), (n // 2, n), (0, 0)):
+            np.testing.assert_array_equal(r.coords(start, stop), ref.coords(start, stop))
+            np.testing.assert_array_equal(r.rows(start, stop), ref.rows(start, stop))
+            got, want = r.gather(A[start:stop], start), ref.gather(A[start:stop], start)
+            assert got.tobytes() == want.tobytes()
+            out = np.full(len(want), 7.0)
+            assert r.gather(A[start:stop], start, divide=n, out=out) is out
+            assert out.tobytes() == ref.gather(A[start:stop], start, divide=n).tobytes()
+            assert out.tobytes() == ((want + 0.0) / n).tobytes()
+        vals = r.gather(A, 0)
+        agg = np.full(d, 3.0)
+        assert r.mean(vals, out=agg) is agg
+        assert agg.tobytes() == ref.mean(vals).tobytes() == r.mean(vals).tobytes()
+        assert agg.tobytes() == c.aggregate(A, seed=5, round=t).tobytes()
+
+
+def test_plan_round_refuses_a_bad_out_before_writing() -> None:
+    r = permk.PlanRound(permk.PermK().plan(2, 6, seed=0, round=0), 6)
+    a = np.ones((2, 6))
+    for bad, exc in ((np.zeros(5), ValueError), (np.zeros(6, dtype=np.float32), ValueError), ([0.0] * 6, TypeError),
+                     (np.zeros(12)[::2], ValueError)):
+        with pytest.raises(exc, match="out"):
+            r.gather(a, 0, out=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="out"):
+        r.gather(a, 0, out=a.ravel()[:6])  # shares memory with the input
+    with pytest.raises(ValueError, match="divide"):
+        r.gather(a, 0, divide=0)
+    frozen = np.zeros(6)
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="out"):
+        r.mean(np.ones(6), out=frozen)
+
+
 SHAPES = [(5, 13), (7, 3), (1, 4), (4, 1), (6, 6), (3, 40)]
 LAYOUTS = ["C", "F", "strided", "negative-stride", "broadcast"]
 

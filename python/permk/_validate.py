@@ -78,8 +78,9 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def as_float_array(a: Any, ndim: int, name: str) -> np.ndarray:
-    """``a`` as a float64/float32 array of ``ndim`` dimensions, without copying when possible.
+def as_float_array(a: Any, ndim: int, name: str, *, allow_empty: bool = False) -> np.ndarray:
+    """``a`` as a float64/float32 array of ``ndim`` dimensions, without copying when possible
+    (non-empty unless ``allow_empty``).
 
     Integer and boolean arrays are converted to float64; complex, object and string arrays raise
     TypeError (complex input would silently lose its imaginary part).
@@ -93,7 +94,7 @@ def as_float_array(a: Any, ndim: int, name: str) -> np.ndarray:
     if arr.ndim != ndim:
         shape = "(n_workers, d)" if ndim == 2 else "(d,)"
         raise ValueError(f"{name} must have shape {shape}, got shape {arr.shape}")
-    if arr.size == 0:
+    if arr.size == 0 and not allow_empty:
         raise ValueError(f"{name} must be non-empty, got shape {arr.shape}")
     return arr
 

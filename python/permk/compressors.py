@@ -177,8 +177,8 @@ class Round(Protocol):
     def coords(self, start: int, stop: int) -> np.ndarray: ...
     def rows(self, start: int, stop: int) -> np.ndarray: ...
     def ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None: ...
-    def gather(self, a: np.ndarray, start: int) -> np.ndarray: ...
-    def mean(self, values: np.ndarray) -> np.ndarray: ...
+    def gather(self, a: np.ndarray, start: int, *, divide: int | None = None, out: np.ndarray | None = None) -> np.ndarray: ...
+    def mean(self, values: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray: ...
 
 
 class PendingRound(Protocol):
@@ -219,25 +219,52 @@ class PlanRound:
     def ranges(self) -> None:
         return None
 
-    def gather(self, a: np.ndarray, start: int) -> np.ndarray:
-        a = as_float_array(a, 2, "a")
+    @staticmethod
+    def _check_out(out: np.ndarray, size: int, dtype: np.dtype[Any], *inputs: np.ndarray) -> None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out: must be a numpy array, got {type(out).__name__}")
+        if out.shape != (size,) or out.dtype != dtype or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"out: must be a writeable C-contiguous {dtype} array of shape ({size},), got {out.dtype} {out.shape}")
+        if any(np.may_share_memory(out, a) for a in inputs):
+            raise ValueError("out: must not share memory with the inputs")
+
+    def gather(self, a: np.ndarray, start: int, *, divide: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        a = as_float_array(a, 2, "a", allow_empty=True)
         m = a.shape[0]
         start, stop = self._span(start, start + m)
         if a.shape[1] != self.d:
             raise ValueError(f"a must have {self.d} columns, got shape {a.shape}")
+        if divide is not None:
+            divide = check_int(divide, "divide", low=1, high=2**53 + 1)
         rows = self.rows(start, stop)
-        return a[rows - start, self.coords(start, stop)] * self.plan.scales[rows].astype(a.dtype)
+        if out is not None:
+            self._check_out(out, len(rows), a.dtype, a)
+        vals = a[rows - start, self.coords(start, stop)] * self.plan.scales[rows].astype(a.dtype)
+        if divide is not None:  # the worker-order sum's term 0 + v, divided by n
+            vals += 0.0
+            vals /= a.dtype.type(divide)
+        if out is None:
+            return vals
+        out[...] = vals
+        return out
 
-    def mean(self, values: np.ndarray) -> np.ndarray:
+    def mean(self, values: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
         values = np.asarray(values, dtype=np.float64)
         if values.shape != (int(self.plan.offsets[-1]),):
             raise ValueError(f"values must hold the {int(self.plan.offsets[-1])} values of the round, got shape {values.shape}")
+        if out is not None:
+            self._check_out(out, self.d, np.dtype(np.float64), values)
         if self.disjoint:  # one term per coordinate: 0.0 + v, as the worker-order sum computes it
-            out = np.zeros(self.d)
-            out[self.plan.coords] = values + 0.0
-            out /= self.n
-            return out
-        return np.bincount(self.plan.coords, weights=values, minlength=self.d) / self.n
+            agg = np.zeros(self.d) if out is None else out
+            agg.fill(0.0)
+            agg[self.plan.coords] = values + 0.0
+            agg /= self.n
+            return agg
+        total = np.bincount(self.plan.coords, weights=values, minlength=self.d)
+        if out is None:
+            return total / self.n
+        np.divide(total, self.n, out=out)
+        return out
 
 
 class _Ready:

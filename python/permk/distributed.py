@@ -535,22 +535,31 @@ class MPIBackend:
             self._ahead = (compressor, (seed, round + 1), compressor.round_ahead(self.n, self.d, seed=seed, round=round + 1))
         return r
 
-    def _values(self, compressor: Compressor, r: Round, x: Array, y: Array | None, start: int, stop: int, exchange: str) -> Array:
+    def _values(self, compressor: Compressor, r: Round, x: Array, y: Array | None, start: int, stop: int, exchange: str,
+                divide: int | None = None, out: Array | None = None) -> Array:
         """Workers ``start..stop``'s values of round ``r``, in plan order, scaled:
         ``scale_i * (∇f_i(x) − ∇f_i(y))_j`` (``y`` None: ``scale_i * ∇f_i(x)_j``), the same
-        bits on every path."""
+        bits on every path; with ``divide=n``, ``(v + 0)/n`` (the worker-order sum's term of a
+        disjoint round, divided), written into ``out`` when given."""
         path = self.path(compressor, exchange)
         if path == "rust":
-            return self.problem.kernel.round_values(r, x, y, start, stop)  # type: ignore[no-any-return]
+            return self.problem.kernel.round_values(r, x, y, start, stop, divide=divide, out=out)  # type: ignore[no-any-return]
         if path == "fused":
             rows, cols = r.rows(start, stop), r.coords(start, stop)
             vals = self._coords(x, rows, cols)
             if y is not None:
                 vals = vals - self._coords(y, rows, cols)
-            return vals * r.scales()[rows]
+            vals = vals * r.scales()[rows]
+            if divide is not None:
+                vals += 0.0
+                vals /= divide
+            if out is None:
+                return vals
+            out[...] = vals
+            return out
         ws = self.workers
         D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
-        return r.gather(D[start - ws.start : stop - ws.start], start)
+        return r.gather(D[start - ws.start : stop - ws.start], start, divide=divide, out=out)
 
     def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
         if self.counting:
@@ -589,28 +598,29 @@ class MPIBackend:
 
     def _mean_in_place(self, compressor: Compressor, r: Round, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
         """A disjoint round in which every rank's one worker sends one contiguous block (BlockPermK
-        with ``m = n``): an ``Allgatherv`` (server: ``Gatherv``) whose displacements are the
-        round's block starts puts every value at its coordinate in the aggregate buffer — no
-        packing, no placement loop, no pass over ``R^d`` after it. The sender divides: it sends
-        ``(0 + v)/n``, the worker-order sum's term divided by ``n``, the same bits as dividing
-        the placed sum (a coordinate no block covers is 0)."""
+        with ``m = n``): each rank writes its values straight into its block of the aggregate
+        buffer, and an ``Allgatherv`` in place (server: ``Gatherv`` to rank 0) whose
+        displacements are the round's block starts fills in the other blocks — no send buffer,
+        no packing, no placement loop, no pass over ``R^d``. The values are ``(0 + v)/n``: the
+        worker-order sum's term divided by ``n``, the same bits as dividing the placed sum (a
+        coordinate no block covers is 0)."""
         w = self.workers.start
-        vals = self._values(compressor, r, x, y, w, w + 1, exchange)
+        lo, hi = int(ranges.starts[w]), int(ranges.stops[w])
+        counts, displs = (ranges.stops - ranges.starts).tolist(), ranges.starts.tolist()
+        holder = self.mode == "p2p" or self.rank == 0
+        out = self._aggregate_buffer() if holder else None
+        if out is not None and sum(counts) != self.d:
+            out.fill(0.0)
+        dest = out[lo:hi] if out is not None else self._buffer(hi - lo, np.float64)
+        vals = self._values(compressor, r, x, y, w, w + 1, exchange, divide=self.n, out=dest)
         self._sent(vals.nbytes, vals.nbytes)
-        vals = np.ascontiguousarray(vals, dtype=np.float64)
-        vals += 0.0
-        vals /= self.n
-        counts = (ranges.stops - ranges.starts).tolist()
-        out = None
-        if self.mode == "p2p" or self.rank == 0:
-            out = self._aggregate_buffer()
-            if sum(counts) != self.d:
-                out.fill(0.0)
-        spec = [out, counts, ranges.starts.tolist(), self.MPI.DOUBLE]
+        spec = [out, counts, displs, self.MPI.DOUBLE]
         if self.mode == "p2p":
-            self.comm.Allgatherv(vals, spec)
+            self.comm.Allgatherv(self.MPI.IN_PLACE, spec)
+        elif self.rank == 0:
+            self.comm.Gatherv(self.MPI.IN_PLACE, spec, root=0)
         else:
-            self.comm.Gatherv(vals, spec if self.rank == 0 else None, root=0)
+            self.comm.Gatherv(vals, None, root=0)
         return self._share(out)
 
     def _theory_bytes(self, compressor: Compressor) -> int:
@@ -635,7 +645,7 @@ class MPIBackend:
             raise ValueError(f"this rank's message has {values.size} values, the plan says {counts[self.rank]}")
         self._sent(values.nbytes, 8 * int(sizes.max(initial=0)))
         recv = self._gather(values, counts, self.MPI.DOUBLE)
-        return self._share(None if recv is None else r.mean(recv))
+        return self._share(None if recv is None else r.mean(recv, out=self._aggregate_buffer()))
 
     def _mean_pairs(self, msgs: Messages, compressor: Compressor) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs.
@@ -686,8 +696,8 @@ class MPIBackend:
         return buf
 
     def _buffer(self, size: int, dtype: Any) -> Array:
-        """A receive buffer, reused across rounds (its contents are consumed before the next
-        collective)."""
+        """A send or receive buffer, reused across rounds (its contents are consumed by the
+        collective it is written for, before the next one)."""
         key = (int(size), np.dtype(dtype).str)
         buf = self._buffers.get(key)
         if buf is None:
