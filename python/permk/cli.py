@@ -259,6 +259,12 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     grid = exp.grid_from_args(args)
     mpi = bool(getattr(args, "mpi", False))
     writer = not mpi or _mpi_rank() == 0
+    if writer:
+        from .parallel import busy_warning
+
+        advice = busy_warning(_mpi_size() if mpi else args.jobs, threads_fixed=args.threads is not None)
+        if advice:
+            print(advice, file=sys.stderr)
     t_grid = time.perf_counter()
     setup = _process_seconds()
     kw = {"mpi": True} if mpi else {}
@@ -289,6 +295,12 @@ def _mpi_rank() -> int:
     from mpi4py import MPI
 
     return int(MPI.COMM_WORLD.Get_rank())
+
+
+def _mpi_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
 
 
 def _cmd_autoencoder(args: argparse.Namespace) -> int:

@@ -34,10 +34,11 @@ aggregate, from which every rank forms the new iterate, as in Algorithm "MARINA"
   coordinates are evaluated, for all the rank's workers in one call (``path="fused"``; with a
   native problem kernel and a Rust compressor the values are computed in Rust,
   ``path="rust"``). The plan is computed once per round (:meth:`permk.Compressor.round`), and
-  round ``t + 1``'s plan on a background thread while round ``t`` communicates
-  (``prefetch``: by default when the plan is costly, e.g. PermK at large ``d``). When every rank holds one worker and the plan gives each worker one
-  contiguous block of a disjoint round (``BlockPermK(n)``), the blocks land directly in the
-  aggregate buffer (one ``Allgatherv`` with the round's displacements);
+  round ``t + 1``'s plan on a background thread while round ``t`` communicates (``prefetch``:
+  by default when plans cost a millisecond or more, e.g. PermK at large ``d``). When every rank
+  holds one worker and the plan gives each worker one contiguous block of a disjoint round
+  (``BlockPermK(n)``), each rank writes its values into its block of the aggregate buffer and
+  one ``Allgatherv`` in place fills in the others;
 * otherwise (TopK, quantizers): ``(index, value)`` pairs (uint32 indices; no lengths exchanged
   when the messages have a fixed size); EF21 with a native problem kernel and a Rust compressor
   computes its workers' messages in one Rust call (``path="rust"``);
@@ -108,8 +109,10 @@ __all__ = [
 Array = np.ndarray
 Mode = Literal["p2p", "server"]
 Reduce = Literal["allreduce", "ordered"]
-#: ``prefetch="auto"`` computes the next round's plan ahead when a plan took this long here.
-PREFETCH_MIN_SECONDS = 1e-4
+#: ``prefetch="auto"`` computes the next round's plan ahead when the fastest of the first
+#: ``PREFETCH_PROBES`` plans computed on this rank took at least ``PREFETCH_MIN_SECONDS``.
+PREFETCH_MIN_SECONDS = 1e-3
+PREFETCH_PROBES = 3
 
 
 class _Holder:
@@ -430,7 +433,7 @@ class MPIBackend:
             raise TypeError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
         self.prefetch: bool | str = prefetch
         self._ahead: tuple[Compressor, tuple[int, int], PendingRound] | None = None
-        self._slow_plan: dict[int, bool] = {}
+        self._plan_seconds: dict[int, list[float]] = {}
         self._theory: dict[int, tuple[Compressor, int]] = {}
         self._agg: Array | None = None
 
@@ -522,16 +525,22 @@ class MPIBackend:
         """Round ``round``'s plan: the one computed ahead if it is that round's, else computed now.
         Then round ``round + 1``'s plan is started on a background thread, to be ready when this
         round's communication is over (it is a pure function of ``(seed, round + 1)``): always
-        with ``prefetch=True``; with ``"auto"`` when computing a plan here took at least
-        :data:`PREFETCH_MIN_SECONDS` (starting a thread costs 20–100 µs, more than a small plan)."""
+        with ``prefetch=True``; with ``"auto"`` when the fastest of the first
+        :data:`PREFETCH_PROBES` plans computed here took at least :data:`PREFETCH_MIN_SECONDS`
+        (a thread costs 20–100 µs to start and competes for the cores: it pays for costly plans
+        only, such as PermK's permutation of a large ``d``)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] is compressor and ahead[1] == (seed, round):
             r = ahead[2].wait()
         else:
             t0 = time.perf_counter()
             r = compressor.round(self.n, self.d, seed=seed, round=round)
-            self._slow_plan[id(compressor)] = time.perf_counter() - t0 >= PREFETCH_MIN_SECONDS
-        if self.prefetch is True or (self.prefetch == "auto" and self._slow_plan[id(compressor)]):
+            probes = self._plan_seconds.setdefault(id(compressor), [])
+            if len(probes) < PREFETCH_PROBES:
+                probes.append(time.perf_counter() - t0)
+        probes = self._plan_seconds[id(compressor)]
+        costly = len(probes) == PREFETCH_PROBES and min(probes) >= PREFETCH_MIN_SECONDS
+        if self.prefetch is True or (self.prefetch == "auto" and costly):
             self._ahead = (compressor, (seed, round + 1), compressor.round_ahead(self.n, self.d, seed=seed, round=round + 1))
         return r
 
@@ -880,8 +889,8 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     plus ``comm`` (default ``COMM_WORLD``), ``mode`` (``"p2p"`` or ``"server"``), ``reduce``
     (``"allreduce"`` or ``"ordered"``: how full gradients are summed), ``abort_on_error`` and
     ``prefetch`` (compute round ``t + 1``'s shared plan on a background thread while round ``t``
-    communicates: ``True``, ``False``, or ``"auto"``, when a plan takes longer to compute than a
-    thread to start; the iterates are the same either way). Every rank must call it with the same
+    communicates: ``True``, ``False``, or ``"auto"``, when plans take a millisecond or more to
+    compute; the iterates are the same either way). Every rank must call it with the same
     arguments."""
     comm = _world(comm)
     rank = comm.Get_rank()

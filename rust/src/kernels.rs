@@ -596,15 +596,18 @@ const RANDK_PART: usize = 1 << 13;
 /// the pool's threads.
 pub const RANDK_PAR_THRESHOLD: usize = 1 << 15;
 
-/// RandK: the workers are split into contiguous ranges of about `2^13` samples, run on the
-/// pool's threads; each range samples its workers' coordinates (per-worker streams) and
-/// gathers their scaled values, then the values are added in worker order. Neither the
-/// samples nor the order of the additions depend on the split, so the result is the
-/// sequential one, bit for bit.
 /// One RandK task's coordinates, scaled values and whether all were finite.
 type RandKPart<T> = Result<(Vec<u32>, Vec<T>, bool)>;
 
-pub fn randk_parallel<T: Real>(a: ArrayView2<T>, k: usize, seed: u64, round: u64) -> Result<Option<Array1<T>>> {
+/// RandK: the workers are split into contiguous ranges of about `2^13` samples, run on the
+/// pool's threads; each range samples its workers' coordinates (`sample(i, sampler, out)`
+/// writes worker `i`'s `k` coordinates: its own stream) and gathers their scaled values, then
+/// the values are added in worker order. Neither the samples nor the order of the additions
+/// depend on the split, so the result is the sequential one, bit for bit.
+pub fn randk_parallel<T: Real, S>(a: ArrayView2<T>, k: usize, sample: S) -> Result<Option<Array1<T>>>
+where
+    S: Fn(usize, &mut rng::Sampler, &mut Vec<u32>) + Sync,
+{
     let (n, d) = a.dim();
     let scale = d as f64 / k as f64;
     let per_part = (RANDK_PART / k).max(1);
@@ -616,7 +619,7 @@ pub fn randk_parallel<T: Real>(a: ArrayView2<T>, k: usize, seed: u64, round: u64
         let mut vals = mem::vec("RandK's values", (hi - lo) * k)?;
         let mut ok = true;
         for i in lo..hi {
-            crate::sparsify::randk::randk_coords(seed, round, i, k, &mut sampler, &mut sel);
+            sample(i, &mut sampler, &mut sel);
             let row = a.row(i);
             for (q, &j) in sel.iter().enumerate() {
                 if let Some(&ja) = sel.get(q + AHEAD) {

@@ -282,36 +282,21 @@ pub trait Label: Copy + Send + Sync + 'static {
     /// The label of worker `i` (which the type must hold).
     fn of(i: usize) -> Self;
 }
-impl Label for u8 {
-    #[inline(always)]
-    fn idx(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn of(i: usize) -> Self {
-        i as u8
-    }
+macro_rules! label {
+    ($($t:ty),*) => {$(
+        impl Label for $t {
+            #[inline(always)]
+            fn idx(self) -> usize {
+                self as usize
+            }
+            #[inline(always)]
+            fn of(i: usize) -> Self {
+                i as $t
+            }
+        }
+    )*};
 }
-impl Label for u16 {
-    #[inline(always)]
-    fn idx(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn of(i: usize) -> Self {
-        i as u16
-    }
-}
-impl Label for u32 {
-    #[inline(always)]
-    fn idx(self) -> usize {
-        self as usize
-    }
-    #[inline(always)]
-    fn of(i: usize) -> Self {
-        i as u32
-    }
-}
+label!(u8, u16, u32);
 
 /// Runs `$body` with `$v` bound to the owner vector, whatever its integer type, and `$L` to
 /// the label type (to build a new vector of it).

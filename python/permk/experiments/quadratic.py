@@ -84,13 +84,23 @@ def _constants(q: Any) -> dict[str, float]:
     }
 
 
-def _as_one_worker(cell: dict[str, Any], spec: Spec, mpi: bool) -> bool:
+def _identical_workers(cell: dict[str, Any], spec: Spec, mpi: bool) -> int | None:
     """L± = 0: all workers are the same function, so with error feedback and a deterministic
     compressor (TopK) the workers all hold the same g_i and the iterates do not depend on n; the
-    method runs as one worker (same iterates up to rounding of the mean, O(d) instead of O(nd)
-    per round), each still sending K = ⌈d/n⌉ values. (Not on MPI: there every run is distributed.)"""
-    return bool(cell["noise_scale"] == 0 and cell["n"] > 1 and not mpi and spec.method.exchange == "error_feedback"
-                and spec.compressor(cell["n"], cell["d"]).capabilities.deterministic)
+    method then runs with as few workers as it can (same iterates up to rounding of the mean,
+    O(d) instead of O(nd) per round), each still sending K = ⌈d/n⌉ values of the cell's n: one in
+    a single process, one per rank on MPI. Returns that number of workers, or None."""
+    if not (cell["noise_scale"] == 0 and spec.method.exchange == "error_feedback"
+            and spec.compressor(cell["n"], cell["d"]).capabilities.deterministic):
+        return None
+    few = _mpi_size() if mpi else 1
+    return few if few < cell["n"] else None
+
+
+def _mpi_size() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.COMM_WORLD.Get_size())
 
 
 def check_memory(grid: QuadraticGrid, mpi: bool = False, processes: int = 1) -> None:
@@ -99,7 +109,8 @@ def check_memory(grid: QuadraticGrid, mpi: bool = False, processes: int = 1) -> 
     for cell in grid.cells():
         for m in grid.methods:
             spec = Spec.parse(m)
-            n = 1 if _as_one_worker(cell, spec, mpi) else -(-cell["n"] // processes)
+            few = _identical_workers(cell, spec, mpi)
+            n = -(-(few or cell["n"]) // processes)
             check_alloc(spec.method.state_shape(n, cell["d"]), f"the state of {m} in cell {cell['id']}", count=2)
 
 
@@ -120,8 +131,9 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
         spec = Spec.parse(m)
         gth[m] = theory_gamma(q, spec, opts)
         exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
-        if _as_one_worker(cell, spec, mpi):
-            problems[m] = permk.Quadratic.synthetic(1, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
+        few = _identical_workers(cell, spec, mpi)
+        if few is not None:
+            problems[m] = permk.Quadratic.synthetic(few, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
             compressors[m] = spec.compressor(cell["n"], cell["d"])
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     bar = None

@@ -101,7 +101,10 @@ impl Sparsify for RandK {
     fn aggregate_fast<T: Real>(&self, a: ArrayView2<T>, seed: u64, round: u64) -> Result<Option<Array1<T>>> {
         let n = a.nrows();
         if n > 1 && n * self.k >= kernels::RANDK_PAR_THRESHOLD {
-            return kernels::randk_parallel(a, self.k, seed, round);
+            let k = self.k;
+            return kernels::randk_parallel(a, k, |i, sampler: &mut rng::Sampler, out: &mut Vec<u32>| {
+                randk_coords(seed, round, i, k, sampler, out)
+            });
         }
         Ok(None)
     }
