@@ -68,6 +68,9 @@ def needs_mpi(f: Any) -> Any:
 TIMEOUT = 240  # seconds for one mpiexec job (4 processes oversubscribe 2 cores here)
 ORDERED = [k for k, c in CASES.items() if c["reduce"] == "ordered"]
 ALLREDUCE = [k for k, c in CASES.items() if c["reduce"] == "allreduce"]
+# on 3 ranks every case's workers split unevenly ((2, 1, 1) of 4, (3, 3, 2) of 8)
+UNEVEN = ["marina_permk_d_ge_n_uneven", "marina_randk_server", "marina_blockpermk_n_in_place", "marina_blockpermk_n_blocks_per_rank",
+          "marina_group_permk", "marina_coordinate_sampling", "ef21_topk_blocks_server", "marina_python_compressor", "gd"]
 SMALL = ["marina_permk_d_ge_n", "marina_permk_n_ge_d_blocks_server", "marina_randk", "ef21_topk", "marina_permk_own_data"]
 
 
@@ -105,6 +108,11 @@ def runs4(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _run_cases(tmp_path_factory, 2, ORDERED)
+
+
+@pytest.fixture(scope="module")
+def runs3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _run_cases(tmp_path_factory, 3, UNEVEN)
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +189,15 @@ def test_two_processes_give_the_same_bits(runs2: Path, runs4: Path, name: str) -
     coins = two["coins"] if "coins" in two else np.zeros(two["bytes_sent"].shape[1], dtype=bool)
     lengths = np.where(coins, 0, 8) if varying else 0
     assert np.array_equal(two["bytes_sent"].sum(axis=0) - 2 * lengths, four["bytes_sent"].sum(axis=0) - 4 * lengths)
+
+
+@needs_mpi
+@pytest.mark.parametrize("name", UNEVEN)
+def test_ranks_holding_unequal_numbers_of_workers_give_the_simulators_bits(runs3: Path, simulated: dict[str, permk.RunResult],
+                                                                          name: str) -> None:
+    arrays, meta = _load(runs3, name)
+    assert meta["same_on_every_rank"] and meta["n_procs"] == 3
+    _assert_bit_equal(arrays, simulated[name])
 
 
 @needs_mpi
