@@ -8,6 +8,8 @@ import gzip
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import struct
 import subprocess
@@ -37,12 +39,34 @@ def run_cli(*args: str, timeout: float = 300, **kw: object) -> subprocess.Comple
 # ---------------------------------------------------------------------------------------------
 # the quick quadratic grid, once per module
 # ---------------------------------------------------------------------------------------------
+QUICK_OUTPUT: dict[str, str] = {}
+SHELL_SLEEP = 3.0  # seconds the shell waits before exec'ing permk (not permk's time)
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The quick grid, launched as the README's first command launches it: a shell that execs
+    permk in place of itself after other work (here a sleep)."""
     out = tmp_path_factory.mktemp("quick")
-    r = run_cli("quadratic", "--quick", "--jobs", "2", "--no-progress", "--out", str(out))
+    cmd = " ".join(shlex.quote(a) for a in [*CLI, "quadratic", "--quick", "--jobs", "2", "--no-progress", "--out", str(out)])
+    r = subprocess.run(["bash", "-c", f"sleep {SHELL_SLEEP} && exec {cmd}"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert r.returncode == 0, r.stderr
+    QUICK_OUTPUT["stdout"] = r.stdout
     return out / "quadratic"
+
+
+@pytest.mark.slow
+def test_quick_grid_closes_with_where_its_time_went(quick: Path) -> None:
+    last = QUICK_OUTPUT["stdout"].strip().splitlines()[-1]
+    m = re.fullmatch(r"time: ([\d.]+) s = imports and set-up ([\d.]+) s \+ grid ([\d.]+) s \+ plotting ([\d.]+) s"
+                     r" \(\+ ([\d.]+) s other\)", last)
+    assert m, last
+    total, setup, grid, plot, other = map(float, m.groups())
+    assert abs(setup + grid + plot + other - total) <= 0.25  # each printed to 0.1 s
+    assert grid > 0 and plot > 0
+    # counted from `import permk`, not from the start of the shell that exec'd it
+    assert setup < SHELL_SLEEP, last
 
 
 def _records(root: Path) -> dict[str, list[dict]]:

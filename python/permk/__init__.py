@@ -10,6 +10,7 @@ GD, DCGD, each defined once); :mod:`permk.distributed` (MPI) and :mod:`permk.exp
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.
 """
 
+from . import _clock as _clock  # first: the zero of the CLI's time line
 from . import theory as theory
 from ._core import __version__ as __version__
 from .compressors import *  # noqa: F403 - every compressor (compressors.__all__): a new one needs no line here

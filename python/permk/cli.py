@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-__all__ = ["main", "build_parser"]
+from ._clock import seconds_since_start
 
-_T_IMPORT = time.perf_counter()
+__all__ = ["main", "build_parser"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -238,18 +238,6 @@ def complexity_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _process_seconds() -> float:
-    """Wall seconds since this process started (Linux: from /proc; elsewhere since permk.cli was imported)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), time.perf_counter() - _T_IMPORT)
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _T_IMPORT
-
-
 def _run_experiment(args: argparse.Namespace, name: str) -> int:
     """``permk quadratic`` / ``permk autoencoder``: run the grid, draw it, and close with one line
     that says where the wall time went (imports and set-up, the grid, plotting)."""
@@ -266,7 +254,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         if advice:
             print(advice, file=sys.stderr)
     t_grid = time.perf_counter()
-    setup = _process_seconds()
+    setup = seconds_since_start()
     kw = {"mpi": True} if mpi else {}
     root = getattr(exp, f"run_{name}")(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress,
                                        plot=False, **kw)
@@ -280,7 +268,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         plot_s = time.perf_counter() - t_plot
     if writer:
         _report(root, args.no_plot)
-        total = _process_seconds()
+        total = seconds_since_start()
         print(f"time: {total:.1f} s = imports and set-up {setup:.1f} s + grid {grid_s:.1f} s"
               + (f" + plotting {plot_s:.1f} s" if not args.no_plot else "")
               + f" (+ {max(total - setup - grid_s - plot_s, 0.0):.1f} s other)")
