@@ -193,8 +193,10 @@ def test_p_accepts_numpy_numbers_and_rejects_strings() -> None:
     assert permk.marina(q, permk.PermK(), rounds=2, seed=0, p=np.float32(0.5)).params["p"] == 0.5
     with pytest.raises(ValueError, match=r"p must be in \(0, 1\], got 1.5"):
         permk.marina(q, permk.PermK(), rounds=2, seed=0, p=np.float32(1.5))
-    with pytest.raises(TypeError, match="p must be a real number"):
+    with pytest.raises(TypeError, match="^p must be a real number"):  # not "does not take these options"
         permk.marina(q, permk.PermK(), rounds=2, seed=0, p="0.5")
+    with pytest.raises(TypeError, match=r"does not take these options \(q\)"):
+        permk.marina(q, permk.PermK(), rounds=2, seed=0, q=0.5)
     with pytest.raises(ValueError, match="p must be in"):
         permk.marina(q, permk.PermK(), rounds=2, seed=0, p=float("nan"))
 

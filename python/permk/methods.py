@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import inspect
 import math
 import time
 import zipfile
@@ -494,10 +495,11 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
         gamma = check_real(gamma, "gamma", low=0.0, strict=True)
     pl = _flag(pl, "pl")
     check_choice(constants, "constants", ("exact", "pessimistic"))
-    try:
-        own = method.parameters(compressor, n, d, float_bits=float_bits, **options)
+    try:  # an option the method does not have (its own checks of a value raise as they are)
+        inspect.signature(method.parameters).bind(compressor, n, d, float_bits=float_bits, **options)
     except TypeError as e:
         raise TypeError(f"{method!r} does not take these options ({', '.join(options)}): {e}") from None
+    own = method.parameters(compressor, n, d, float_bits=float_bits, **options)
     params: dict[str, Any] = {"method": method.name, "compressor": compressor.name, "n": n, "d": d, **own,
                               "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
     if gamma is not None:
