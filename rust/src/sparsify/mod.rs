@@ -141,6 +141,19 @@ pub trait Sparsify: Sized + Clone + fmt::Debug + PartialEq + Send + Sync {
     }
 }
 
+/// The required `k` of a k-sparsifier (`name` says which, in the error when it is missing).
+pub(crate) fn take_k(params: &mut Params, name: &str) -> Result<usize> {
+    params.take_count("k", 1)?.ok_or_else(|| CoreError::invalid("k", format!("{name} needs k")))
+}
+
+/// A k-sparsifier fits `d` coordinates when `k ≤ d`.
+pub(crate) fn check_k(k: usize, d: usize) -> Result<()> {
+    if k > d {
+        return Err(CoreError::invalid("k", format!("k = {k} is outside [1, d] with d = {d}")));
+    }
+    Ok(())
+}
+
 /// A uniform permutation of `0..len` from `rng`, allocated fallibly.
 pub(crate) fn permutation(rng: &mut ChaCha8Rng, len: usize) -> Result<Vec<u32>> {
     rng::try_permutation(rng, len, "the permutation")

@@ -3,8 +3,8 @@
 
 use ndarray::{Array1, ArrayView1, ArrayView2};
 
-use super::{Footprint, Sparsify};
-use crate::error::{CoreError, Result};
+use super::{check_k, take_k, Footprint, Sparsify};
+use crate::error::Result;
 use crate::params::Params;
 use crate::plan::{Assignment, OwnedCoords, Ranges, RoundPlan, Selection};
 use crate::real::Real;
@@ -28,15 +28,12 @@ impl Sparsify for RandK {
     const PARAMS: &'static [&'static str] = &["k"];
 
     fn from_params(params: &mut Params) -> Result<Self> {
-        let k = params.take_count("k", 1)?.ok_or_else(|| CoreError::invalid("k", "randk needs k"))?;
+        let k = take_k(params, "randk")?;
         Ok(RandK { k })
     }
 
     fn check(&self, _n: usize, d: usize) -> Result<()> {
-        if self.k > d {
-            return Err(CoreError::invalid("k", format!("k = {} is outside [1, d] with d = {d}", self.k)));
-        }
-        Ok(())
+        check_k(self.k, d)
     }
 
     fn footprint(&self, n: usize, d: usize) -> Footprint {

@@ -4,7 +4,7 @@
 use ndarray::{ArrayView1, ArrayView2};
 use rayon::prelude::*;
 
-use super::{Footprint, Sparsify};
+use super::{check_k, take_k, Footprint, Sparsify};
 use crate::error::{CoreError, Result};
 use crate::params::Params;
 use crate::plan::{Assignment, OwnedCoords, RoundPlan, Selection};
@@ -26,15 +26,12 @@ impl Sparsify for TopK {
     const PARAMS: &'static [&'static str] = &["k"];
 
     fn from_params(params: &mut Params) -> Result<Self> {
-        let k = params.take_count("k", 1)?.ok_or_else(|| CoreError::invalid("k", "topk needs k"))?;
+        let k = take_k(params, "topk")?;
         Ok(TopK { k })
     }
 
     fn check(&self, _n: usize, d: usize) -> Result<()> {
-        if self.k > d {
-            return Err(CoreError::invalid("k", format!("k = {} is outside [1, d] with d = {d}", self.k)));
-        }
-        Ok(())
+        check_k(self.k, d)
     }
 
     fn footprint(&self, n: usize, d: usize) -> Footprint {
