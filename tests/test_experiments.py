@@ -49,8 +49,10 @@ def quick(tmp_path_factory: pytest.TempPathFactory) -> Path:
     permk in place of itself after other work (here a sleep)."""
     out = tmp_path_factory.mktemp("quick")
     cmd = " ".join(shlex.quote(a) for a in [*CLI, "quadratic", "--quick", "--jobs", "2", "--no-progress", "--out", str(out)])
+    t0 = time.perf_counter()
     r = subprocess.run(["bash", "-c", f"sleep {SHELL_SLEEP} && exec {cmd}"], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    QUICK_OUTPUT["wall"] = f"{time.perf_counter() - t0}"
     assert r.returncode == 0, r.stderr
     QUICK_OUTPUT["stdout"] = r.stdout
     return out / "quadratic"
@@ -65,8 +67,9 @@ def test_quick_grid_closes_with_where_its_time_went(quick: Path) -> None:
     total, setup, grid, plot, other = map(float, m.groups())
     assert abs(setup + grid + plot + other - total) <= 0.25  # each printed to 0.1 s
     assert grid > 0 and plot > 0
-    # counted from `import permk`, not from the start of the shell that exec'd it
-    assert setup < SHELL_SLEEP, last
+    # counted from `import permk`, not from the start of the shell that exec'd it: the shell's
+    # sleep lies outside the printed total whatever the machine's speed (no timing threshold)
+    assert total <= float(QUICK_OUTPUT["wall"]) - SHELL_SLEEP + 0.1, (last, QUICK_OUTPUT["wall"])
 
 
 def _records(root: Path) -> dict[str, list[dict]]:
