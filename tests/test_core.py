@@ -9,6 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -553,20 +555,51 @@ def test_round_ahead_is_the_round(kw: dict[str, Any]) -> None:
         spec.round_ahead(16, 7, 0, rnd)
 
 
-def test_round_ahead_overlaps_a_wait() -> None:
-    """The GIL is released: a round computed ahead progresses while Python sleeps."""
-    import time
+def _python_ran_during(work: Callable[[], Callable[[], object]]) -> int:
+    """How many steps the main thread's Python loop made while another thread ran ``work()()``.
 
+    With a 30 s switch interval no thread is ever forced off the GIL within the test: the main
+    loop can only run while the other thread has released the GIL of its own accord, so a call
+    that holds the GIL gives exactly 0 (``sorted`` of a long list does), whatever the machine's
+    speed; there is no timing threshold."""
+    count, seen, stop = [0], {}, threading.Event()
+
+    def other() -> None:
+        call = work()
+        seen["before"] = count[0]
+        call()
+        seen["after"] = count[0]
+        stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        th = threading.Thread(target=other)
+        th.start()
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0)  # hands the GIL back at once when the other thread wants it
+        th.join()
+    finally:
+        sys.setswitchinterval(interval)
+    return seen["after"] - seen["before"]
+
+
+@pytest.mark.parametrize("kernel", ["round_ahead.wait", "round", "aggregate"])
+def test_long_kernels_release_the_gil(kernel: str) -> None:
     spec = _core.Spec("permk")
-    t = time.perf_counter()
-    spec.round(4, 2_000_000, 0, 0)
-    alone = time.perf_counter() - t
-    t = time.perf_counter()
-    pending = spec.round_ahead(4, 2_000_000, 0, 1)
-    time.sleep(alone)
-    pending.wait()
-    # computed during the sleep: far less than the two in sequence (generous for a busy machine)
-    assert time.perf_counter() - t < 1.9 * alone + 0.05
+    a = np.ones((8, 1_000_000))
+    work: dict[str, Callable[[], Callable[[], object]]] = {
+        "round_ahead.wait": lambda: spec.round_ahead(4, 4_000_000, 0, 1).wait,
+        "round": lambda: lambda: spec.round(4, 4_000_000, 0, 1),
+        "aggregate": lambda: lambda: spec.aggregate(a, 0, 0),
+    }
+    assert _python_ran_during(work[kernel]) > 0
+
+
+def test_the_gil_probe_sees_a_call_that_holds_the_gil() -> None:
+    big = list(np.random.default_rng(0).random(2_000_000))
+    assert _python_ran_during(lambda: lambda: sorted(big)) == 0
 
 
 @pytest.mark.parametrize(
