@@ -1,7 +1,7 @@
 """Threads per process (permk.parallel): when permk starts several processes — a pool of cells,
 MPI ranks on one machine — each gets ``cores // processes`` threads for the Rust kernels and
 BLAS, so that processes × threads never exceed the cores; ``--threads`` / ``PERMK_THREADS``
-set it by hand; a busy machine is pointed out."""
+set it by hand; on a busy machine the experiments take the free cores."""
 
 from __future__ import annotations
 
@@ -59,19 +59,40 @@ def test_limit_threads_sets_the_rust_pool_and_blas() -> None:
         par.limit_threads(before)
 
 
-def test_a_busy_machine_is_pointed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_busy_machine_gets_the_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(par.ENV, raising=False)
     monkeypatch.setattr(par, "cores", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (2.0, 2.0, 2.0))
-    advice = par.busy_warning(1, threads_fixed=False)
-    assert advice is not None and "--threads 1" in advice and "load average 2.0 on 2 cores" in advice
-    assert par.busy_warning(1, threads_fixed=True) is None  # the user chose
-    assert par.busy_warning(2, threads_fixed=False) is None  # one thread per process already
+    busy = par.busy_threads(1, threads_fixed=False)
+    assert busy is not None and busy[0] == 1 and "load average 2.0 on 2 cores" in busy[1] and "instead of 2" in busy[1]
+    assert par.busy_threads(1, threads_fixed=True) is None  # the user chose
+    assert par.busy_threads(2, threads_fixed=False) is None  # one thread per process already
     monkeypatch.setenv(par.ENV, "2")
-    assert par.busy_warning(1, threads_fixed=False) is None
+    assert par.busy_threads(1, threads_fixed=False) is None
     monkeypatch.delenv(par.ENV)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 2.0, 2.0))
-    assert par.busy_warning(1, threads_fixed=False) is None  # half the cores free
+    assert par.busy_threads(1, threads_fixed=False) is None  # half the cores free
+    monkeypatch.setattr(par, "cores", lambda: 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (12.5, 2.0, 2.0))
+    # 16 cores, 12 of them busy: the 4 free ones shared by the processes
+    assert [(par.busy_threads(k, threads_fixed=False) or (None,))[0] for k in (1, 2, 4, 16)] == [4, 2, 1, None]
+
+
+def test_the_cli_takes_the_free_cores_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from permk.cli import main
+
+    monkeypatch.delenv(par.ENV, raising=False)
+    monkeypatch.setattr(par, "cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    before = _core.get_num_threads()
+    try:
+        assert main(["quadratic", "--quick", "--n", "10", "--noise-scales", "0", "--no-plot", "--no-progress", "--out", str(tmp_path)]) == 0
+        assert _core.get_num_threads() == 1 and os.environ[par.ENV] == "1"
+        assert "the machine is busy (load average 3.0 on 2 cores): 1 thread(s) per process instead of 2" in capsys.readouterr().err
+    finally:
+        monkeypatch.delenv(par.ENV, raising=False)
+        par.limit_threads(before)
 
 
 MPI_DIR = Path(__file__).resolve().parent / "mpi"

@@ -247,12 +247,15 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     grid = exp.grid_from_args(args)
     mpi = bool(getattr(args, "mpi", False))
     writer = not mpi or _mpi_rank() == 0
-    if writer:
-        from .parallel import busy_warning
+    from .parallel import ENV, busy_threads, limit_threads
 
-        advice = busy_warning(_mpi_size() if mpi else args.jobs, threads_fixed=args.threads is not None)
-        if advice:
-            print(advice, file=sys.stderr)
+    busy = busy_threads(_mpi_size() if mpi else args.jobs, threads_fixed=args.threads is not None)
+    if busy is not None:
+        threads, note = busy
+        os.environ[ENV] = str(threads)  # the processes this one starts read it
+        limit_threads(threads)
+        if writer:
+            print(note, file=sys.stderr)
     t_grid = time.perf_counter()
     setup = seconds_since_start()
     kw = {"mpi": True} if mpi else {}

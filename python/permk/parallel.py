@@ -3,7 +3,8 @@
 When permk starts several processes of its own — ``--jobs k`` cells in a process pool, MPI ranks
 on one machine — each process gets ``cores // processes`` threads (at least one), so that
 processes × threads never exceed the cores: oversubscribed BLAS and rayon threads spin and can
-make a run many times slower. By hand: ``permk … --threads N``, the environment variable
+make a run many times slower. On a machine other work already keeps busy, the experiments take
+only the cores the load leaves free (:func:`busy_threads`). By hand: ``permk … --threads N``, the environment variable
 ``PERMK_THREADS=N`` (read by every permk process), or :func:`limit_threads` in a script; the
 usual ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS`` and ``RAYON_NUM_THREADS`` work too when set
 before Python starts. Results never depend on the number of threads.
@@ -11,12 +12,13 @@ before Python starts. Results never depend on the number of threads.
 
 from __future__ import annotations
 
+import math
 import os
 
 from . import _core
 from ._validate import check_int
 
-__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "busy_warning"]
+__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "busy_threads"]
 
 #: The environment variable that fixes the threads of every permk process.
 ENV = "PERMK_THREADS"
@@ -58,21 +60,27 @@ def limit_threads(threads: int) -> int:
     return threads
 
 
-def busy_warning(processes: int, threads_fixed: bool) -> str | None:
-    """A one-line advice when other work already keeps the cores busy (1-minute load average
-    of at least three quarters of the cores) and each of the ``processes`` permk starts would
-    use several threads chosen by default (not ``threads_fixed`` by ``--threads`` or
-    ``PERMK_THREADS``): spinning BLAS threads then make a run many times slower (measured:
-    ``permk autoencoder --quick`` 300 s instead of 47 s with ``--threads 1`` next to two
-    CPU-bound processes on 2 cores). None otherwise."""
-    if threads_fixed or env_threads() is not None or threads_per_process(processes) <= 1:
+def busy_threads(processes: int, threads_fixed: bool) -> tuple[int, str] | None:
+    """Fewer threads per process when other work already keeps the cores busy.
+
+    When the 1-minute load average reaches three quarters of the cores and the threads were not
+    fixed (``threads_fixed`` by ``--threads``, or ``PERMK_THREADS``), each of the ``processes``
+    permk starts gets the cores the load leaves free, ``(cores − ⌊load⌋) // processes`` (at least
+    1), if that is fewer than its default: spinning BLAS threads otherwise make a run many times
+    slower (measured: ``permk autoencoder --quick`` 300 s with 2 threads instead of 47 s with 1,
+    next to two CPU-bound processes on 2 cores; 1.2× slower with 1 thread on an idle machine).
+    Returns the threads and a one-line note saying so, or None. Results never depend on it."""
+    if threads_fixed or env_threads() is not None:
         return None
+    default = threads_per_process(processes)
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # pragma: no cover - not Unix
         return None
-    if load < 0.75 * cores():
+    if default <= 1 or load < 0.75 * cores():
         return None
-    return (f"permk: the machine is busy (load average {load:.1f} on {cores()} cores) and this run would use "
-            f"{threads_per_process(processes)} threads per process, which spin against the other work: "
-            "--threads 1 (or PERMK_THREADS=1) avoids that")
+    threads = max(1, (cores() - math.floor(load)) // processes)
+    if threads >= default:
+        return None
+    return threads, (f"permk: the machine is busy (load average {load:.1f} on {cores()} cores): {threads} thread(s) per process "
+                     f"instead of {default}, so that they do not spin against the other work (--threads N to choose)")
