@@ -54,24 +54,23 @@ def _check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error(f"--out {out} is a file, not a directory")
 
 
-def _positive(v: str) -> int:
+def _integer(v: str, *, low: int) -> int:
+    what = "a positive integer" if low == 1 else "a non-negative integer"
     try:
         i = int(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v!r}") from None
-    if i < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {v!r}") from None
+    if i < low:
+        raise argparse.ArgumentTypeError(f"must be {what}, got {v}")
     return i
+
+
+def _positive(v: str) -> int:
+    return _integer(v, low=1)
 
 
 def _nonnegative_int(v: str) -> int:
-    try:
-        i = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {v!r}") from None
-    if i < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {v}")
-    return i
+    return _integer(v, low=0)
 
 
 def _real(v: str, *, low: float, strict: bool) -> float:
@@ -183,10 +182,8 @@ def _add_complexity_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _feasible_L_pm(L_minus: float, L_plus: float, points: int = 25) -> list[float]:
-    """``L_±`` values that Lemma (lem:08hhdf) allows with these ``L_−``, ``L_+``:
+    """``L_±`` values that the Lemma bounding the Hessian variance by ``L_−`` and ``L_+`` allows:
     ``sqrt(max(L_+² − L_−², 0)) ≤ L_± ≤ L_+`` (from ``L_+/10⁴``, and 0, when the lower end is 0)."""
-    import math
-
     import numpy as np
 
     low = math.sqrt(max(L_plus**2 - L_minus**2, 0.0))
@@ -247,13 +244,12 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     grid = exp.grid_from_args(args)
     mpi = bool(getattr(args, "mpi", False))
     writer = not mpi or _mpi_rank() == 0
-    from .parallel import ENV, busy_threads, limit_threads
+    from .parallel import busy_threads, use_threads
 
     busy = busy_threads(_mpi_size() if mpi else args.jobs, threads_fixed=args.threads is not None)
     if busy is not None:
         threads, note = busy
-        os.environ[ENV] = str(threads)  # the processes this one starts read it
-        limit_threads(threads)
+        use_threads(threads)
         if writer:
             print(note, file=sys.stderr)
     t_grid = time.perf_counter()
@@ -343,10 +339,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_out(getattr(args, "parser", parser), args)
     if getattr(args, "threads", None) is not None:
-        from .parallel import ENV, limit_threads
+        from .parallel import use_threads
 
-        os.environ[ENV] = str(args.threads)  # every process permk starts reads it
-        limit_threads(args.threads)
+        use_threads(args.threads)
     try:
         return int(args.func(args) or 0)
     except (FileNotFoundError, FileExistsError, ValueError, MemoryError) as e:

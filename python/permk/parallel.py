@@ -18,7 +18,7 @@ import os
 from . import _core
 from ._validate import check_int
 
-__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "busy_threads"]
+__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "use_threads", "busy_threads"]
 
 #: The environment variable that fixes the threads of every permk process.
 ENV = "PERMK_THREADS"
@@ -57,6 +57,14 @@ def limit_threads(threads: int) -> int:
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=threads)
+    return threads
+
+
+def use_threads(threads: int) -> int:
+    """:func:`limit_threads` in this process and ``PERMK_THREADS`` for every process it starts
+    (pool workers, MPI ranks); returns ``threads``."""
+    threads = limit_threads(threads)
+    os.environ[ENV] = str(threads)
     return threads
 
 

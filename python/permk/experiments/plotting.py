@@ -202,8 +202,8 @@ def complexity_plot(
 ) -> Path:
     """Plot predicted floats per worker to reach ε against ``L_±`` for MARINA+PermK (optimal
     ``p``), MARINA+RandK and EF21+TopK (optimal ``K``; they do not depend on ``L_±``) at the
-    given ``(n, d)`` (:func:`permk.theory.complexity`); values of ``L_±`` that Lemma
-    (lem:08hhdf) excludes (``L_±² < L_+² − L_−²`` or ``L_± > L_+``) are shaded. Written with
+    given ``(n, d)`` (:func:`permk.theory.complexity`); values of ``L_±`` that the lemma
+    bounding the Hessian variance by ``L_−`` and ``L_+`` excludes (``L_±² < L_+² − L_−²`` or ``L_± > L_+``) are shaded. Written with
     matplotlib's Agg canvas (no display needed); returns the path."""
     from matplotlib.figure import Figure
 

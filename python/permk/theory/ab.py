@@ -146,7 +146,7 @@ def estimate_ab(
 
     Any :class:`permk.Compressor` works, including one defined in Python — here independent
     Rand1 (each worker sends one random coordinate, scaled by ``d``: ``ω = d − 1``, so
-    ``(A, B) = ((d − 1)/n, 0)`` by Lemma (lem:bg97fd890d)):
+    ``(A, B) = ((d − 1)/n, 0)`` by the paper's lemma on independent unbiased compressors):
 
     >>> import numpy as np, permk
     >>> class Rand1(permk.Compressor):

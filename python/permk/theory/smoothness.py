@@ -394,7 +394,8 @@ def smoothness(
     characterization"), and segments shrinking to ``x`` give these values: up to that error
     they are lower bounds too, exact for quadratics, and the constants that matter near ``x``.
 
-    Every result satisfies Lemma (lem:08hhdf) ``L_+² − L_−² ≤ L_±² ≤ L_+²`` up to rounding.
+    Every result satisfies the paper's lemma bounding the Hessian variance, ``L_+² − L_−² ≤ L_±² ≤ L_+²``,
+    up to rounding.
 
     >>> import numpy as np
     >>> class Diagonal:  # f_i(x) = ½ Σ_j a_ij x_j²
