@@ -84,7 +84,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real
-from .backends import EXCHANGES, choose_path, native_pair, start_point
+from .backends import EXCHANGES, PATHS, choose_path, native_pair, start_point
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
@@ -411,7 +411,7 @@ class MPIBackend:
             raise TypeError("the local problem needs local_grads(x) (the held workers' gradients) or local_grad(i, x)")
         self.mode = check_choice(mode, "mode", ("p2p", "server"))
         self.reduce = check_choice(reduce, "reduce", ("allreduce", "ordered"))
-        self.forced = check_choice(path, "path", ("auto", "rust", "fused", "dense"))
+        self.forced = check_choice(path, "path", ("auto", *PATHS))
         self.comm = _world(comm)
         self.MPI = _mpi()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()

@@ -166,25 +166,24 @@ const TILE: usize = 1 << 12;
 /// Contiguous block work (values read) from which the kernels run on the pool's threads.
 pub const RANGES_PAR_THRESHOLD: usize = 1 << 18;
 
-/// `o = combine(o, f(x))` for one worker over a tile: the first worker of a block writes
-/// `0 + v`, the later ones add, the last one divides by `n` — the generic path's arithmetic
+/// `o = combine(o, f(x))` for a later worker over a tile (the first one writes through
+/// [`init_pass`]): add, and the last one divides by `n` — the generic path's arithmetic
 /// (`out[j] += v` into zeros, then `out[j] / n`) in one pass.
 #[inline(always)]
-fn combine_with<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, f: impl Fn(T) -> T) {
-    match (first, last) {
-        (true, true) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = (T::zero() + f(x)) / nt),
-        (true, false) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = T::zero() + f(x)),
-        (false, false) => o.iter_mut().zip(x).for_each(|(o, &x)| *o += f(x)),
-        (false, true) => o.iter_mut().zip(x).for_each(|(o, &x)| *o = (*o + f(x)) / nt),
+fn combine_with<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, f: impl Fn(T) -> T) {
+    if last {
+        o.iter_mut().zip(x).for_each(|(o, &x)| *o = (*o + f(x)) / nt)
+    } else {
+        o.iter_mut().zip(x).for_each(|(o, &x)| *o += f(x))
     }
 }
 
 #[inline(always)]
-fn combine<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) {
+fn combine<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) {
     if scale == 1.0 {
-        combine_with(o, x, first, last, nt, |v| v)
+        combine_with(o, x, last, nt, |v| v)
     } else {
-        combine_with(o, x, first, last, nt, |v| T::of(scale * v.f64()))
+        combine_with(o, x, last, nt, |v| T::of(scale * v.f64()))
     }
 }
 
@@ -209,8 +208,8 @@ fn all_finite<T: Real>(o: &[T]) -> bool {
 /// One worker's pass over a tile ([`combine`]), followed by the finite check after the last
 /// worker; `true` unless a value is not finite.
 #[inline(always)]
-fn tile_pass<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
-    combine(o, x, first, last, nt, scale);
+fn tile_pass<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bool {
+    combine(o, x, last, nt, scale);
     !last || all_finite(o)
 }
 
@@ -220,19 +219,19 @@ fn tile_pass<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scal
 /// average by `n` bounds the contiguous kernels, and AVX-512 divides twice as many values per
 /// cycle as the baseline SSE2.
 #[inline]
-fn tile_pass_dispatch<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
+fn tile_pass_dispatch<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::tile_pass_avx512(o, x, first, last, nt, scale) };
+            return unsafe { simd::tile_pass_avx512(o, x, last, nt, scale) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::tile_pass_avx2(o, x, first, last, nt, scale) };
+            return unsafe { simd::tile_pass_avx2(o, x, last, nt, scale) };
         }
     }
-    tile_pass(o, x, first, last, nt, scale)
+    tile_pass(o, x, last, nt, scale)
 }
 
 /// [`first_pass`] compiled for the widest vector instructions the CPU has (as
@@ -274,15 +273,15 @@ mod simd {
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn tile_pass_avx512<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
-        tile_pass(o, x, first, last, nt, scale)
+    pub unsafe fn tile_pass_avx512<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bool {
+        tile_pass(o, x, last, nt, scale)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn tile_pass_avx2<T: Real>(o: &mut [T], x: &[T], first: bool, last: bool, nt: T, scale: f64) -> bool {
-        tile_pass(o, x, first, last, nt, scale)
+    pub unsafe fn tile_pass_avx2<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bool {
+        tile_pass(o, x, last, nt, scale)
     }
 }
 
@@ -485,7 +484,7 @@ fn ranges_combine_into<T: Real, R: RowParts<T>>(
             if x.len() != o.len() {
                 return None;
             }
-            ok &= tile_pass_dispatch(o, x, false, t + 1 == rest.len(), nt, scale);
+            ok &= tile_pass_dispatch(o, x, t + 1 == rest.len(), nt, scale);
         }
         Some(ok)
     };
@@ -698,17 +697,17 @@ mod tests {
     fn passes<T: Real>(x: &[T], y: &[T], z: &[T], nt: T, scale: f64) -> Vec<Vec<u64>> {
         // the variants this CPU can run: first, middle and last worker of a tile
         type First<T> = for<'a> fn(&'a mut [MaybeUninit<T>], &[T], bool, T, f64) -> (&'a mut [T], bool);
-        type Pass<T> = fn(&mut [T], &[T], bool, bool, T, f64) -> bool;
+        type Pass<T> = fn(&mut [T], &[T], bool, T, f64) -> bool;
         let mut variants: Vec<(First<T>, Pass<T>)> = vec![(first_pass::<T>, tile_pass::<T>)];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY (in the closures): AVX2 is supported (checked above).
-                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx2(o, x, l, nt, s) }, |o, x, f, l, nt, s| unsafe { simd::tile_pass_avx2(o, x, f, l, nt, s) }));
+                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx2(o, x, l, nt, s) }, |o, x, l, nt, s| unsafe { simd::tile_pass_avx2(o, x, l, nt, s) }));
             }
             if std::arch::is_x86_feature_detected!("avx512f") {
                 // SAFETY (in the closures): AVX-512F is supported (checked above).
-                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx512(o, x, l, nt, s) }, |o, x, f, l, nt, s| unsafe { simd::tile_pass_avx512(o, x, f, l, nt, s) }));
+                variants.push((|o, x, l, nt, s| unsafe { simd::first_pass_avx512(o, x, l, nt, s) }, |o, x, l, nt, s| unsafe { simd::tile_pass_avx512(o, x, l, nt, s) }));
             }
         }
         variants
@@ -716,8 +715,8 @@ mod tests {
             .map(|(first, pass)| {
                 let mut out = vec![MaybeUninit::new(T::zero()); x.len()];
                 let (o, ok1) = first(&mut out, x, false, nt, scale);
-                let ok2 = pass(o, y, false, false, nt, scale);
-                let ok3 = pass(o, z, false, true, nt, scale);
+                let ok2 = pass(o, y, false, nt, scale);
+                let ok3 = pass(o, z, true, nt, scale);
                 assert!(ok1 && ok2);
                 let mut bits: Vec<u64> = o.iter().map(|v| v.f64().to_bits()).collect();
                 bits.push(ok3 as u64);
