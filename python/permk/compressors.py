@@ -239,7 +239,7 @@ class PlanRound:
         rows = self.rows(start, stop)
         if out is not None:
             self._check_out(out, len(rows), a.dtype, a)
-        vals = a[rows - start, self.coords(start, stop)] * self.plan.scales[rows].astype(a.dtype)
+        vals = _scaled(a[rows - start, self.coords(start, stop)], self.plan.scales[rows])
         if divide is not None:  # the worker-order sum's term 0 + v, divided by n
             vals += 0.0
             vals /= a.dtype.type(divide)
@@ -376,6 +376,14 @@ class Compressor(abc.ABC):
     #: Whether it is one of the paper's permutation-based compressors (PermK, BlockPermK, …):
     #: what :class:`GroupPermK` runs inside its groups.
     permutation_based: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # the class attribute `tunable` is the one place a compressor says it: a subclass that
+        # declares its capabilities as a class attribute gets it filled in
+        caps = cls.__dict__.get("capabilities")
+        if isinstance(caps, Capabilities) and caps.tunable != cls.tunable:
+            cls.capabilities = dataclasses.replace(caps, tunable=cls.tunable)  # type: ignore[misc]
 
     @property
     def capabilities(self) -> Capabilities:
@@ -731,7 +739,7 @@ class RandK(Sparsifier):
 
     k: int
     tunable = "k"
-    capabilities = Capabilities(shared_plan=True, fixed_size=True, tunable="k")
+    capabilities = Capabilities(shared_plan=True, fixed_size=True)
     ab_exact = True
 
     def __post_init__(self) -> None:
@@ -776,7 +784,7 @@ class TopK(Sparsifier):
 
     k: int
     tunable = "k"
-    capabilities = Capabilities(unbiased=False, fixed_size=True, needs_indices=True, deterministic=True, tunable="k")
+    capabilities = Capabilities(unbiased=False, fixed_size=True, needs_indices=True, deterministic=True)
 
     def __post_init__(self) -> None:
         check_int(self.k, "k", low=1)
@@ -1481,8 +1489,8 @@ class Compose(Compressor):
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        c = self.sparsifier.capabilities
-        return Capabilities(unbiased=c.unbiased, fixed_size=c.fixed_size, needs_indices=c.needs_indices)
+        # the quantizer's own randomness: no shared plan, not deterministic; its size is not tunable here
+        return dataclasses.replace(self.sparsifier.capabilities, shared_plan=False, deterministic=False, tunable=None)
 
     @cached_property
     def kernel(self) -> _core.Spec | None:  # type: ignore[override]
