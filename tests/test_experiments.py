@@ -254,6 +254,21 @@ def test_truncated_record_is_skipped(tmp_path: Path) -> None:
     assert len(recs) == 1 and recs[0]["key"] == "a" and math.isnan(recs[0]["v"]) and recs[0]["w"] == [0, 1, 2]
 
 
+def test_a_last_line_without_its_newline_is_not_a_record_even_when_it_parses(tmp_path: Path) -> None:
+    """The writer sets such a line aside on its next append; the reader must not count it as
+    done, or a resumed grid would skip the run and then lose its record."""
+    p = tmp_path / "x.jsonl"
+    append_record(p, _run_record("a"))
+    whole = p.read_bytes()
+    append_record(p, _run_record("b"))
+    p.write_bytes(p.read_bytes()[:-1])  # the newline of "b" lost: a kill between the record and its newline
+    with pytest.warns(RuntimeWarning, match="cut-short last record"):
+        assert [r["key"] for r in read_records(p)] == ["a"]
+    with pytest.warns(RuntimeWarning, match="set aside"):
+        append_record(p, _run_record("b"))
+    assert p.read_bytes().startswith(whole) and [r["key"] for r in read_records(p)] == ["a", "b"]
+
+
 def test_an_append_after_a_cut_short_line_starts_a_line_of_its_own(tmp_path: Path) -> None:
     """What a kill during a write leaves (a last line without its newline) is set aside by the
     next append: the new record is whole, and the tail is kept in <file>.partial."""

@@ -127,13 +127,12 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        last = lineno == len(lines)  # no newline after it: the write was cut short
+        if lineno == len(lines):  # no newline after it: the write was cut short (even if it parses)
+            warnings.warn(f"{path}:{lineno}: skipping a cut-short last record (an interrupted write)", RuntimeWarning, stacklevel=2)
+            continue
         try:
             rec = json.loads(line.decode("utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            if last:
-                warnings.warn(f"{path}:{lineno}: skipping a cut-short last record (an interrupted write)", RuntimeWarning, stacklevel=2)
-                continue
             raise ValueError(f"{path}:{lineno}: not a valid record (JSON): {e}") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {type(rec).__name__}")
