@@ -708,6 +708,18 @@ def test_table_closed_forms() -> None:
     )
 
 
+def test_table_complexity_checks_its_arguments_as_complexity_does() -> None:
+    args = _kw(4, 8, 1.0, 1.0, 0.0, 1e-3, 1.0)
+    for bad, match in (({"n": 0}, "n"), ({"eps": -1.0}, "eps"), ({"delta0": 0.0}, "delta0"), ({"L_minus": float("nan")}, "L_minus"),
+                       ({"mu": 2.0}, "mu")):
+        for f in (theory.table_complexity, complexity):
+            with pytest.raises(ValueError, match=match):
+                f(permk.marina, permk.PermK, **{**args, **bad})
+    # EF21's PL row is (L_−/μ)·d, not raised to d rounds as MARINA's are
+    v, _ = theory.table_complexity(permk.ef21, permk.TopK, **_kw(4, 8, 2.0, 3.0, 0.0, 1e-2, 1.0, 1.0))  # type: ignore[misc]
+    assert v == pytest.approx(math.log(100) * 8 * 2.0)
+
+
 def test_complexity_errors() -> None:
     args = _kw(4, 8, 1.0, 1.0, 0.0, 1e-3, 1.0)
     with pytest.raises(TypeError, match="method"):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -110,11 +110,11 @@ def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float
     """The best ``T × floats per round`` of ``method`` with the compressor ``c``, over the
     method's own tunable parameter (at most one, optimised on a log scale)."""
 
-    def evaluate(**tuned: float) -> tuple[float, dict[str, Any], float, int]:
+    def at(**tuned: float) -> tuple[dict[str, Any], float, float, float]:
+        """The parameters, step, (real) rounds and floats per round at the tuned values."""
         params = method.parameters(c, n, d, **tuned)
         gamma, _ = method.step(c, n, d, params, constants)
-        T = math.ceil(_rounds(gamma, eps, delta0, constants.mu))
-        return T * method.floats_per_round(c, n, d, params), params, gamma, T
+        return params, gamma, _rounds(gamma, eps, delta0, constants.mu), method.floats_per_round(c, n, d, params)
 
     ranges = method.tunable_range(c, n, d)
     if len(ranges) > 1:
@@ -123,13 +123,12 @@ def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float
     for name, (low, high) in ranges.items():
 
         def continuous(v: float, name: str = name) -> float:
-            params = method.parameters(c, n, d, **{name: v})
-            gamma, _ = method.step(c, n, d, params, constants)
-            return _rounds(gamma, eps, delta0, constants.mu) * method.floats_per_round(c, n, d, params)
+            _, _, rounds, per_round = at(**{name: v})
+            return rounds * per_round
 
         tuned[name] = _minimize_log(continuous, low, high)
-    _, params, gamma, T = evaluate(**tuned)
-    per_round = method.floats_per_round(c, n, d, params)
+    params, gamma, rounds, per_round = at(**tuned)
+    T = math.ceil(rounds)
     size = c.capabilities.tunable
     return Complexity(
         method=method.name, compressor=c.name, K=getattr(c, size) if size else None, p=params.get("p"), gamma=gamma,
@@ -177,14 +176,7 @@ def complexity(
     >>> c.K, c.table, round(c.ratio, 1)  # Table: Θ((Δ⁰/ε) min{d L_−, d L_+/√n}) = 10⁶ floats
     (1, 1000000.0, 4.0)
     """
-    _check_method(method)
-    n, d = check_int(n, "n", low=1), check_int(d, "d", low=1)
-    eps = check_real(eps, "eps", low=0.0, strict=True)
-    delta0 = check_real(delta0, "delta0", low=0.0, strict=True)
-    check_real(L_minus, "L_minus", low=0.0, strict=True)
-    constants = Constants(L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, mu=mu)
-    if constants.mu is not None and constants.mu > constants.L_minus:
-        raise ValueError(f"mu = {mu} exceeds L_minus = {L_minus}: impossible (Lemma 'relation between L and mu', PL appendix)")
+    n, d, constants, eps, delta0 = _checked(method, n, d, L_minus, L_plus, L_pm, eps, delta0, mu)
     if isinstance(compressor, Compressor):
         best = _solve(method, compressor, n, d, constants, eps, delta0)
     elif isinstance(compressor, type) and issubclass(compressor, Compressor):
@@ -197,19 +189,39 @@ def complexity(
             best = _solve(method, cls.default(n, d), n, d, constants, eps, delta0)
     else:
         raise TypeError(f"compressor must be a permk.Compressor or a Compressor class, got {compressor!r}")
-    table = table_complexity(method, compressor, n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps,
-                             delta0=delta0, mu=mu)
+    table = _table(method, compressor, n, d, constants, eps, delta0)
     return dataclasses.replace(best, table=None if table is None else table[0], table_ref=None if table is None else table[1])
 
 
-#: The paper's Tables (table:communication_complexity and _pl), by (method, compressor): the
-#: inner ``min{…}`` of the closed form at ``(n, d, L−, L+, L±)``.
-_TABLE: dict[tuple[str, str], tuple[str, Callable[[int, int, float, float, float], float]]] = {
-    ("marina", "PermK"): ("MARINA + PermK", lambda n, d, Lm, Lp, Lpm: min(
+def _checked(method: Any, n: Any, d: Any, L_minus: Any, L_plus: Any, L_pm: Any, eps: Any, delta0: Any,
+             mu: Any) -> tuple[int, int, Constants, float, float]:
+    """The arguments :func:`complexity` and :func:`table_complexity` share, checked."""
+    _check_method(method)
+    n, d = check_int(n, "n", low=1), check_int(d, "d", low=1)
+    eps = check_real(eps, "eps", low=0.0, strict=True)
+    delta0 = check_real(delta0, "delta0", low=0.0, strict=True)
+    check_real(L_minus, "L_minus", low=0.0, strict=True)
+    constants = Constants(L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, mu=mu)
+    if constants.mu is not None and constants.mu > constants.L_minus:
+        raise ValueError(f"mu = {mu} exceeds L_minus = {L_minus}: impossible (Lemma 'relation between L and mu', PL appendix)")
+    return n, d, constants, eps, delta0
+
+
+class _Row(NamedTuple):
+    label: str
+    #: the inner ``min{…}`` of the closed form at ``(n, d, L−, L+, L±)``
+    inner: Callable[[int, int, float, float, float], float]
+    #: whether the PL Table's rounds are at least ``d`` (``max{(1/μ) min{…}, d}``; not EF21's)
+    pl_at_least_d: bool = True
+
+
+#: The paper's communication-complexity Tables (nonconvex and PL), by (method, compressor).
+_TABLE: dict[tuple[str, str], _Row] = {
+    ("marina", "PermK"): _Row("MARINA + PermK", lambda n, d, Lm, Lp, Lpm: min(
         d * Lm, (d / n if d >= n else 1.0) * Lm + d / math.sqrt(n) * Lpm)),
-    ("marina", "RandK"): ("MARINA + RandK", lambda n, d, Lm, Lp, Lpm: min(
+    ("marina", "RandK"): _Row("MARINA + RandK", lambda n, d, Lm, Lp, Lpm: min(
         d * Lm, (0.0 if d >= n else Lm) + d / math.sqrt(n) * Lp)),
-    ("ef21", "TopK"): ("EF21 + TopK", lambda n, d, Lm, Lp, Lpm: d * Lm),
+    ("ef21", "TopK"): _Row("EF21 + TopK", lambda n, d, Lm, Lp, Lpm: d * Lm, pl_at_least_d=False),
 }
 
 
@@ -228,30 +240,31 @@ def table_complexity(
 ) -> tuple[float, str] | None:
     """The paper's closed form for MARINA+PermK, MARINA+RandK or EF21+TopK, or None.
 
-    Table (table:communication_complexity), from Lemmas (lemma:optimal_parameters_of_methods,
-    lemma:optimal_parameters_of_methods_n_geq_d), optimised over ``p`` and ``K``:
+    The paper's communication-complexity Table, from its Lemmas on the optimal parameters of the
+    methods (``d ≥ n`` and ``n ≥ d``), optimised over ``p`` and ``K``:
     PermK ``(Δ⁰/ε) min{d L_−, (d/n) L_− + (d/√n) L_±}`` (``d ≥ n``; ``L_−`` for ``d/n`` when
     ``d ≤ n``), RandK ``(Δ⁰/ε) min{d L_−, (d/√n) L_+}`` (``d ≥ n``; ``L_− + (d/√n) L_+`` when
-    ``d ≤ n``), TopK ``(Δ⁰/ε) d L_−``. With ``mu`` the PL Table
-    (table:communication_complexity_pl): ``max{(1/μ) min{…}, d}`` (TopK ``d L_−/μ``) times
+    ``d ≤ n``), TopK ``(Δ⁰/ε) d L_−``. With ``mu`` the PL Table: ``max{(1/μ) min{…}, d}`` (TopK ``d L_−/μ``) times
     ``log(Δ⁰/ε)``. These hold up to constant factors; returns ``(value, reference)``.
 
     >>> import permk
     >>> table_complexity(permk.marina, permk.PermK(), n=10, d=1000, L_minus=1.0, L_plus=1.0, L_pm=0.0, eps=1e-3, delta0=1.0)
     (100000.0, "Table 'communication_complexity' (d ≥ n): MARINA + PermK")
     """
-    _check_method(method)
+    return _table(method, compressor, *_checked(method, n, d, L_minus, L_plus, L_pm, eps, delta0, mu))
+
+
+def _table(method: Any, compressor: Any, n: int, d: int, c: Constants, eps: float, delta0: float) -> tuple[float, str] | None:
     kind = compressor if isinstance(compressor, type) else type(compressor)
     row = _TABLE.get((method.name, kind.__name__))
     if row is None:
         return None
-    label, inner_of = row
-    inner = inner_of(n, d, L_minus, L_plus, L_pm)
+    inner = row.inner(n, d, c.L_minus, c.L_plus, c.L_pm)
     regime = "d ≥ n" if d >= n else "d ≤ n"
-    if mu is None:
-        return delta0 / eps * inner, f"Table 'communication_complexity' ({regime}): {label}"
-    value = inner / mu if method.name == "ef21" else max(inner / mu, d)
-    return max(math.log(delta0 / eps), 0.0) * value, f"Table 'communication_complexity_pl' ({regime}): {label}"
+    if c.mu is None:
+        return delta0 / eps * inner, f"Table 'communication_complexity' ({regime}): {row.label}"
+    value = max(inner / c.mu, d) if row.pl_at_least_d else inner / c.mu
+    return max(math.log(delta0 / eps), 0.0) * value, f"Table 'communication_complexity_pl' ({regime}): {row.label}"
 
 
 def format_complexity_table(rows: Sequence[Complexity]) -> str:
