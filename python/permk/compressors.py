@@ -383,7 +383,7 @@ class Compressor(abc.ABC):
         # declares its capabilities as a class attribute gets it filled in
         caps = cls.__dict__.get("capabilities")
         if isinstance(caps, Capabilities) and caps.tunable != cls.tunable:
-            cls.capabilities = dataclasses.replace(caps, tunable=cls.tunable)  # type: ignore[misc]
+            setattr(cls, "capabilities", dataclasses.replace(caps, tunable=cls.tunable))
 
     @property
     def capabilities(self) -> Capabilities:
