@@ -71,6 +71,32 @@ def check_seed(seed: Any) -> int:
     return check_int(seed, "seed")
 
 
+def check_group(workers: Any, n: int) -> np.ndarray:
+    """A group of workers: distinct indices in ``range(n)``, at least one (TypeError for a
+    non-integer index)."""
+    ws = [check_int(i, "worker index", high=n) for i in workers]
+    if not ws or len(set(ws)) != len(ws):
+        raise ValueError(f"workers must be a non-empty set of distinct indices in range({n}), got {ws}")
+    return np.asarray(ws, dtype=np.intp)
+
+
+def check_partition(groups: Any, n: int | None = None, name: str = "groups") -> tuple[tuple[int, ...], ...]:
+    """``groups`` as a tuple of non-empty tuples of worker indices that partition ``range(n)``
+    (``n`` None: the number of indices given)."""
+    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of groups of worker indices, got {type(groups).__name__}")
+    parts = []
+    for k, g in enumerate(groups):
+        if isinstance(g, (str, bytes)) or not hasattr(g, "__iter__"):
+            raise TypeError(f"{name}[{k}] must be a sequence of worker indices, got {type(g).__name__}")
+        parts.append(tuple(check_int(i, f"{name}[{k}] entry", high=n) for i in g))
+    if n is None:
+        n = sum(len(g) for g in parts)
+    if not parts or any(not g for g in parts) or sorted(i for g in parts for i in g) != list(range(n)):
+        raise ValueError(f"{name} must be non-empty and partition range({n}): every worker in exactly one group")
+    return tuple(parts)
+
+
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """One of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:

@@ -240,13 +240,14 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     that says where the wall time went (imports and set-up, the grid, plotting)."""
     import importlib
 
-    exp = importlib.import_module(f"permk.experiments.{name}")
-    grid = exp.grid_from_args(args)
-    mpi = bool(getattr(args, "mpi", False))
-    writer = not mpi or _mpi_rank() == 0
+    from .experiments.runner import mpi_comm
     from .parallel import busy_threads, use_threads
 
-    busy = busy_threads(_mpi_size() if mpi else args.jobs, threads_fixed=args.threads is not None)
+    exp = importlib.import_module(f"permk.experiments.{name}")
+    grid = exp.grid_from_args(args)
+    comm = mpi_comm() if getattr(args, "mpi", False) else None
+    writer = comm is None or comm.Get_rank() == 0
+    busy = busy_threads(comm.Get_size() if comm is not None else args.jobs, threads_fixed=args.threads is not None)
     if busy is not None:
         threads, note = busy
         use_threads(threads)
@@ -254,7 +255,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
             print(note, file=sys.stderr)
     t_grid = time.perf_counter()
     setup = seconds_since_start()
-    kw = {"mpi": True} if mpi else {}
+    kw = {"mpi": True} if comm is not None else {}
     root = getattr(exp, f"run_{name}")(grid, args.out, jobs=args.jobs, resume=args.resume, progress=not args.no_progress,
                                        plot=False, **kw)
     grid_s = time.perf_counter() - t_grid
@@ -276,18 +277,6 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
 
 def _cmd_quadratic(args: argparse.Namespace) -> int:
     return _run_experiment(args, "quadratic")
-
-
-def _mpi_rank() -> int:
-    from mpi4py import MPI
-
-    return int(MPI.COMM_WORLD.Get_rank())
-
-
-def _mpi_size() -> int:
-    from mpi4py import MPI
-
-    return int(MPI.COMM_WORLD.Get_size())
 
 
 def _cmd_autoencoder(args: argparse.Namespace) -> int:

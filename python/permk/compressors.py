@@ -47,7 +47,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, Sequence, runtime_checka
 import numpy as np
 
 from . import _core
-from ._validate import as_float_array, check_int, check_seed
+from ._validate import as_float_array, check_int, check_partition, check_seed
 
 __all__ = [
     "Capabilities",
@@ -1014,17 +1014,7 @@ class GroupPermK(Compressor):
     capabilities = Capabilities(shared_plan=True)
 
     def __post_init__(self) -> None:
-        if isinstance(self.groups, (str, bytes)) or not hasattr(self.groups, "__iter__"):
-            raise TypeError(f"groups must be a sequence of groups of worker indices, got {type(self.groups).__name__}")
-        parts = []
-        for k, g in enumerate(self.groups):
-            if isinstance(g, (str, bytes)) or not hasattr(g, "__iter__"):
-                raise TypeError(f"groups[{k}] must be a sequence of worker indices, got {type(g).__name__}")
-            parts.append(tuple(check_int(i, f"groups[{k}] entry") for i in g))
-        n = sum(len(g) for g in parts)
-        if not parts or any(not g for g in parts) or sorted(i for g in parts for i in g) != list(range(n)):
-            raise ValueError(f"groups must be non-empty and partition range({n}): every worker in exactly one group")
-        object.__setattr__(self, "groups", tuple(parts))
+        object.__setattr__(self, "groups", check_partition(self.groups))
         if not isinstance(self.inner, Compressor) or not getattr(self.inner, "permutation_based", False) \
                 or not self.inner.capabilities.shared_plan:
             raise TypeError(f"inner must be a permutation compressor with a shared plan (PermK, BlockPermK), got {self.inner!r}")

@@ -28,7 +28,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from . import _core
-from ._validate import as_vector, check_alloc, check_int, check_real, check_seed
+from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed
 from .theory.smoothness import ExactConstants, Smoothness
 
 __all__ = ["Problem", "Quadratic", "SyntheticQuadratic", "index_array"]
@@ -311,13 +311,7 @@ class SyntheticQuadratic(Quadratic):
         """The exact constants in closed form, of ``f`` or of ``(1/|G|) Σ_{i ∈ G} f_i`` for the
         group ``workers`` (appendix "Group Hessian Variance"); what
         :func:`permk.theory.smoothness` returns for this problem (no Hessian is formed)."""
-        if workers is None:
-            a = self.a
-        else:
-            idx = [check_int(i, "worker index", high=self.n) for i in workers]
-            if not idx or len(set(idx)) != len(idx):
-                raise ValueError(f"workers must be a non-empty set of distinct indices in range({self.n})")
-            a = self.a[idx]
+        a = self.a if workers is None else self.a[check_group(workers, self.n)]
         L_minus, L_plus, L_pm, mu = self._constants_of(a)
         return Smoothness(
             L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, method="exact",

@@ -337,8 +337,7 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     compressors = {m: s.compressor(ae.n, ae.d) for m, s in specs.items()}
     # error feedback with a deterministic compressor (TopK) runs on the grouped problem (one
     # virtual worker per distinct split: the same iterates, see the module docstring)
-    problems = {m: (ae.grouped() if s.method.exchange == "error_feedback" and compressors[m].capabilities.deterministic else ae)
-                for m, s in specs.items()}
+    problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) else ae) for m, s in specs.items()}
     recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors)
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, is_writer, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -84,33 +84,25 @@ def _constants(q: Any) -> dict[str, float]:
     }
 
 
-def _identical_workers(cell: dict[str, Any], spec: Spec, mpi: bool) -> int | None:
-    """L± = 0: all workers are the same function, so with error feedback and a deterministic
-    compressor (TopK) the workers all hold the same g_i and the iterates do not depend on n; the
-    method then runs with as few workers as it can (same iterates up to rounding of the mean,
+def _identical_workers(cell: dict[str, Any], spec: Spec, compressor: Any, mpi: bool) -> int | None:
+    """L± = 0: all workers are the same function, so when they stay identical under the method
+    (:meth:`Spec.identical_workers_collapse`: EF21 with TopK) the iterates do not depend on n;
+    the method then runs with as few workers as it can (same iterates up to rounding of the mean,
     O(d) instead of O(nd) per round), each still sending K = ⌈d/n⌉ values of the cell's n: one in
     a single process, one per rank on MPI. Returns that number of workers, or None."""
-    if not (cell["noise_scale"] == 0 and spec.method.exchange == "error_feedback"
-            and spec.compressor(cell["n"], cell["d"]).capabilities.deterministic):
+    if not (cell["noise_scale"] == 0 and spec.identical_workers_collapse(compressor)):
         return None
-    few = _mpi_size() if mpi else 1
+    few = mpi_comm().Get_size() if mpi else 1
     return few if few < cell["n"] else None
 
 
-def _mpi_size() -> int:
-    from mpi4py import MPI
-
-    return int(MPI.COMM_WORLD.Get_size())
-
-
-def check_memory(grid: QuadraticGrid, mpi: bool = False, processes: int = 1) -> None:
+def check_memory(grid: QuadraticGrid, mpi: bool = False) -> None:
     """Refuse a grid whose methods' states cannot fit (MemoryError naming the method and the cell)
     before any of its runs starts."""
     for cell in grid.cells():
         for m in grid.methods:
             spec = Spec.parse(m)
-            few = _identical_workers(cell, spec, mpi)
-            n = -(-(few or cell["n"]) // processes)
+            n = _identical_workers(cell, spec, spec.compressor(cell["n"], cell["d"]), mpi) or cell["n"]
             check_alloc(spec.method.state_shape(n, cell["d"]), f"the state of {m} in cell {cell['id']}", count=2)
 
 
@@ -131,10 +123,11 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
         spec = Spec.parse(m)
         gth[m] = theory_gamma(q, spec, opts)
         exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
-        few = _identical_workers(cell, spec, mpi)
+        compressor = spec.compressor(cell["n"], cell["d"])
+        few = _identical_workers(cell, spec, compressor, mpi)
         if few is not None:
             problems[m] = permk.Quadratic.synthetic(few, cell["d"], cell["lam"], 0.0, seed=grid_json["problem_seed"])
-            compressors[m] = spec.compressor(cell["n"], cell["d"])
+            compressors[m] = compressor
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
     bar = None
     if progress:

@@ -56,6 +56,7 @@ __all__ = [
     "run_pool",
     "run_grid",
     "is_writer",
+    "mpi_comm",
 ]
 
 #: The paper's methods, in the order they run within a cell (PermK first: it is cheap and sets
@@ -88,6 +89,13 @@ class Spec:
     def compressor(self, n: int, d: int) -> Any:
         """The compressor of this spec for ``n`` workers in dimension ``d``."""
         return self.compressor_class.default(n, d)
+
+    def identical_workers_collapse(self, compressor: Any) -> bool:
+        """Whether workers that are the same function stay identical under this method with
+        ``compressor``: error feedback with a deterministic compressor (TopK) keeps equal ``g_i``,
+        so the iterates do not depend on how many such workers there are (the experiments then
+        run as few as they can)."""
+        return bool(self.method.exchange == "error_feedback" and compressor.capabilities.deterministic)
 
     @property
     def label(self) -> str:
@@ -364,7 +372,7 @@ def search_cell(
     problem a method runs on and its compressor (the autoencoder's EF21 runs on a grouped view).
     With ``mpi`` every run is distributed over the MPI ranks (``permk.distributed``); all ranks
     must call this together; rank 0 alone writes, and its chunk sizes are used by all."""
-    comm = _mpi_comm() if mpi else None
+    comm = mpi_comm() if mpi else None
     writer = comm is None or comm.Get_rank() == 0
     done: dict[str, dict[str, Any]] = {}
     if resume and os.path.exists(path):
@@ -490,7 +498,7 @@ def run_pool(
         bar.close()
 
 
-def _mpi_comm() -> Any:
+def mpi_comm() -> Any:
     """``MPI.COMM_WORLD`` (``permk[mpi]`` needed)."""
     try:
         from mpi4py import MPI
@@ -514,10 +522,11 @@ def run_grid(
 ) -> Path:
     """Run ``cell_fn(cell, cfg, runs_file, resume, *extra)`` for every cell into ``out/<name>/``:
     ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once) and
-    ``timing.json``. An existing grid is continued only with ``resume`` and only if its config is
-    the same. Returns the experiment directory. With ``mpi`` (launched by ``mpiexec``) every rank
-    runs every cell together (``jobs`` must be 1) and rank 0 writes."""
-    comm = _mpi_comm() if mpi else None
+    ``timing.json`` (the figures are the caller's: :mod:`.plotting` reads this module). An
+    existing grid is continued only with ``resume`` and only if its config is the same. Returns
+    the experiment directory. With ``mpi`` (launched by ``mpiexec``) every rank runs every cell
+    together (``jobs`` must be 1) and rank 0 writes (:func:`is_writer`)."""
+    comm = mpi_comm() if mpi else None
     if comm is not None and jobs != 1:
         raise ValueError("--mpi runs the cells one after another on all ranks: use --jobs 1")
     writer = comm is None or comm.Get_rank() == 0
@@ -546,4 +555,4 @@ def run_grid(
 
 def is_writer(mpi: bool) -> bool:
     """Whether this process writes results and figures (always, but for MPI ranks other than 0)."""
-    return not mpi or _mpi_comm().Get_rank() == 0
+    return not mpi or mpi_comm().Get_rank() == 0

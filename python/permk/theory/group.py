@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .._validate import check_int
+from .._validate import check_int, check_partition
 from .smoothness import SMOOTHNESS_OPTIONS, SmoothnessMethod, Smoothness, smoothness
 from .steps import marina_variance_stepsize
 
-__all__ = ["GroupHessianVariance", "group_hessian_variance", "check_groups"]
+__all__ = ["GroupHessianVariance", "group_hessian_variance"]
 
 
 @dataclass(frozen=True)
@@ -52,21 +52,6 @@ class GroupHessianVariance:
         return marina_variance_stepsize(self.whole.L_minus, self.L_hat_sq, p, mu=mu)
 
 
-def check_groups(groups: Any, n: int, name: str = "groups") -> tuple[tuple[int, ...], ...]:
-    """``groups`` as a tuple of non-empty tuples of worker indices that partition ``range(n)``."""
-    if isinstance(groups, (str, bytes)) or not hasattr(groups, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of sequences of worker indices, got {type(groups).__name__}")
-    parts = []
-    for k, g in enumerate(groups):
-        if isinstance(g, (str, bytes)) or not hasattr(g, "__iter__"):
-            raise TypeError(f"{name}[{k}] must be a sequence of worker indices, got {type(g).__name__}")
-        parts.append(tuple(check_int(i, f"{name}[{k}] entry", high=n) for i in g))
-    flat = sorted(i for g in parts for i in g)
-    if not parts or any(not g for g in parts) or flat != list(range(n)):
-        raise ValueError(f"{name} must be non-empty and partition range({n}): every worker in exactly one group")
-    return tuple(parts)
-
-
 def group_hessian_variance(
     problem: Any,
     groups: Sequence[Sequence[int]],
@@ -85,7 +70,7 @@ def group_hessian_variance(
     if not (hasattr(problem, "n") and hasattr(problem, "d")):
         raise TypeError("problem must implement the Problem protocol (permk.problems): it needs n and d")
     n, d = check_int(problem.n, "problem.n", low=1), check_int(problem.d, "problem.d", low=1)
-    parts = check_groups(groups, n)
+    parts = check_partition(groups, n)
     comps = [compressor] * len(parts) if hasattr(compressor, "ab_constants") else list(compressor)
     if len(comps) != len(parts) or not all(hasattr(c, "ab_constants") for c in comps):
         raise TypeError("compressor must be a Compressor or one Compressor per group")

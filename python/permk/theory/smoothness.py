@@ -31,7 +31,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence, Union
 
 import numpy as np
 
-from .._validate import as_float_array, check_alloc, check_int, check_output, check_real
+from .._validate import as_float_array, check_alloc, check_group, check_int, check_output, check_real
 
 __all__ = ["Smoothness", "ExactConstants", "smoothness", "SMOOTHNESS_OPTIONS"]
 
@@ -110,7 +110,7 @@ class _Oracles:
         self.n_all = check_int(problem.n, "problem.n", low=1)
         self.d = check_int(problem.d, "problem.d", low=1)
         self.whole = workers is None
-        self.workers = np.arange(self.n_all) if workers is None else _group(workers, self.n_all)
+        self.workers = np.arange(self.n_all) if workers is None else check_group(workers, self.n_all)
         self.n = len(self.workers)
 
     def x0(self) -> np.ndarray:
@@ -148,14 +148,6 @@ class _Oracles:
 def _finite(value: Any, shape: tuple[int, ...], name: str) -> np.ndarray:
     """An oracle's answer as a float64 array of the expected shape, finite."""
     return check_output(value, shape, name, finite=True)
-
-
-def _group(workers: Sequence[int], n: int) -> np.ndarray:
-    """A group of workers: distinct indices in ``range(n)``, at least one."""
-    ws = [check_int(i, "worker index", high=n) for i in workers]
-    if not ws or len(set(ws)) != len(ws):
-        raise ValueError(f"workers must be a non-empty set of distinct indices in range({n}), got {ws}")
-    return np.asarray(ws, dtype=np.intp)
 
 
 def _point(x: Any, d: int, name: str) -> np.ndarray:
@@ -419,7 +411,7 @@ def smoothness(
     if method == "exact":
         closed_form = getattr(problem, "exact_smoothness", None)
         if closed_form is not None:
-            return closed_form(None if workers is None else [int(w) for w in workers])  # type: ignore[no-any-return]
+            return closed_form(None if workers is None else list(workers))  # type: ignore[no-any-return]
         oracles = _Oracles(problem, workers)
         per = True if per_worker is None else bool(per_worker)
         exact = ExactConstants(oracles.hessians(), tol=_positive(tol, "tol", _TOL["exact"]),
