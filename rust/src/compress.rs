@@ -468,11 +468,11 @@ mod tests {
     }
 
     /// The worker sets of a plan (message order aside).
-    fn sets(plan: &RoundPlan, d: usize) -> Vec<Vec<u32>> {
-        let (offsets, coords, _) = plan.to_csr(d).unwrap();
-        (0..offsets.len() - 1)
+    fn sets(plan: &RoundPlan, d: usize) -> Vec<Vec<i64>> {
+        let csr = plan.csr_arrays(d).unwrap();
+        (0..csr.offsets.len() - 1)
             .map(|i| {
-                let mut c = coords[offsets[i]..offsets[i + 1]].to_vec();
+                let mut c = csr.coords[csr.offsets[i] as usize..csr.offsets[i + 1] as usize].to_vec();
                 c.sort_unstable();
                 c
             })
@@ -547,20 +547,20 @@ mod tests {
             for round in 0..3 {
                 let plan = round_plan::<f64>(&spec(PermK), n, d, 11, round, None).unwrap();
                 let mut rng = rng::stream(11, Purpose::Permutation, rng::SHARED, round);
-                let tau = if d % n > 0 { rng::permutation(&mut rng, n) } else { (0..n as u32).collect() };
-                let sigma = rng::permutation(&mut rng, d);
+                let tau = if d % n > 0 { rng::permutation(&mut rng, n).unwrap() } else { (0..n as u32).collect() };
+                let sigma = rng::permutation(&mut rng, d).unwrap();
                 let reference = permk::plan_wide(n, d, &inverse(&sigma), &inverse(&tau)).unwrap();
                 assert_eq!(sets(&plan, d), sets(&reference, d), "n={n} d={d}");
-                let (offsets, coords, _) = plan.to_csr(d).unwrap();
+                let csr = plan.csr_arrays(d).unwrap();
                 for i in 0..n {
-                    assert!(coords[offsets[i]..offsets[i + 1]].windows(2).all(|w| w[0] < w[1]), "increasing");
+                    assert!(csr.coords[csr.offsets[i] as usize..csr.offsets[i + 1] as usize].windows(2).all(|w| w[0] < w[1]), "increasing");
                 }
             }
         }
         // tall regime: block_plan on the stream's permutation of the workers
         for (n, d) in [(7, 3), (10, 4)] {
             let plan = round_plan::<f64>(&spec(PermK), n, d, 2, 8, None).unwrap();
-            let pi = rng::permutation(&mut rng::stream(2, Purpose::Permutation, rng::SHARED, 8), n);
+            let pi = rng::permutation(&mut rng::stream(2, Purpose::Permutation, rng::SHARED, 8), n).unwrap();
             assert_eq!(plan, block_plan(n, Blocks::Ranges((0..=d).collect()), pi).unwrap());
         }
     }

@@ -217,22 +217,6 @@ impl RoundPlan {
         (0..self.n()).map(|i| self.worker(i).0.len(d)).sum()
     }
 
-    /// The plan as CSR arrays `(offsets, coords, scales)` for dimension `d`.
-    pub fn to_csr(&self, d: usize) -> Result<(Vec<usize>, Vec<u32>, Vec<f64>)> {
-        let n = self.n();
-        let mut offsets = mem::vec("the plan's offsets", n + 1)?;
-        let mut coords = mem::vec("the plan's coordinates", self.total(d))?;
-        let mut scales = mem::vec("the plan's scales", n)?;
-        offsets.push(0);
-        for i in 0..n {
-            let (c, s) = self.worker(i);
-            c.for_each(d, |j| coords.push(j as u32));
-            offsets.push(coords.len());
-            scales.push(s);
-        }
-        Ok((offsets, coords, scales))
-    }
-
     /// The plan as numpy-ready [`CsrArrays`] for dimension `d`.
     pub fn csr_arrays(&self, d: usize) -> Result<CsrArrays> {
         let n = self.n();

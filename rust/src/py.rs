@@ -84,8 +84,7 @@ fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     if let Ok(list) = v.extract::<Vec<i64>>() {
         return Ok(Some(Value::Ints(list)));
     }
-    let type_name = v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
-    Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got {type_name}")))
+    Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got {}", type_name(v))))
 }
 
 type PlanArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);

@@ -107,20 +107,12 @@ pub fn shuffle_visit<T: Copy>(rng: &mut ChaCha8Rng, v: &mut [T], mut visit: impl
     }
 }
 
-/// A uniformly random permutation of `0..len` (`len <= 2^32`).
-pub fn permutation(rng: &mut ChaCha8Rng, len: usize) -> Vec<u32> {
-    let mut p: Vec<u32> = (0..len as u32).collect();
-    shuffle(rng, &mut p);
-    p
-}
-
-/// [`permutation`] (the same draws, the same result) allocated fallibly: `what` names it in
-/// the error.
-pub fn try_permutation(rng: &mut ChaCha8Rng, len: usize, what: &str) -> Result<Vec<u32>> {
+/// A uniformly random permutation of `0..len` (`len <= 2^32`), allocated fallibly.
+pub fn permutation(rng: &mut ChaCha8Rng, len: usize) -> Result<Vec<u32>> {
     if len > 1 << 32 {
         return Err(CoreError::invalid("n", format!("a permutation of {len} elements needs more than 32-bit labels")));
     }
-    let mut p = mem::collect(what, len, (0..len as u64).map(|v| v as u32))?;
+    let mut p = mem::collect("the permutation", len, (0..len as u64).map(|v| v as u32))?;
     shuffle(rng, &mut p);
     Ok(p)
 }
@@ -278,10 +270,10 @@ mod tests {
 
     #[test]
     fn streams_are_pure_functions() {
-        let a = permutation(&mut stream(7, Purpose::Permutation, SHARED, 3), 50);
-        let b = permutation(&mut stream(7, Purpose::Permutation, SHARED, 3), 50);
-        let c = permutation(&mut stream(7, Purpose::Permutation, SHARED, 4), 50);
-        let e = permutation(&mut stream(8, Purpose::Permutation, SHARED, 3), 50);
+        let a = permutation(&mut stream(7, Purpose::Permutation, SHARED, 3), 50).unwrap();
+        let b = permutation(&mut stream(7, Purpose::Permutation, SHARED, 3), 50).unwrap();
+        let c = permutation(&mut stream(7, Purpose::Permutation, SHARED, 4), 50).unwrap();
+        let e = permutation(&mut stream(8, Purpose::Permutation, SHARED, 3), 50).unwrap();
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(a, e);
@@ -296,7 +288,7 @@ mod tests {
         let mut counts = std::collections::HashMap::new();
         let n = 60_000u64;
         for t in 0..n {
-            let p = permutation(&mut stream(1, Purpose::Permutation, SHARED, t), 3);
+            let p = permutation(&mut stream(1, Purpose::Permutation, SHARED, t), 3).unwrap();
             *counts.entry(p).or_insert(0u64) += 1;
         }
         assert_eq!(counts.len(), 6);

@@ -5,12 +5,12 @@
 
 use ndarray::ArrayView2;
 
-use super::{permutation, Footprint, Sparsify};
+use super::{Footprint, Sparsify};
 use crate::error::{CoreError, Result};
 use crate::params::Params;
 use crate::plan::{self, Assignment, Blocks, CsrArrays, Ranges};
 use crate::real::Real;
-use crate::rng::{self, Purpose, SHARED};
+use crate::rng::{self, permutation, Purpose, SHARED};
 use crate::mem;
 
 /// A partition of the coordinates into blocks.

@@ -10,13 +10,11 @@
 use std::fmt;
 
 use ndarray::{Array1, ArrayView1, ArrayView2};
-use rand_chacha::ChaCha8Rng;
 
 use crate::error::{CoreError, Result};
 use crate::params::Params;
 use crate::plan::{Assignment, Ranges, RoundPlan, Selection};
 use crate::real::Real;
-use crate::rng;
 
 /// Estimated memory of a sparsifier's round in dimension `d` for `n` workers (bytes, except
 /// the counts), for the memory guard of the entry points ([`crate::mem::Need`]).
@@ -152,11 +150,6 @@ pub(crate) fn check_k(k: usize, d: usize) -> Result<()> {
         return Err(CoreError::invalid("k", format!("k = {k} is outside [1, d] with d = {d}")));
     }
     Ok(())
-}
-
-/// A uniform permutation of `0..len` from `rng`, allocated fallibly.
-pub(crate) fn permutation(rng: &mut ChaCha8Rng, len: usize) -> Result<Vec<u32>> {
-    rng::try_permutation(rng, len, "the permutation")
 }
 
 /// Declares the sparsifier modules and generates [`Sparsifier`]: one variant per type, the

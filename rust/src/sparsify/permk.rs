@@ -8,12 +8,12 @@
 use ndarray::{Array1, ArrayView2};
 use rand_chacha::ChaCha8Rng;
 
-use super::{permutation, Footprint, Sparsify};
+use super::{Footprint, Sparsify};
 use crate::error::Result;
 use crate::params::Params;
 use crate::plan::{self, with_owner, Assignment, Blocks, CsrArrays, Owner, Ranges, RoundPlan};
 use crate::real::Real;
-use crate::rng::{self, Purpose, SHARED};
+use crate::rng::{self, permutation, Purpose, SHARED};
 use crate::{kernels, mem};
 
 #[derive(Clone, Debug, PartialEq)]
