@@ -17,9 +17,8 @@ its coordinates, exchange them and form the aggregate in ``R^d`` on every rank (
 
 Each rank uses ``cores // ranks`` threads for the Rust kernels, as the MPI drivers do.
 
-Time per round = the slowest rank's, median over the repetitions. Bytes per rank: handed to MPI
-(what the paper counts) and on the wire for ring algorithms (``Allgatherv``: ``(n−1)/n · 8d``;
-``Allreduce``: ``2(n−1)/n · 8d``).
+Time per round = the slowest rank's median over the repetitions. Bytes per rank: handed to MPI
+(what the paper counts: the compressor's ``floats_per_worker``, against ``8d`` dense).
 
     python benches/bench_mpi.py                   # launches mpiexec -n 2 and -n 4 itself
     python benches/bench_mpi.py --procs 4 --dims 1000000
@@ -77,9 +76,16 @@ def inner(dims: list[int]) -> None:
         out = np.empty(d)
         agg = np.empty(d)
 
-        def bare_allgatherv(t: int) -> None:
+        # the floor: the same blocks' Allgatherv alone (their layout computed before the timing)
+        reps = _reps(d)
+        layouts = []
+        for t in range(reps + 1):
             s, e, _ = block_c.round(n, d, seed=1, round=t).ranges()  # type: ignore[misc]
-            comm.Allgatherv(x[s[rank] : e[rank]], [agg, (e - s).tolist(), s.tolist(), MPI.DOUBLE])
+            layouts.append((int(s[rank]), int(e[rank]), (e - s).tolist(), s.tolist()))
+
+        def bare_allgatherv(t: int) -> None:
+            lo, hi, counts, displs = layouts[t]
+            comm.Allgatherv(x[lo:hi], [agg, counts, displs, MPI.DOUBLE])
 
         ops: dict[str, Callable[[int], Any]] = {
             "plan_permk": lambda t: permk_c.round(n, d, seed=1, round=t),
@@ -90,7 +96,6 @@ def inner(dims: list[int]) -> None:
             "allreduce": lambda t: comm.Allreduce(x, out, op=MPI.SUM),
         }
         times: dict[str, list[float]] = {k: [] for k in ROWS}
-        reps = _reps(d)
 
         def timed(name: str, op: Callable[[int], Any], t: int) -> None:
             comm.Barrier()
@@ -122,8 +127,7 @@ def inner(dims: list[int]) -> None:
         if rank == 0:
             res: dict[str, Any] = {"n": n, "d": d, "reps": reps}
             res.update({f"t_{k}": float(v) for k, v in zip(ROWS, slowest)})
-            res.update(bytes_permk=8 * -(-d // n), bytes_allreduce=8 * d,
-                       wire_permk=(n - 1) * 8 * d / n, wire_allreduce=2 * (n - 1) * 8 * d / n)
+            res.update(bytes_permk=8 * permk_c.floats_per_worker(n, d), bytes_allreduce=8 * d)
             print("RESULT " + json.dumps(res), flush=True)
 
 
