@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profiles.
+"""Shared test configuration: hypothesis profiles, and where MPI is.
 
 ``ci`` (the default) is fast and derandomized, so a CI run is reproducible; ``thorough`` runs
 many more random examples::
@@ -6,8 +6,14 @@ many more random examples::
     HYPOTHESIS_PROFILE=thorough python -m pytest tests
 """
 
+import importlib.util
 import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -26,3 +32,28 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+#: The scripts the MPI tests launch under mpiexec.
+MPI_DIR = Path(__file__).resolve().parent / "mpi"
+
+
+def _find_mpiexec() -> str | None:
+    """The mpiexec of this Python's environment (the mpich wheel installs it beside the
+    interpreter, where a fresh pyenv may not have a shim yet), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+MPIEXEC = _find_mpiexec()
+HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
+_NO_MPI = None if MPIEXEC is not None and HAVE_MPI4PY else (
+    "needs mpiexec and mpi4py (pip install 'permk[mpi]'): " + ("mpiexec not found" if MPIEXEC is None else "mpi4py not installed"))
+
+
+def pytest_collection_modifyitems(config: Any, items: list[pytest.Item]) -> None:
+    """Every test marked ``mpi`` is skipped, with the reason, where MPI is missing."""
+    if _NO_MPI is not None:
+        for item in items:
+            if item.get_closest_marker("mpi") is not None:
+                item.add_marker(pytest.mark.skip(reason=_NO_MPI))

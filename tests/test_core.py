@@ -757,11 +757,15 @@ def _bad_out_cases() -> list[_BadCase]:
     def f64(m: int = 5) -> np.ndarray:
         return np.full(m, 7.0)
 
+    def f32() -> np.ndarray:
+        return np.full(5, 7.0, np.float32)
+
     cases: list[_BadCase] = []
-    calls: list[tuple[str, Callable[..., Any]]] = [
-        ("gather", lambda b, **kw: r.gather(a, 0, out=b, **kw)),
-        ("gather32", lambda b, **kw: r.gather(a32, 0, out=b.astype(np.float32) if b.dtype == np.float64 else b, **kw)),
-        ("round_values", lambda b, **kw: q.round_values(r, x, y, 0, 3, out=b, **kw)),
+    # each call with the buffer it is handed (the one checked untouched afterwards)
+    calls: list[tuple[str, Callable[..., Any], Callable[[], np.ndarray]]] = [
+        ("gather", lambda b, **kw: r.gather(a, 0, out=b, **kw), f64),
+        ("gather32", lambda b, **kw: r.gather(a32, 0, out=b, **kw), f32),
+        ("round_values", lambda b, **kw: q.round_values(r, x, y, 0, 3, out=b, **kw), f64),
     ]
     divisors: list[tuple[Any, type[Exception], str]] = [
             (0, ValueError, r"^divide: must be an integer in \[1, 2\*\*53\], got 0"),
@@ -773,9 +777,9 @@ def _bad_out_cases() -> list[_BadCase]:
             (True, TypeError, r"^divide: must be an int"),
         ("2", TypeError, r"^divide: must be an int"),
     ]
-    for name, call in calls:
+    for name, call, make in calls:
         for k, exc, msg in divisors:
-            cases.append((f"{name}-divide={k!r}", _with_divide(call, k), f64, exc, msg))
+            cases.append((f"{name}-divide={k!r}", _with_divide(call, k), make, exc, msg))
     bad_outs: list[tuple[str, Callable[[], np.ndarray], type[Exception], str]] = [
         ("short", lambda: f64(4), ValueError, r"^out: must have the 5 values of workers 0\.\.3"),
         ("long", lambda: f64(6), ValueError, r"^out: must have the 5 values"),

@@ -23,10 +23,8 @@ when ``mpiexec`` or ``mpi4py`` is missing (``pip install 'permk[mpi]'`` provides
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,32 +35,13 @@ import pytest
 
 import permk
 import permk.distributed as pd
+from conftest import MPI_DIR, MPIEXEC
 
-HERE = Path(__file__).resolve().parent
-MPI_DIR = HERE / "mpi"
 sys.path.insert(0, str(MPI_DIR))
 from mpi_cases import CASES, SEED, compressor, simulate  # noqa: E402
 
-def _find_mpiexec() -> str | None:
-    """The mpiexec of this Python's environment (the mpich wheel installs it beside the
-    interpreter, where a fresh pyenv may not have a shim yet), else the one on PATH."""
-    beside = Path(sys.executable).parent / "mpiexec"
-    return str(beside) if beside.exists() else shutil.which("mpiexec")
-
-
-MPIEXEC = _find_mpiexec()
-HAVE_MPI4PY = importlib.util.find_spec("mpi4py") is not None
-_skip_without_mpi = pytest.mark.skipif(
-    MPIEXEC is None or not HAVE_MPI4PY,
-    reason="needs mpiexec and mpi4py on PATH (pip install 'permk[mpi]'): "
-    + ("mpiexec not found" if MPIEXEC is None else "mpi4py not installed"),
-)
-
-
-
-def needs_mpi(f: Any) -> Any:
-    """A test that launches mpiexec: marked ``mpi``, skipped (with the reason) without MPI."""
-    return pytest.mark.mpi(_skip_without_mpi(f))
+#: a test that launches mpiexec (skipped, with the reason, without MPI: see conftest.py)
+needs_mpi = pytest.mark.mpi
 
 
 TIMEOUT = 240  # seconds for one mpiexec job (4 processes oversubscribe 2 cores here)

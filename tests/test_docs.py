@@ -38,10 +38,9 @@ def test_the_guides_dcgd_is_the_packages() -> None:
 def test_the_guides_python_compressor_runs_on_mpi(tmp_path: Path) -> None:
     """The user compressor of the guide under mpiexec: the MPI run equals the simulator's bit for
     bit (the block's own assertions), with only values on the wire."""
-    from test_distributed import MPIEXEC, _env  # the same launcher as the MPI tests
+    from conftest import MPIEXEC
+    from test_distributed import _env  # the same environment as the MPI tests
 
-    if MPIEXEC is None:
-        pytest.skip("needs mpiexec (pip install 'permk[mpi]')")
     upto = next(k for k, b in enumerate(BLOCKS) if MPI_MARK in b)
     script = tmp_path / "guide.py"
     script.write_text("\n".join(BLOCKS[: upto + 1]) + "\nprint('guide ok', flush=True)\n")

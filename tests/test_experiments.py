@@ -318,8 +318,13 @@ def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> 
             "**{f: 0 for f in ('experiment', 'cell', 'method', 'label', 'compressor', 'j', 'multiplier', 'options', 'params', 'summary')}})\n"
             "    k += 1\n")
     for attempt in range(3):
+        lines_before = p.read_bytes().count(b"\n") if p.exists() else 0
         with subprocess.Popen([sys.executable, "-c", code, str(p)]) as proc:
-            time.sleep(0.5 + 0.37 * attempt)
+            # kill once this writer has finished a record, at a moment that varies
+            deadline = time.monotonic() + 120
+            while (p.read_bytes().count(b"\n") if p.exists() else 0) <= lines_before and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.037 * (1 + 2 * attempt))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
         with warnings.catch_warnings():
@@ -328,6 +333,7 @@ def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> 
             recs = read_records(p)
         assert recs[-1]["key"] == f"after-kill-{attempt}"
         assert all(len(r["curve"]) == 200_000 for r in recs if r["key"].startswith("r"))
+    assert sum(r["key"].startswith("r") for r in recs) >= 3  # each killed writer had finished a record
 
 
 def test_multiplier_exponents() -> None:

@@ -453,25 +453,9 @@ def test_group_constant_matches_its_definition() -> None:
     assert pairs.L_hat_sq <= g.L_hat_sq * (1 + 1e-9)
 
 
-class GroupPermK(permk.Compressor):
-    """PermK run independently inside each group (Assumption "group AB")."""
-
-    def __init__(self, groups: list[list[int]]) -> None:
-        self.groups = groups
-
-    def floats_per_worker(self, n: int, d: int) -> int:
-        return max(permk.PermK().floats_per_worker(len(g), d) for g in self.groups)
-
-    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
-        k = next(k for k, g in enumerate(self.groups) if worker in g)
-        g = self.groups[k]
-        m = permk.PermK().compress(x, worker=g.index(worker), n_workers=len(g), seed=seed + 7919 * k, round=round)
-        return permk.Message(worker, n_workers, m.d, m.indices, m.values)  # unbiased on its own
-
-
 def test_group_ab_inequality_holds_on_data() -> None:
     groups = [[0, 1], [2, 3, 4]]
-    c = GroupPermK(groups)
+    c = permk.GroupPermK(groups)  # PermK run independently inside each group (Assumption "group AB")
     n, d = 5, 6
     rng = np.random.default_rng(0)
     inputs = [rng.standard_normal((n, d)), np.tile(rng.standard_normal(d), (n, 1))]
