@@ -137,6 +137,14 @@ def as_vector(x: Any, d: int, name: str = "x") -> np.ndarray:
     return v
 
 
+def start_point(x0: Any, d: int, name: str = "x0") -> np.ndarray:
+    """A starting point: a finite real vector of shape ``(d,)`` (a fresh copy)."""
+    v = np.array(as_vector(x0, d, name), dtype=np.float64)
+    if not np.isfinite(v).all():
+        raise ValueError(f"{name} must be finite")
+    return v
+
+
 def check_output(value: Any, shape: tuple[int, ...], name: str, *, finite: bool = False) -> np.ndarray:
     """A user oracle's answer as a float64 array of exactly ``shape``; ``name`` names the
     oracle (``"problem.grad(x)"``). Non-real dtypes are a TypeError; with ``finite`` a NaN or

@@ -34,7 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validate import as_vector, check_choice, check_int, check_output, check_real
+from ._validate import check_choice, check_int, check_output, check_real
 from .compressors import Compressor
 
 __all__ = ["Backend", "Simulator", "EXCHANGES", "PATHS", "check_problem"]
@@ -229,11 +229,3 @@ def _scalar(value: Any, name: str) -> float:
     if arr.dtype.kind not in "biuf" or arr.shape not in ((), (1,)):
         raise ValueError(f"{name} returned {value!r} (shape {arr.shape}, dtype {arr.dtype}), expected a real number")
     return float(arr.reshape(()))
-
-
-def start_point(x0: Any, d: int, name: str = "x0") -> Array:
-    """A starting point: a finite real vector of shape ``(d,)`` (a fresh copy)."""
-    v = np.array(as_vector(x0, d, name), dtype=np.float64)
-    if not np.isfinite(v).all():
-        raise ValueError(f"{name} must be finite")
-    return v

@@ -1042,8 +1042,9 @@ class GroupPermK(Compressor):
     def n(self) -> int:
         return sum(len(g) for g in self.groups)
 
+    @cached_property
     def _group_of(self) -> tuple[np.ndarray, np.ndarray]:
-        """``(group, index within its group)`` of every worker."""
+        """``(group, index within its group)`` of every worker (computed once)."""
         group, local = np.empty(self.n, dtype=np.int64), np.empty(self.n, dtype=np.int64)
         for k, g in enumerate(self.groups):
             group[list(g)], local[list(g)] = k, np.arange(len(g))
@@ -1123,7 +1124,7 @@ class GroupPermK(Compressor):
         n = check_int(n_workers, "n_workers", low=1)
         w = check_int(worker, "worker", high=n)
         self.check(n, x.shape[0])
-        group, local = self._group_of()
+        group, local = self._group_of
         k = int(group[w])
         m = self.inner.compress(x, worker=int(local[w]), n_workers=len(self.groups[k]), seed=_derived_seed(check_seed(seed), k), round=round)
         return Message(worker=w, n_workers=n, d=m.d, indices=m.indices, values=m.values)

@@ -83,8 +83,8 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from ._validate import check_choice, check_int, check_output, check_real
-from .backends import EXCHANGES, PATHS, choose_path, native_pair, start_point
+from ._validate import check_choice, check_int, check_output, check_real, start_point
+from .backends import EXCHANGES, PATHS, choose_path, native_pair
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup

@@ -39,8 +39,8 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import numpy as np
 
 from . import _core
-from ._validate import check_choice, check_int, check_probability, check_real, check_seed
-from .backends import Backend, Simulator, check_problem, start_point
+from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
+from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
 from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from . import _core
-from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed
+from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, start_point
 from .theory.smoothness import ExactConstants, Smoothness
 
 __all__ = ["Problem", "Quadratic", "SyntheticQuadratic", "index_array"]
@@ -60,7 +60,6 @@ class Problem(Protocol):
         ...
 
 
-_vector = as_vector
 
 
 def index_array(v: Any, name: str) -> np.ndarray:
@@ -133,7 +132,7 @@ class Quadratic:
         self._b_mean = b.mean(axis=0)
         self._H = sum(self._A[1:], self._A[0]) / self.n
         self._exact = ExactConstants(self._A)
-        self.x0 = np.zeros(self.d) if x0 is None else _start(x0, self.d)
+        self.x0 = np.zeros(self.d) if x0 is None else start_point(x0, self.d)
 
     @staticmethod
     def synthetic(n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> SyntheticQuadratic:
@@ -145,19 +144,19 @@ class Quadratic:
         return list(self._A)
 
     def loss(self, x: Any) -> float:
-        x = _vector(x, self.d)
+        x = as_vector(x, self.d)
         return float(0.5 * x @ (self._H @ x) - self._b_mean @ x)
 
     def grad(self, x: Any) -> np.ndarray:
-        x = _vector(x, self.d)
+        x = as_vector(x, self.d)
         return np.asarray(self._H @ x) - self._b_mean
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         i = check_int(i, "i", high=self.n)
-        return np.asarray(self._A[i] @ _vector(x, self.d)) - self._b[i]
+        return np.asarray(self._A[i] @ as_vector(x, self.d)) - self._b[i]
 
     def local_grads(self, x: Any) -> np.ndarray:
-        x = _vector(x, self.d)
+        x = as_vector(x, self.d)
         return np.stack([np.asarray(A @ x) for A in self._A]) - self._b
 
     @property
@@ -199,13 +198,6 @@ class Quadratic:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, d={self.d})"
-
-
-def _start(x0: Any, d: int) -> np.ndarray:
-    v = np.array(_vector(x0, d, "x0"))
-    if not np.isfinite(v).all():
-        raise ValueError("x0 must be finite")
-    return v
 
 
 def _solve_if_positive_definite(H: Any, rhs: np.ndarray) -> np.ndarray | None:
@@ -283,23 +275,23 @@ class SyntheticQuadratic(Quadratic):
         return [sp.csr_array(a * T + self.shift * eye) for a in self.a]
 
     def loss(self, x: Any) -> float:
-        return float(self.kernel.loss(_vector(x, self.d)))
+        return float(self.kernel.loss(as_vector(x, self.d)))
 
     def grad(self, x: Any) -> np.ndarray:
-        return self.kernel.grad(_vector(x, self.d))  # type: ignore[no-any-return]
+        return self.kernel.grad(as_vector(x, self.d))  # type: ignore[no-any-return]
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         i = check_int(i, "i", high=self.n)
-        return self.kernel.local_grads(_vector(x, self.d), i, i + 1)[0]  # type: ignore[no-any-return]
+        return self.kernel.local_grads(as_vector(x, self.d), i, i + 1)[0]  # type: ignore[no-any-return]
 
     def local_grads(self, x: Any) -> np.ndarray:
         check_alloc((self.n, self.d), "the local gradients")
-        return self.kernel.local_grads(_vector(x, self.d))  # type: ignore[no-any-return]
+        return self.kernel.local_grads(as_vector(x, self.d))  # type: ignore[no-any-return]
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
         """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k`` (``O(1)`` each)."""
         r, c = index_array(rows, "rows"), index_array(cols, "cols")
-        return self.kernel.local_grad_coords(_vector(x, self.d), r, c)  # type: ignore[no-any-return]
+        return self.kernel.local_grad_coords(as_vector(x, self.d), r, c)  # type: ignore[no-any-return]
 
     # -- exact constants in closed form --------------------------------------------------------
     def _eig_extremes(self, a: np.ndarray) -> np.ndarray:
@@ -328,17 +320,21 @@ class SyntheticQuadratic(Quadratic):
         low = float(mean.min())
         return L_minus, L_plus, L_pm, (low if low > 0 else None)
 
+    @cached_property
+    def _constants(self) -> tuple[float, float, float, float | None]:
+        return self._constants_of(self.a)
+
     @property
     def L_minus(self) -> float:
-        return self._constants_of(self.a)[0]
+        return self._constants[0]
 
     @property
     def L_plus(self) -> float:
-        return self._constants_of(self.a)[1]
+        return self._constants[1]
 
     @property
     def L_pm(self) -> float:
-        return self._constants_of(self.a)[2]
+        return self._constants[2]
 
     @property
     def L_i(self) -> np.ndarray:
