@@ -137,6 +137,13 @@ impl Ranges {
         })
     }
 
+    /// `n` workers that each send all of `0..d` with scale `scale`.
+    pub fn full(n: usize, d: usize, scale: f64) -> Result<Self> {
+        let mut r = Ranges::idle(n, scale)?;
+        r.stops.fill(d as i64);
+        Ok(r)
+    }
+
     /// The bytes of the ranges of `n` workers.
     pub fn bytes(n: usize) -> u128 {
         24 * n as u128

@@ -316,15 +316,10 @@ impl Tridiagonal {
                 return Err(CoreError::invalid("y", format!("must have the round's d = {d} coordinates, got {}", y.len())));
             }
         }
-        let len = round.len_of(start, stop)?;
-        if let Some(o) = &out {
-            if o.len() != len {
-                return Err(CoreError::invalid(
-                    "out",
-                    format!("must have the {len} values of workers {start}..{stop} (offsets[stop] − offsets[start]), got {}", o.len()),
-                ));
-            }
-        }
+        let len = match &out {
+            Some(o) => round.check_out_len(start, stop, o.len())?,
+            None => round.len_of(start, stop)?,
+        };
         Need::new()
             .array::<f64>("the round's values", &[if out.is_some() { 0 } else { len }])
             .bytes("the workers' positions", round.values_scratch(start, stop))

@@ -325,6 +325,18 @@ impl Round {
         Ok(self.offsets[stop] - self.offsets[start])
     }
 
+    /// [`Round::len_of`], and an error naming `out` unless `out_len` is that number.
+    pub fn check_out_len(&self, start: usize, stop: usize, out_len: usize) -> Result<usize> {
+        let len = self.len_of(start, stop)?;
+        if out_len != len {
+            return Err(CoreError::invalid(
+                "out",
+                format!("must have the {len} values of workers {start}..{stop} (offsets[stop] − offsets[start]), got {out_len}"),
+            ));
+        }
+        Ok(len)
+    }
+
     /// The bytes of [`Round::values`]' temporaries for workers `start..stop` (checked).
     pub fn values_scratch(&self, start: usize, stop: usize) -> u128 {
         let m = stop.saturating_sub(start) as u128;
@@ -378,18 +390,10 @@ impl Round {
         let (n, d) = (self.n, self.d);
         Need::new().bytes("the ranges", Ranges::bytes(n)).check()?;
         match &self.asg {
-            Assignment::Owners { scale, .. } if n == 1 => {
-                let mut r = Ranges::idle(1, *scale)?;
-                r.stops[0] = d as i64;
-                Ok(Some(r))
-            }
+            Assignment::Owners { scale, .. } if n == 1 => Ok(Some(Ranges::full(1, d, *scale)?)),
             // contiguous owners: d <= n, so O(n)
             Assignment::Owners { .. } => self.asg.owner_ranges(),
-            Assignment::Plan(RoundPlan::All { .. }) => {
-                let mut r = Ranges::idle(n, 1.0)?;
-                r.stops.fill(d as i64);
-                Ok(Some(r))
-            }
+            Assignment::Plan(RoundPlan::All { .. }) => Ok(Some(Ranges::full(n, d, 1.0)?)),
             Assignment::Plan(RoundPlan::Blocks { blocks: Blocks::Ranges(_), scale, .. }) => {
                 let mut r = Ranges::idle(n, *scale)?;
                 for i in 0..n {
@@ -437,13 +441,7 @@ impl Round {
     /// is computed on its own, so the result does not depend on the split). The caller has
     /// checked the memory of [`Round::values_scratch`].
     pub fn values_into<V: Send, E: Emit<V>>(&self, start: usize, stop: usize, e: &E, out: &mut [V]) -> Result<()> {
-        let len = self.len_of(start, stop)?;
-        if out.len() != len {
-            return Err(CoreError::invalid(
-                "out",
-                format!("must have the {len} values of workers {start}..{stop} (offsets[stop] − offsets[start]), got {}", out.len()),
-            ));
-        }
+        self.check_out_len(start, stop, out.len())?;
         match &self.asg {
             Assignment::Owners { owner, scale, .. } => with_owner!(owner, v => self.values_owners(v, *scale, start, stop, out, e)),
             Assignment::Plan(p) => self.values_plan(p, start, out, e),

@@ -46,9 +46,7 @@ impl Sparsify for CoordinateSampling {
     fn ranges(&self, n: usize, d: usize, seed: u64, round: u64) -> Result<Option<Ranges>> {
         // a single worker owns everything, or a single coordinate has one owner: O(n) work
         if n == 1 {
-            let mut r = Ranges::idle(1, 1.0)?;
-            r.stops[0] = d as i64;
-            return Ok(Some(r));
+            return Ok(Some(Ranges::full(1, d, 1.0)?));
         }
         if d == 1 {
             return self.assign::<f64>(n, d, seed, round, None)?.owner_ranges();

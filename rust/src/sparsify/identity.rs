@@ -33,8 +33,6 @@ impl Sparsify for Identity {
     }
 
     fn ranges(&self, n: usize, d: usize, _seed: u64, _round: u64) -> Result<Option<Ranges>> {
-        let mut r = Ranges::idle(n, 1.0)?;
-        r.stops.fill(d as i64);
-        Ok(Some(r))
+        Ok(Some(Ranges::full(n, d, 1.0)?))
     }
 }

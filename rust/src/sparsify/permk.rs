@@ -54,9 +54,7 @@ impl Sparsify for PermK {
             return Ok(None);
         }
         if n == 1 {
-            let mut r = Ranges::idle(1, 1.0)?;
-            r.stops[0] = d as i64;
-            return Ok(Some(r));
+            return Ok(Some(Ranges::full(1, d, 1.0)?));
         }
         // one coordinate per worker at most: O(n) work
         let asg = self.assign::<f64>(n, d, seed, round, None)?;
