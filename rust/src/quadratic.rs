@@ -28,13 +28,16 @@ impl<P> GradValues<'_, P> {
     /// `∇f_i(x)_j` as [`Tridiagonal::local_grad_coords`] computes it.
     #[inline(always)]
     fn g(&self, x: &[f64], i: usize, j: usize) -> f64 {
-        let v = self.f.a[i] * t_at(x, j) + self.f.c * x[j];
-        if j == 0 {
-            v - self.f.beta[i]
-        } else {
-            v
-        }
+        self.f.grad_coord(x, i, j)
     }
+}
+
+/// `∇f_i(x)_j − g` from the precomputed `tx = T x` and `cx = c x` (`ai`, `bi`: worker `i`'s
+/// `a_i`, `β_i`): the same bits as [`Tridiagonal::grad_coord`] minus `g`.
+#[inline(always)]
+fn residual_at(ai: f64, bi: f64, tx: &[f64], cx: &[f64], j: usize, g: f64) -> f64 {
+    let v = ai * tx[j] + cx[j];
+    (if j == 0 { v - bi } else { v }) - g
 }
 
 impl<P: Post<f64>> Emit<f64> for GradValues<'_, P> {
@@ -235,6 +238,17 @@ impl Tridiagonal {
         Array2::from_shape_vec((rows, d), out).map_err(|e| CoreError::invalid("x", e.to_string()))
     }
 
+    /// `∇f_i(x)_j = a_i (T x)_j + c x_j − β_i [j = 0]`, in `O(1)`.
+    #[inline(always)]
+    fn grad_coord(&self, x: &[f64], i: usize, j: usize) -> f64 {
+        let v = self.a[i] * t_at(x, j) + self.c * x[j];
+        if j == 0 {
+            v - self.beta[i]
+        } else {
+            v
+        }
+    }
+
     /// `∇f_{rows[k]}(x)[cols[k]]` for every `k`: `O(1)` each.
     pub fn local_grad_coords(&self, x: ArrayView1<f64>, rows: ArrayView1<i64>, cols: ArrayView1<i64>) -> Result<Array1<f64>> {
         nonempty("x", x.len())?;
@@ -253,9 +267,7 @@ impl Tridiagonal {
             if !(0..d).contains(&j) {
                 return Err(CoreError::invalid("cols", format!("coordinate {j} is outside [0, {d})")));
             }
-            let (i, j) = (i as usize, j as usize);
-            let v = self.a[i] * t_at(x, j) + self.c * x[j];
-            out.push(if j == 0 { v - self.beta[i] } else { v });
+            out.push(self.grad_coord(x, i as usize, j as usize));
         }
         Ok(Array1::from(out))
     }
@@ -632,10 +644,7 @@ impl Tridiagonal {
     fn topk_worker(&self, tx: &[f64], cx: &[f64], i: usize, row: &[f64], k: usize) -> Result<WorkerMsg> {
         let d = row.len();
         let (ai, bi) = (self.a[i], self.beta[i]);
-        let r_at = |j: usize, gij: f64| {
-            let v = ai * tx[j] + cx[j];
-            (if j == 0 { v - bi } else { v }) - gij
-        };
+        let r_at = |j: usize, gij: f64| residual_at(ai, bi, tx, cx, j, gij);
         if k == 1 {
             // Pass 1: the largest |r_j| (8 independent lanes, so it vectorizes) and a NaN
             // probe (r·0 is NaN iff r is not finite); pass 2: its first index.
@@ -706,10 +715,7 @@ impl Tridiagonal {
         let (n, d, i) = (self.n(), row.len(), start + r);
         let (ai, bi) = (self.a[i], self.beta[i]);
         buf.clear();
-        buf.extend(row.iter().enumerate().map(|(j, &gij)| {
-            let v = ai * tx[j] + cx[j];
-            (if j == 0 { v - bi } else { v }) - gij
-        }));
+        buf.extend(row.iter().enumerate().map(|(j, &gij)| residual_at(ai, bi, tx, cx, j, gij)));
         if !buf.iter().all(|v| v.is_finite()) {
             return Ok(WorkerMsg::NonFinite);
         }
