@@ -364,7 +364,8 @@ class Compressor(abc.ABC):
     Subclasses implement :meth:`compress` and :meth:`floats_per_worker`; the theory methods
     default to "unknown" (``None``) and :attr:`capabilities` to an unbiased compressor without a
     shared plan. The defaults of :meth:`compress_all`, :meth:`compress_rows` and
-    :meth:`aggregate` call :meth:`compress` worker by worker, so a Python-defined compressor works
+    :meth:`aggregate` run in the compressor's Rust :attr:`kernel` when it has one, else call
+    :meth:`compress` worker by worker, so a Python-defined compressor works
     everywhere a built-in one does (simulator, MPI, :func:`permk.theory.estimate_ab`).
     """
 
@@ -511,9 +512,13 @@ class Compressor(abc.ABC):
         then placed, not summed (and on MPI each worker's values land in place)."""
         return False
 
+    # The calls below run in the Rust kernel when the compressor has one (:attr:`kernel`), else
+    # call :meth:`compress` worker by worker.
     def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         """The ``(n, d)`` array of compressed rows ``C_i(A[i])``."""
         A = as_float_array(A, 2, "A")
+        if self.kernel is not None:
+            return self.kernel.compress_all(A, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
         n, d = A.shape
         return np.stack([self.compress(A[i], worker=i, n_workers=n, seed=seed, round=round).to_dense() for i in range(n)])
 
@@ -521,6 +526,10 @@ class Compressor(abc.ABC):
         """The messages of workers ``start … start + m − 1`` whose inputs are the rows of ``A``
         (shape ``(m, d)``), as :class:`Messages` (what an MPI rank holding those workers sends)."""
         A = as_float_array(A, 2, "A")
+        if self.kernel is not None:
+            n = check_int(n_workers, "n_workers", low=1)
+            start = check_int(start, "start", high=n)
+            return Messages(*self.kernel.compress_rows(A, start, n, check_seed(seed), check_int(round, "round")))
         msgs = [self.compress(A[j], worker=start + j, n_workers=n_workers, seed=seed, round=round) for j in range(A.shape[0])]
         offsets = np.concatenate([[0], np.cumsum([len(m.indices) for m in msgs])]).astype(np.int64)
         return Messages(offsets, np.concatenate([m.indices for m in msgs]).astype(np.int64),
@@ -529,6 +538,8 @@ class Compressor(abc.ABC):
     def aggregate(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         """``(1/n) Σ_i C_i(A[i])``, summed in worker order and divided by ``n``."""
         A = as_float_array(A, 2, "A")
+        if self.kernel is not None:
+            return self.kernel.aggregate(A, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
         n = A.shape[0]
         return aggregate_messages([self.compress(A[i], worker=i, n_workers=n, seed=seed, round=round) for i in range(n)])
 
@@ -617,18 +628,6 @@ class RustCompressor(Compressor):
         w = check_int(worker, "worker", high=n)
         idx, val = self.kernel.compress(x, w, n, check_seed(seed), check_int(round, "round"))
         return Message(worker=w, n_workers=n, d=x.shape[0], indices=idx, values=val)
-
-    def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
-        return self.kernel.compress_all(as_float_array(A, 2, "A"), check_seed(seed), check_int(round, "round"))
-
-    def compress_rows(self, A: Any, *, start: int, n_workers: int, seed: int, round: int) -> Messages:
-        A = as_float_array(A, 2, "A")
-        n = check_int(n_workers, "n_workers", low=1)
-        start = check_int(start, "start", high=n)
-        return Messages(*self.kernel.compress_rows(A, start, n, check_seed(seed), check_int(round, "round")))
-
-    def aggregate(self, A: Any, *, seed: int, round: int) -> np.ndarray:
-        return self.kernel.aggregate(as_float_array(A, 2, "A"), check_seed(seed), check_int(round, "round"))
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         if not self.capabilities.shared_plan:
@@ -1548,21 +1547,6 @@ class Compose(Compressor):
             return RustCompressor.compress(self, x, worker=worker, n_workers=n_workers, seed=seed, round=round)  # type: ignore[arg-type]
         q = self.quantizer.compress(x, worker=worker, n_workers=n_workers, seed=seed, round=round)
         return self.sparsifier.compress(q.to_dense(), worker=worker, n_workers=n_workers, seed=seed, round=round)
-
-    def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
-        if self.kernel is not None:
-            return RustCompressor.compress_all(self, A, seed=seed, round=round)  # type: ignore[arg-type]
-        return super().compress_all(A, seed=seed, round=round)
-
-    def compress_rows(self, A: Any, *, start: int, n_workers: int, seed: int, round: int) -> Messages:
-        if self.kernel is not None:
-            return RustCompressor.compress_rows(self, A, start=start, n_workers=n_workers, seed=seed, round=round)  # type: ignore[arg-type]
-        return super().compress_rows(A, start=start, n_workers=n_workers, seed=seed, round=round)
-
-    def aggregate(self, A: Any, *, seed: int, round: int) -> np.ndarray:
-        if self.kernel is not None:
-            return RustCompressor.aggregate(self, A, seed=seed, round=round)  # type: ignore[arg-type]
-        return super().aggregate(A, seed=seed, round=round)
 
 
 def catalog() -> dict[str, type[Compressor]]:
