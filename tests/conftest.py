@@ -9,6 +9,7 @@ many more random examples::
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,13 @@ def pytest_collection_modifyitems(config: Any, items: list[pytest.Item]) -> None
         for item in items:
             if item.get_closest_marker("mpi") is not None:
                 item.add_marker(pytest.mark.skip(reason=_NO_MPI))
+
+
+#: The ``permk`` command, run with this interpreter.
+CLI = [sys.executable, "-m", "permk.cli"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``permk *args`` in a subprocess (warnings silenced, output captured)."""
+    e = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=e)

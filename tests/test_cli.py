@@ -4,11 +4,8 @@ tiny grid, and clear errors."""
 from __future__ import annotations
 
 import gzip
-import os
 import re
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,13 +13,7 @@ import pytest
 
 from permk.cli import build_parser, main
 
-CLI = [sys.executable, "-m", "permk.cli"]
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    e = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=e)
-
+from conftest import run_cli
 
 def test_help_lists_subcommands() -> None:
     r = run_cli("--help")

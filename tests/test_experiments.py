@@ -28,13 +28,7 @@ from permk.experiments.plotting import load_experiment
 from permk.experiments.results import append_record, read_records
 from permk.experiments.runner import best_runs, cell_budget, multiplier_exponents
 
-CLI = [sys.executable, "-m", "permk.cli"]
-
-
-def run_cli(*args: str, timeout: float = 300, **kw: object) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=env, **kw)  # type: ignore[call-overload, no-any-return]
-
+from conftest import CLI, run_cli
 
 # ---------------------------------------------------------------------------------------------
 # the quick quadratic grid, once per module

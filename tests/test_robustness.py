@@ -26,9 +26,7 @@ import pytest
 
 import permk
 import permk.distributed as pd
-from permk import _core
-
-CLI = [sys.executable, "-m", "permk.cli"]
+from conftest import CLI
 
 
 def _in_subprocess(code: str, timeout: float = 120) -> str:
