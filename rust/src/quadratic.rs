@@ -360,12 +360,15 @@ impl Tridiagonal {
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on a plan, evaluating only the sent
     /// coordinates: `(∇f_i(x_new) − ∇f_i(x_old))_j = a_i (Tδ)_j + c δ_j`, `δ = x_new − x_old`.
-    /// Summed in worker order, then divided by `n`, like `aggregate`.
+    /// Summed in worker order, then divided by `n`, like `aggregate`. The tests' reference (the
+    /// pre-refactor path on a whole plan).
+    #[cfg(test)]
     pub fn compressed_mean_diff_with_plan(&self, plan: &RoundPlan, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         self.mean_diff(&Assignment::Plan(plan.clone()), x_new, x_old)
     }
 
-    /// [`Self::compressed_mean_diff_with_plan`] on an assignment: owners (PermK for `d >= n`,
+    /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on an assignment, evaluating only the sent
+    /// coordinates (`a_i (Tδ)_j + c δ_j`, `δ = x_new − x_old`): owners (PermK for `d >= n`,
     /// CoordinateSampling) are read directly, with the plan's arithmetic (one value per
     /// coordinate: `(0 + scale·v) / n`).
     fn mean_diff(&self, asg: &Assignment, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
