@@ -103,6 +103,34 @@ def test_ef21_resume() -> None:
     np.testing.assert_array_equal(second.x, full.x)
 
 
+@pytest.mark.parametrize("path", ["rust", "dense"])
+def test_ef21_compressed_start_is_topk_of_the_local_gradients(path: str) -> None:
+    """init="compressed" (the authors' quadratic runs): g_i⁰ = TopK(∇f_i(x⁰)), g⁰ their mean, no
+    bits counted for the start (as for init="full"); the runs differ from the full start."""
+    from permk.backends import Simulator
+
+    q = synthetic(6, 40, 1e-3, 0.4)
+    x0 = np.random.default_rng(3).standard_normal(q.d)  # a dense ∇f_i(x⁰): TopK(3) drops most of it
+    top = permk.TopK(3)
+    C = top.compress_all(q.local_grads(x0), seed=1, round=0)
+    st = permk.ef21.init(x0, Simulator(q, path=path), top, {"init": "compressed"}, seed=1)
+    np.testing.assert_array_equal(st.G, C)
+    np.testing.assert_allclose(st.g, C.sum(axis=0) / q.n, rtol=0, atol=1e-15)
+    assert st.round == 0 and st.bits == 0.0
+    comp = permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, init="compressed", path=path)
+    full = permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, path=path)
+    assert comp.params["init"] == "compressed" and full.params["init"] == "full"
+    np.testing.assert_array_equal(comp.bits_per_worker, full.bits_per_worker)
+    assert comp.grad_norm_sq[0] == full.grad_norm_sq[0] and comp.grad_norm_sq[1] != full.grad_norm_sq[1]
+    np.testing.assert_array_equal(comp.x, permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, init="compressed",
+                                                    path="dense" if path == "rust" else "rust").x)
+
+
+def test_ef21_init_is_checked() -> None:
+    with pytest.raises(ValueError, match="init must be one of 'full', 'compressed'"):
+        permk.ef21(synthetic(), permk.TopK(2), rounds=2, seed=0, init="topk")
+
+
 def test_marina_with_permk_at_zero_hessian_variance_meets_theorem_ab() -> None:
     """L± = 0 and A = B: E‖∇f(x̂^T)‖² ≤ 2Δ⁰/(γT) (Theorem AB), averaged over seeds."""
     q = synthetic(10, 50, 1e-6, 0.0)

@@ -46,6 +46,25 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the methods to run, METHOD-COMPRESSOR (default: marina-permk ef21-topk marina-randk; "
                         "any method with a theory step and any compressor that suits it, e.g. marina-blockpermk)")
     g.add_argument("--no-prune", action="store_true", help="run every EF21 multiplier (no early stop of the multiplier scan)")
+    g.add_argument("--estimate", action="store_true",
+                   help="print the projected time of the grid (per cell, per run, in total) from a few timed rounds "
+                        "of each method in each cell, then exit without running")
+    pr = p.add_argument_group("protocol (the paper's text by default; README: 'The two protocols')")
+    pr.add_argument("--protocol", choices=("paper", "authors"), default=None,
+                    help="authors: the rules of the authors' code, i.e. --best last90 --horizon rounds --steps authors, "
+                         "EF21 started from compressed gradients (quadratic; the autoencoder: full ones, 4000 rounds, "
+                         "--split per-sample --loss authors); the options below override it")
+    pr.add_argument("--best", choices=("budget", "last90"), default=None,
+                    help="best run of a method: the smallest ‖∇f‖² at the end of the bits budget (budget, default) or "
+                         "the smallest mean of log10 ‖∇f‖² over the last 90%% of the rounds (last90)")
+    pr.add_argument("--horizon", choices=("budget", "rounds"), default=None,
+                    help="where runs stop: a common bits budget per cell (budget, default) or fixed round counts, "
+                         "--rounds and twice that for EF21 (rounds)")
+    pr.add_argument("--steps", choices=("edge", "authors"), default=None,
+                    help="step multipliers 2^j: from the stability edge 2/L− down to 1 (edge, default) or the "
+                         "authors' fixed ranges (authors)")
+    pr.add_argument("--ef21-init", dest="ef21_init", choices=("full", "compressed"), default=None,
+                    help="EF21's start g_i⁰: ∇f_i(x⁰) (full, default) or C(∇f_i(x⁰)) (compressed)")
 
 
 def _check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -141,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--images", type=_positive, default=None, help="use only the first N images")
     a.add_argument("--gamma", type=_positive_float, default=None,
                    help="base step the multipliers 2^j scale (default: the theory's step from smoothness constants estimated at x⁰ and at the PCA solution)")
+    a.add_argument("--split", choices=("per-worker", "per-sample"), default=None,
+                   help="heterogeneity: each worker takes the shared part with probability p̂ (per-worker, the paper's "
+                        "text, default) or each of its samples is replaced by a shared one with probability p̂ (per-sample)")
+    a.add_argument("--loss", choices=("paper", "authors"), default=None,
+                   help="the loss as the paper writes it (paper, default) or as the authors' code computes it: "
+                        "the data term divided by d_f and λ not halved (authors)")
     a.set_defaults(func=_cmd_autoencoder, parser=a)
 
     pl = sub.add_parser("plot", help="rebuild the figures (PNG and PDF) from result files")
@@ -245,6 +270,8 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
 
     exp = importlib.import_module(f"permk.experiments.{name}")
     grid = exp.grid_from_args(args)
+    if args.estimate:
+        return _estimate(exp, name, grid, args)
     comm = mpi_comm() if getattr(args, "mpi", False) else None
     writer = comm is None or comm.Get_rank() == 0
     busy = busy_threads(comm.Get_size() if comm is not None else args.jobs, threads_fixed=args.threads is not None)
@@ -253,6 +280,8 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         use_threads(threads)
         if writer:
             print(note, file=sys.stderr)
+    if comm is None:
+        print(_projection(exp, name, grid, args), flush=True)
     t_grid = time.perf_counter()
     setup = seconds_since_start()
     kw = {"mpi": True} if comm is not None else {}
@@ -273,6 +302,31 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
               + (f" + plotting {plot_s:.1f} s" if not args.no_plot else "")
               + f" (+ {max(total - setup - grid_s - plot_s, 0.0):.1f} s other)")
     return 0
+
+
+def _estimate(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> int:
+    """``--estimate``: the projected time of every cell from timed rounds (nothing is run or written)."""
+    from .experiments.runner import Estimate, estimate_grid, format_estimate
+
+    cells = grid.cells()
+    print(f"projected time of `permk {name}` ({len(cells)} cells, methods {', '.join(grid.methods)}; "
+          f"best={grid.options.best}, horizon={grid.options.horizon}, steps={grid.options.steps}), from timed rounds:", flush=True)
+    est = estimate_grid(getattr(exp, f"{name}_cell"), grid.to_json(), cells, Estimate(), progress=not args.no_progress)
+    print(format_estimate(est, grid.options, jobs=args.jobs))
+    return 0
+
+
+def _projection(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> str:
+    """The first line of a run: the grid's projected time from its first cell's timed rounds
+    (the cells run heaviest first, so it is an upper bound per cell)."""
+    from .experiments.runner import Estimate, estimate_grid, format_duration, projected_seconds
+
+    cells = grid.cells()
+    quick = Estimate(warmup=1, min_rounds=3, timed_seconds=0.02 if args.quick else 0.1, pilot_seconds=0.0)
+    most, _ = projected_seconds(estimate_grid(getattr(exp, f"{name}_cell"), grid.to_json(), cells[:1], quick))
+    par = f", about 1/{args.jobs} of it with --jobs {args.jobs}" if args.jobs > 1 else ""
+    return (f"projected: at most {format_duration(most * len(cells))} in one process{par} ({len(cells)} cells × the first, "
+            f"{cells[0]['id']}, at most {format_duration(most)} from its timed rounds; --estimate prints each cell)")
 
 
 def _cmd_quadratic(args: argparse.Namespace) -> int:

@@ -385,19 +385,30 @@ class EF21(Method):
     ``g_i⁰ = ∇f_i(x⁰)``; ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends
     ``c_i = C(∇f_i(x^{t+1}) − g_i^t)`` and sets ``g_i^{t+1} = g_i^t + c_i``;
     ``g^{t+1} = g^t + (1/n) Σ c_i``. Step ``1/(L− + L+ sqrt(β/θ))``, ``θ = 1 − sqrt(1 − α)``,
-    ``β = (1 − α)/θ`` (``pl=True``: the PL step). Option: ``count_indices`` (default True: the bits
-    count ``⌈log2 d⌉`` per TopK index).
+    ``β = (1 − α)/θ`` (``pl=True``: the PL step). Options: ``count_indices`` (default True: the bits
+    count ``⌈log2 d⌉`` per TopK index); ``init``: ``"full"`` (default, the appendix's
+    ``g_i⁰ = ∇f_i(x⁰)``) or ``"compressed"`` (``g_i⁰ = C(∇f_i(x⁰))``, ``g⁰ = (1/n) Σ g_i⁰``: the
+    start of the authors' quadratic runs, algorithm.py:1885-1893 of their code). The start's
+    message is not counted in the bits, either way, as the paper does not count the initial
+    step ("In all cases we do not consider the communication complexity of the initial step");
+    a compressor with randomness draws it from the round index :attr:`EF21.INIT_ROUND`, which no
+    round of a run uses.
     """
 
     name = "ef21"
     state_type = EF21State
     exchange = "error_feedback"
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, count_indices: bool = True) -> dict[str, Any]:  # type: ignore[override]
+    #: The round index of the compressed start's message (``init="compressed"``).
+    INIT_ROUND = 2**64 - 1
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, count_indices: bool = True,  # type: ignore[override]
+                   init: str = "full") -> dict[str, Any]:
         alpha = compressor.alpha(n, d)
         if alpha is None:
             raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
-        return {"alpha": alpha, "bits": message_bits(compressor, n, d, float_bits, indices=_flag(count_indices, "count_indices"))}
+        return {"alpha": alpha, "bits": message_bits(compressor, n, d, float_bits, indices=_flag(count_indices, "count_indices")),
+                "init": check_choice(init, "init", ("full", "compressed"))}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
@@ -408,6 +419,11 @@ class EF21(Method):
         return float(compressor.floats_per_worker(n, d))
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> EF21State:
+        if params.get("init", "full") == "compressed":
+            # C(∇f_i(x⁰) − 0): EF21's own exchange from zero estimators, on every backend
+            zero = np.zeros((len(backend.workers), backend.d))
+            g, G = backend.error_feedback(compressor, x0, zero, seed=seed, round=self.INIT_ROUND)
+            return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=np.array(G, dtype=np.float64), round=0, seed=seed)
         G = np.array(backend.local_grads(x0), dtype=np.float64)
         return EF21State(x=x0, g=backend.mean_rows(G), G=G, round=0, seed=seed)
 

@@ -32,6 +32,8 @@ CASES: dict[str, dict[str, Any]] = {
                                                path="fused"),
     "ef21_topk": dict(method="ef21", n=4, d=20, comp=("TopK", 3), mode="p2p", reduce="ordered"),
     "ef21_topk_blocks_server": dict(method="ef21", n=8, d=10, comp=("TopK", 2), mode="server", reduce="ordered"),
+    # EF21 started from compressed gradients (init="compressed", the authors' quadratic runs)
+    "ef21_topk_compressed_init": dict(method="ef21", n=4, d=20, comp=("TopK", 3), mode="p2p", reduce="ordered", init="compressed"),
     "gd": dict(method="gd", n=4, d=10, comp=None, mode="p2p", reduce="ordered"),
     # a user's LocalProblem whose data only ever exists on the rank holding the worker
     "marina_permk_own_data": dict(method="marina", n=4, d=10, comp=("PermK",), mode="p2p", reduce="ordered", problem="lsq", gamma=0.05),
@@ -145,6 +147,8 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
         kw["gamma_multiplier"] = 0.9
     if "p" in case:
         kw["p"] = case["p"]
+    if "init" in case:
+        kw["init"] = case["init"]
     return kw
 
 

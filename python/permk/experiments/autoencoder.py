@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, Spec, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -279,6 +279,8 @@ class AutoencoderGrid:
     max_multipliers: int | None = None
     problem_seed: int = 0
     options: SearchOptions = field(default_factory=lambda: SearchOptions(max_rounds=3000, tol=1e-3))
+    split: str = "per-worker"  # "per-sample": the authors' heterogeneity (LinearAutoencoder's split)
+    loss: str = "paper"  # "authors": the authors' scaling of the data term and λ (LinearAutoencoder's loss)
 
     name = "autoencoder"
 
@@ -296,6 +298,9 @@ class AutoencoderGrid:
 
 
 PAPER_GRID = AutoencoderGrid()
+#: The multipliers ``2^i`` of the authors' autoencoder runs, ``[low, high)``: ``--step_size_range
+#: -5 4`` for every compressor in their scripts.txt; used with ``steps="authors"``.
+AUTHORS_STEPS = {"marina": (-5, 4)}
 #: ``--quick``: 20 workers on the first 1,000 images, heterogeneous and homogeneous splits,
 #: λ = 1e-3, the two largest multipliers, 300 rounds: under a minute on 2 cores (``--jobs 2``).
 QUICK_GRID = AutoencoderGrid(workers=20, p_hats=(0.0, 1.0), lams=(1e-3,), images=1000, max_multipliers=2,
@@ -315,7 +320,10 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     t0 = time.perf_counter()
     opts = SearchOptions(**grid_json["options"])
     X, source = _images(grid_json["data"], grid_json["images"])
-    ae = LinearAutoencoder(X, grid_json["workers"], cell["p_hat"], cell["lam"], d_e=grid_json["d_e"], seed=grid_json["problem_seed"])
+    # the protocol's problem options, passed when they are not the paper's (LinearAutoencoder's split=, loss=)
+    variant = {k: grid_json[k] for k, paper in (("split", "per-worker"), ("loss", "paper")) if grid_json.get(k, paper) != paper}
+    ae = LinearAutoencoder(X, grid_json["workers"], cell["p_hat"], cell["lam"], d_e=grid_json["d_e"], seed=grid_json["problem_seed"],
+                           **variant)
     methods = tuple(grid_json["methods"])
     if grid_json["gamma"] is not None:
         consts: dict[str, Any] = {"how": "user --gamma"}
@@ -328,8 +336,8 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     consts = {**consts, "f_star": ae.f_star, "n_splits": ae.n_splits, "data": source, "n_images": int(X.shape[0])}
     exps = {}
     for m in methods:
-        if L_minus is not None:
-            exps[m] = multiplier_exponents(gth[m], L_minus, max_count=grid_json["max_multipliers"])
+        if L_minus is not None or opts.steps == "authors":
+            exps[m] = step_exponents(m, gth[m], L_minus, opts, AUTHORS_STEPS, max_count=grid_json["max_multipliers"])
         else:
             exps[m] = list(range(0, -(grid_json["max_multipliers"] or 6), -1))
     base = {"experiment": "autoencoder", "constants": consts, "gamma_theory_by_method": gth, "problem_seed": grid_json["problem_seed"]}
@@ -359,7 +367,7 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
 def grid_from_args(args: Any) -> AutoencoderGrid:
     """The grid a ``permk autoencoder`` command line asks for."""
     g = QUICK_GRID if args.quick else PAPER_GRID
-    o = g.options
+    o = replace(g.options, **protocol_options(args, "autoencoder"))
     o = replace(o, seed=args.seed if args.seed is not None else o.seed,
                 max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
                 tol=args.tol if args.tol is not None else o.tol,
@@ -383,4 +391,9 @@ def grid_from_args(args: Any) -> AutoencoderGrid:
         g = replace(g, max_multipliers=args.max_multipliers or None)
     if args.methods:
         g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    authors = getattr(args, "protocol", None) == "authors"
+    split = args.split or ("per-sample" if authors else None)
+    loss = args.loss or ("authors" if authors else None)
+    if split is not None or loss is not None:
+        g = replace(g, split=split or g.split, loss=loss or g.loss)
     return g

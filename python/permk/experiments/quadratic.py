@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -67,6 +67,10 @@ class QuadraticGrid:
 
 
 PAPER_GRID = QuadraticGrid()
+#: The multipliers ``2^i`` of the authors' quadratic runs, ``[low, high)``: ``--step_size_range 0
+#: 20`` for every compressor and ``--top_k_factor 3`` (EF21+TopK's steps ×8) in their scripts.txt
+#: (config_quadratic.py:95, 106-107); used with ``steps="authors"``.
+AUTHORS_STEPS = {"marina": (0, 20), "ef21": (3, 23)}
 #: The ``--quick`` grid: the same n (the claims need n = 1000 and 10000), L± = 0 and the most
 #: heterogeneous noise scale, the three largest multipliers, a budget of 10× the bits the best
 #: run needs to reach the target (20× in the full grid). About 30 s on 2 cores (``--jobs 2``).
@@ -122,7 +126,7 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
     for m in grid_json["methods"]:
         spec = Spec.parse(m)
         gth[m] = theory_gamma(q, spec, opts)
-        exps[m] = multiplier_exponents(gth[m], consts["L_minus"], max_count=grid_json["max_multipliers"])
+        exps[m] = step_exponents(m, gth[m], consts["L_minus"], opts, AUTHORS_STEPS, max_count=grid_json["max_multipliers"])
         compressor = spec.compressor(cell["n"], cell["d"])
         few = _identical_workers(cell, spec, compressor, mpi)
         if few is not None:
@@ -158,7 +162,7 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
 def grid_from_args(args: Any) -> QuadraticGrid:
     """The grid a ``permk quadratic`` command line asks for."""
     g = QUICK_GRID if args.quick else PAPER_GRID
-    o = g.options
+    o = replace(g.options, **protocol_options(args, "quadratic"))
     o = replace(o, pl=bool(args.pl), seed=args.seed if args.seed is not None else o.seed,
                 max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
                 tol=args.tol if args.tol is not None else o.tol,

@@ -22,6 +22,23 @@ rounds, or when they diverge. The figures' x-axis is ``[0, B]``.
 2. among the rest, the smallest ``‖∇f‖²`` at the end of the budget wins (the last value
    recorded with at most ``B`` bits sent).
 
+**The authors' protocol** (their code: mysteryresearcher/sampling-in-optimal-sgd at bd3f2e6,
+``code/distributed_optimization_library``) differs from the above; each difference is an option
+of :class:`SearchOptions` (``--protocol authors`` sets them all, :data:`AUTHORS`):
+
+* ``best="last90"``: the best run is the one with the smallest mean of ``log10 ‖∇f‖²`` over the
+  last 90% of its recorded rounds, runs with a non-finite value dropped (their plot scripts,
+  plots/permutation_compressor/quad_prog_plot.py:76-82);
+* ``horizon="rounds"``: no bits budget; every run goes ``max_rounds`` rounds, error feedback
+  (EF21) twice as many (config_quadratic.py:109,130; config_libsvm.py:134);
+* ``steps="authors"``: the fixed range of multipliers ``2^i`` of the experiment's configs (not
+  cut at the stability edge; :func:`step_exponents`);
+* ``ef21_init="compressed"``: EF21 starts from ``g_i⁰ = C(∇f_i(x⁰))`` (algorithm.py:1885-1893,
+  1915; :class:`permk.methods.EF21`).
+
+The options are recorded with every run, so the figures (:func:`best_runs`, :func:`cell_budget`)
+use the rule the grid ran with.
+
 **Pruning** (EF21 only, by default): multipliers are tried from the largest (the stability
 edge ``2^j γ_theory ≤ 2/L_−``) downwards; EF21 runs are the expensive ones (``O(nd)`` per round)
 and below the edge they only get slower, so the scan of a method stops after ``patience``
@@ -30,11 +47,13 @@ consecutive non-diverged runs worse than its best so far. ``--no-prune`` runs ev
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -49,12 +68,20 @@ __all__ = [
     "SearchOptions",
     "Run",
     "multiplier_exponents",
+    "step_exponents",
+    "AUTHORS",
+    "protocol_options",
     "score",
     "search_cell",
     "best_runs",
     "cell_budget",
     "run_pool",
     "run_grid",
+    "Estimate",
+    "estimate_grid",
+    "format_estimate",
+    "projected_seconds",
+    "format_duration",
     "is_writer",
     "mpi_comm",
 ]
@@ -157,9 +184,26 @@ def multiplier_exponents(gamma_theory: float, L_minus: float, *, max_count: int 
     return js[:max_count] if max_count else js
 
 
+def step_exponents(method: str, gamma_theory: float, L_minus: float | None, opts: SearchOptions,
+                   authors: Mapping[str, tuple[int, int]], *, max_count: int | None = None) -> list[int]:
+    """The exponents ``j`` of the multipliers ``2^j`` a method ``METHOD-COMPRESSOR`` runs with,
+    largest first: with ``opts.steps == "edge"`` those of :func:`multiplier_exponents`; with
+    ``"authors"`` the range ``authors[METHOD]`` (``[low, high)``, the experiment's configs; the
+    ``"marina"`` range for a method without its own), not cut at the stability edge (such runs
+    diverge and are dropped). ``max_count`` keeps the largest ones."""
+    if opts.steps == "authors":
+        low, high = authors.get(method.partition("-")[0], authors["marina"])
+        js = list(range(high - 1, low - 1, -1))
+        return js[:max_count] if max_count else js
+    if L_minus is None:
+        raise ValueError("steps='edge' needs L_minus (the stability edge 2/L_−)")
+    return multiplier_exponents(gamma_theory, L_minus, max_count=max_count)
+
+
 @dataclass(frozen=True)
 class SearchOptions:
-    """Options of the per-cell search (see the module docstring)."""
+    """Options of the per-cell search (see the module docstring): permk's protocol by default;
+    ``best``, ``horizon``, ``steps`` and ``ef21_init`` select the authors' rules instead."""
 
     seed: int = 0
     tol: float = 1e-6
@@ -172,6 +216,54 @@ class SearchOptions:
     constants: str = "pessimistic"
     float_bits: int = 32
     chunk_seconds: float = 0.5
+    best: str = "budget"
+    horizon: str = "budget"
+    steps: str = "edge"
+    ef21_init: str = "full"
+
+    def __post_init__(self) -> None:
+        from permk._validate import check_choice
+
+        check_choice(self.best, "best", ("budget", "last90"))
+        check_choice(self.horizon, "horizon", ("budget", "rounds"))
+        check_choice(self.steps, "steps", ("edge", "authors"))
+        check_choice(self.ef21_init, "ef21_init", ("full", "compressed"))
+
+    def rounds_for(self, spec: Spec) -> int:
+        """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, twice
+        that for error feedback (EF21), as the authors' configs."""
+        twice = self.horizon == "rounds" and spec.method.exchange == "error_feedback"
+        return 2 * self.max_rounds if twice else self.max_rounds
+
+    def budget(self, bits_to_target: float) -> float:
+        """The bits budget given the fewest bits to the target (infinite with ``horizon="rounds"``)."""
+        return math.inf if self.horizon == "rounds" else self.budget_factor * bits_to_target
+
+    def method_options(self, spec: Spec) -> dict[str, Any]:
+        """The method's own options of a run of ``spec`` (EF21's ``init``)."""
+        return {"init": self.ef21_init} if spec.method.name == "ef21" else {}
+
+
+#: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the
+#: module docstring): the autoencoder's EF21 started from full gradients (their scripts.txt runs
+#: it with --ef21_init_with_gradients) and 4,000 rounds (8,000 for EF21).
+AUTHORS: dict[str, dict[str, Any]] = {
+    "quadratic": {"best": "last90", "horizon": "rounds", "steps": "authors", "ef21_init": "compressed"},
+    "autoencoder": {"best": "last90", "horizon": "rounds", "steps": "authors", "ef21_init": "full", "max_rounds": 4000},
+}
+
+
+def protocol_options(args: Any, experiment: str) -> dict[str, Any]:
+    """The :class:`SearchOptions` fields a command line sets through ``--protocol`` and the
+    single options ``--best``, ``--horizon``, ``--steps``, ``--ef21-init`` (which override it);
+    ``--rounds`` overrides the protocol's ``max_rounds``."""
+    out = dict(AUTHORS[experiment]) if getattr(args, "protocol", None) == "authors" else {}
+    for k in ("best", "horizon", "steps", "ef21_init"):
+        if getattr(args, k, None) is not None:
+            out[k] = getattr(args, k)
+    if getattr(args, "rounds", None) is not None:
+        out.pop("max_rounds", None)
+    return out
 
 
 class Run:
@@ -220,7 +312,8 @@ class Run:
         t0 = time.perf_counter()
         kw: dict[str, Any] = dict(rounds=int(rounds), seed=self.opts.seed, gamma=self.gamma_base,
                                   gamma_multiplier=self.multiplier, pl=self.opts.pl, constants=self.opts.constants,
-                                  float_bits=self.opts.float_bits, record_every=1, state=self.state)
+                                  float_bits=self.opts.float_bits, record_every=1, state=self.state,
+                                  **self.opts.method_options(self.spec))
         res: Any
         if self.mpi:
             # one MPI rank per block of workers (permk.distributed): the same iterates, every rank
@@ -252,9 +345,9 @@ class Run:
         bad = ~np.isfinite(g) | (g > self.opts.div_factor * g0)
         hit = np.nonzero(g <= self.opts.tol * g0)[0]
         h = int(hit[0]) if len(hit) else None
-        cap = np.full(len(b), self.opts.budget_factor * best_hit)
+        cap = np.full(len(b), self.opts.budget(best_hit))
         if h is not None:
-            cap[h:] = np.minimum(cap[h:], self.opts.budget_factor * b[h])
+            cap[h:] = np.minimum(cap[h:], self.opts.budget(b[h]))
         over = np.nonzero(b >= cap)[0]
         div = np.nonzero(bad)[0]
         end = len(b) - 1
@@ -268,7 +361,7 @@ class Run:
             self.finished = self.diverged = True
         self.a = {k: v[: end + 1] for k, v in self.a.items()}
         self.hit_index = h if (h is not None and h <= end and not bad[: h + 1].any()) else None
-        if self.round >= self.opts.max_rounds:
+        if self.round >= self.opts.rounds_for(self.spec):
             self.finished = True
 
     def seconds_per_round(self) -> float:
@@ -303,37 +396,56 @@ class Run:
         return {k: v[idx] for k, v in a.items()}
 
 
-def score(summary: dict[str, Any], curve: dict[str, Any], budget: float) -> tuple[float, float]:
-    """The sort key of the best-step criterion (smaller is better): diverged runs last, then
-    the ``‖∇f‖²`` at the end of the budget (the last value recorded with ``bits ≤ budget``)."""
+def score(summary: dict[str, Any], curve: dict[str, Any], budget: float, best: str = "budget") -> tuple[float, float]:
+    """The sort key of the best-step criterion (smaller is better), on the part of the run with
+    ``bits ≤ budget``; diverged runs last. ``best="budget"``: the ``‖∇f‖²`` at the end of the
+    budget (the last value recorded with ``bits ≤ budget``). ``best="last90"`` (the authors'
+    plot scripts): the mean of ``log10 ‖∇f‖²`` over the last 90% of the rounds, a run with a
+    non-finite value dropped (the recorded curve's points are evenly spaced in rounds, so their
+    mean is that of every round's)."""
     if summary.get("diverged"):
         return (3.0, math.inf)
     bits = np.asarray(curve["bits"], dtype=float)
     g = np.asarray(curve["grad_norm_sq"], dtype=float)
     inside = np.nonzero(bits <= budget * (1 + 1e-12))[0]
+    if best == "last90":
+        g = g[: inside[-1] + 1] if len(inside) else g[:1]
+        rounds = np.asarray(curve["round"], dtype=float)[: len(g)]
+        if not np.isfinite(g).all():
+            return (3.0, math.inf)
+        with np.errstate(divide="ignore"):
+            v = float(np.mean(np.log10(g[rounds >= rounds[0] + 0.1 * (rounds[-1] - rounds[0])])))
+        return (0.0, v)
     v = float(g[inside[-1]]) if len(inside) else float(g[0])
     return (0.0, v) if math.isfinite(v) else (3.0, math.inf)
 
 
+def _protocol(records: Sequence[dict[str, Any]], key: str, default: str) -> str:
+    """An option of the search the records ran with (older records: permk's protocol)."""
+    return str(records[0].get("options", {}).get(key, default)) if records else default
+
+
 def cell_budget(records: Sequence[dict[str, Any]], budget_factor: float) -> float:
     """The bits range of a cell: ``budget_factor ×`` the fewest bits any run needed to reach the
-    target; without such a run, the most bits any run sent."""
+    target; without such a run, or with ``horizon="rounds"`` (recorded in the runs), the most
+    bits any run sent."""
     hits = [r["summary"]["bits_to_target"] for r in records if r["summary"].get("reached_target") and not r["summary"].get("diverged")]
-    if hits:
+    if hits and _protocol(records, "horizon", "budget") == "budget":
         return budget_factor * min(hits)
     return max((float(r["summary"]["bits_sent"]) for r in records), default=0.0)
 
 
 def best_runs(records: Sequence[dict[str, Any]], budget_factor: float) -> dict[str, dict[str, Any]]:
-    """The best run of each method of one cell (see :func:`score`); methods whose runs all
-    diverged are left out."""
+    """The best run of each method of one cell (see :func:`score`, with the ``best`` rule the
+    runs were made with); methods whose runs all diverged are left out."""
     budget = cell_budget(records, budget_factor)
+    best = _protocol(records, "best", "budget")
     out: dict[str, dict[str, Any]] = {}
     for r in records:
         if r["summary"].get("diverged"):
             continue
         m = r["method"]
-        if m not in out or score(r["summary"], r["curve"], budget) < score(out[m]["summary"], out[m]["curve"], budget):
+        if m not in out or score(r["summary"], r["curve"], budget, best) < score(out[m]["summary"], out[m]["curve"], budget, best):
             out[m] = r
     return out
 
@@ -372,6 +484,10 @@ def search_cell(
     problem a method runs on and its compressor (the autoencoder's EF21 runs on a grouped view).
     With ``mpi`` every run is distributed over the MPI ranks (``permk.distributed``); all ranks
     must call this together; rank 0 alone writes, and its chunk sizes are used by all."""
+    est = _ESTIMATE.get()
+    if est is not None:  # estimate_grid: time the cell's runs, run nothing, write nothing
+        est.time_cell(problem, cell, exponents, opts, gammas or {}, problems or {}, compressors or {})
+        return []
     comm = mpi_comm() if mpi else None
     writer = comm is None or comm.Get_rank() == 0
     done: dict[str, dict[str, Any]] = {}
@@ -395,11 +511,11 @@ def search_cell(
                           compressor=(compressors or {}).get(method), mpi=mpi)
                 while not run.finished:
                     own = run.hit_bits if run.hit_bits is not None else math.inf
-                    steps = _chunk(run, opts.budget_factor * min(best_hit, own), opts.max_rounds, opts.chunk_seconds)
+                    steps = _chunk(run, opts.budget(min(best_hit, own)), opts.rounds_for(run.spec), opts.chunk_seconds)
                     run.advance(steps if comm is None else comm.bcast(steps, root=0))
                     run.settle(best_hit)
                 summ = run.summary()
-                summ["stopped_by"] = "diverged" if run.diverged else ("budget" if run.total_bits >= opts.budget_factor * min(best_hit, run.hit_bits or math.inf) else "max_rounds")
+                summ["stopped_by"] = "diverged" if run.diverged else ("budget" if run.total_bits >= opts.budget(min(best_hit, run.hit_bits or math.inf)) else "max_rounds")
                 rec = {
                     "kind": "run",
                     "key": key,
@@ -410,7 +526,8 @@ def search_cell(
                     "compressor": run.compressor.name,
                     "j": j,
                     "multiplier": 2.0**j,
-                    "options": {k: getattr(opts, k) for k in ("seed", "tol", "budget_factor", "max_rounds", "div_factor", "pl", "constants", "float_bits")},
+                    "options": {k: getattr(opts, k) for k in ("seed", "tol", "budget_factor", "max_rounds", "div_factor", "pl", "constants", "float_bits",
+                                                              "best", "horizon", "steps", "ef21_init")},
                     "params": run.params,
                     "summary": summ,
                     "curve": run.curve(),
@@ -425,7 +542,7 @@ def search_cell(
             if on_run is not None:
                 on_run(rec)
             if method in opts.prune and not s.get("diverged"):
-                sc = score(s, rec["curve"], opts.budget_factor * best_hit if math.isfinite(best_hit) else math.inf)
+                sc = score(s, rec["curve"], opts.budget(best_hit) if math.isfinite(best_hit) else math.inf, opts.best)
                 if best_score is None or sc < best_score:
                     best_score, streak = sc, 0
                 else:
@@ -556,3 +673,166 @@ def run_grid(
 def is_writer(mpi: bool) -> bool:
     """Whether this process writes results and figures (always, but for MPI ranks other than 0)."""
     return not mpi or mpi_comm().Get_rank() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the projected time of a grid (``--estimate``)
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Estimate:
+    """The projected time of a grid, from timed rounds (:func:`estimate_grid`).
+
+    In each cell, each method's multipliers are probed from the largest down: a run that
+    diverges within its probe costs what it cost (the large steps of ``steps="authors"`` die in
+    a few rounds); the first run that survives is timed for ``timed_seconds`` (at least
+    ``min_rounds`` rounds, after ``warmup`` rounds), and it and every smaller multiplier are
+    projected at that time per round for
+
+    * the **upper bound**: ``max_rounds`` rounds each (twice for EF21 with ``horizon="rounds"``);
+    * the **expected** count: with ``horizon="rounds"`` the same; with the bits budget, the rounds
+      in which the method sends (in expectation) ``budget_factor × b*`` bits, ``b*`` being the
+      fewest bits with which a *pilot* reached the target: each method's timed run is continued
+      (``pilot_seconds`` shared among them) and, being the grid's run at that step, bounds the
+      budget of the runs after it (this method's and the next methods'); without a hit, the
+      upper bound.
+
+    Not modelled: EF21's pruning (it only removes runs) and runs that diverge after their probe
+    (they stop early): both make the real grid faster than projected."""
+
+    warmup: int = 2
+    min_rounds: int = 5
+    timed_seconds: float = 0.3
+    pilot_seconds: float = 5.0
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    cells: list[dict[str, Any]] = field(default_factory=list)
+
+    def _probe(self, run: Run) -> float | None:
+        """Seconds per round of ``run`` after the warm-up, or None if it diverged."""
+        run.advance(self.warmup)
+        run.settle(math.inf)
+        t0, r0, k = run.seconds, run.round, self.min_rounds
+        most = run.opts.rounds_for(run.spec) - run.round  # enough rounds to see MARINA's rare full-gradient rounds
+        while not run.diverged and run.round - r0 < most and (run.round - r0 < self.min_rounds or run.seconds - t0 < self.timed_seconds):
+            run.advance(min(k, most - (run.round - r0)))
+            run.settle(math.inf)
+            k *= 2
+        return None if run.diverged else (run.seconds - t0) / max(1, run.round - r0)
+
+    def _pilot(self, run: Run, seconds: float) -> float | None:
+        """Continue ``run`` for at most ``seconds``: the bits with which it reached the target, or None."""
+        t_end = time.perf_counter() + seconds
+        while not run.finished and run.hit_bits is None and time.perf_counter() < t_end:
+            run.advance(_chunk(run, math.inf, run.opts.rounds_for(run.spec), min(run.opts.chunk_seconds, seconds / 10)))
+            run.settle(math.inf)
+        return run.hit_bits
+
+    def time_cell(self, problem: Any, cell: dict[str, Any], exponents: Mapping[str, list[int]], opts: SearchOptions,
+                  gammas: Mapping[str, float | None], problems: Mapping[str, Any], compressors: Mapping[str, Any]) -> None:
+        """Time every method of one cell (called by :func:`search_cell` under :func:`estimate_grid`)."""
+        t0 = time.perf_counter()
+        pilot = opts.horizon == "budget" and self.pilot_seconds > 0
+        hits: list[float] = []
+        for method, js in exponents.items():
+            spec = Spec.parse(method)
+            lost, diverged, per, bits = 0.0, 0, math.nan, math.nan
+            for j in js:
+                run = Run(problems.get(method, problem), spec, 2.0**j, opts, gamma=gammas.get(method), compressor=compressors.get(method))
+                per_j = self._probe(run)
+                if per_j is None:
+                    lost += run.seconds
+                    diverged += 1
+                    continue
+                per, bits = per_j, run.expected_per_round
+                hit = self._pilot(run, self.pilot_seconds / len(exponents)) if pilot else None
+                if hit is not None:
+                    hits.append(hit)
+                break
+            # the grid's runs of this method stop at the budget of the fewest bits to the target
+            # known when they run: the pilots so far are runs of the grid that run before them
+            b_star = min(hits) if hits else None
+            upper = opts.rounds_for(spec)
+            budget = opts.budget(b_star) if b_star is not None else math.inf
+            expected = min(upper, int(math.ceil(budget / bits))) if math.isfinite(budget) and bits > 0 else upper
+            runs = len(js) - diverged
+            self.rows.append({"cell": cell["id"], "method": method, "runs": runs, "diverged_in_probe": diverged,
+                              "seconds_per_round": per, "bits_per_round": bits, "budget_bits": budget,
+                              "max_rounds": upper, "expected_rounds": expected,
+                              "seconds_max": lost + (runs * upper * per if runs else 0.0),
+                              "seconds_expected": lost + (runs * expected * per if runs else 0.0)})
+        self.cells.append({"cell": cell["id"], "timing_seconds": time.perf_counter() - t0, "bits_to_target": min(hits) if hits else None})
+
+
+_ESTIMATE: contextvars.ContextVar[Estimate | None] = contextvars.ContextVar("permk_estimate", default=None)
+
+
+@contextlib.contextmanager
+def _estimating(est: Estimate) -> Any:
+    token = _ESTIMATE.set(est)
+    try:
+        yield est
+    finally:
+        _ESTIMATE.reset(token)
+
+
+def estimate_grid(cell_fn: Callable[..., Any], grid_json: dict[str, Any], cells: Sequence[dict[str, Any]], est: Estimate,
+                  *, progress: bool = False) -> Estimate:
+    """Project the time of a grid: each cell's function runs as in :func:`run_grid` (the same
+    problem, steps and methods) but its :func:`search_cell` only times the runs
+    (:class:`Estimate`); nothing is written. A cell's set-up (problem, constants) is measured
+    and counted once per cell. Returns ``est`` with one row per cell and method."""
+    from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+    with _estimating(est):
+        for cell in tqdm(cells, desc="estimate", unit="cell", disable=not progress):
+            t0 = time.perf_counter()
+            cell_fn(cell, grid_json, os.devnull, False)
+            info = est.cells[-1]
+            info["setup_seconds"] = max(0.0, time.perf_counter() - t0 - info["timing_seconds"])
+    return est
+
+
+def format_duration(s: float) -> str:
+    """Seconds as ``"4.2 s"``, ``"12 min"`` or ``"3.5 h"`` (``"?"`` if not finite)."""
+    if not math.isfinite(s):
+        return "?"
+    if s < 90:
+        return f"{s:.1f} s" if s < 10 else f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def projected_seconds(est: Estimate) -> tuple[float, float]:
+    """The total (upper bound, expected) seconds of the cells in ``est`` (set-ups included)."""
+    setup = sum(c.get("setup_seconds", 0.0) for c in est.cells)
+    return setup + sum(r["seconds_max"] for r in est.rows), setup + sum(r["seconds_expected"] for r in est.rows)
+
+
+def format_estimate(est: Estimate, opts: SearchOptions, *, jobs: int = 1) -> str:
+    """The table of :func:`estimate_grid`: per cell and method the runs, seconds per round,
+    rounds per run and seconds per run (upper bound / expected), per cell and in total."""
+    lines = [f"{'cell':<16} {'method':<16} {'runs':>4} {'s/round':>9} {'rounds/run max/exp':>19} "
+             f"{'per run max/exp':>17} {'in all max/exp':>17}"]
+    setup = {c["cell"]: c.get("setup_seconds", 0.0) for c in est.cells}
+    tot_max = tot_exp = 0.0
+    for c in est.cells:
+        rows = [r for r in est.rows if r["cell"] == c["cell"]]
+        for r in rows:
+            per = r["seconds_per_round"]
+            lines.append(f"{r['cell']:<16} {r['method']:<16} {r['runs']:>4} {per:>9.2e} "
+                         f"{r['max_rounds']:>9} / {r['expected_rounds']:<7} "
+                         f"{format_duration(r['max_rounds'] * per):>7} / {format_duration(r['expected_rounds'] * per):<7} "
+                         f"{format_duration(r['seconds_max']):>7} / {format_duration(r['seconds_expected']):<7}")
+        cmax = setup[c["cell"]] + sum(r["seconds_max"] for r in rows)
+        cexp = setup[c["cell"]] + sum(r["seconds_expected"] for r in rows)
+        tot_max, tot_exp = tot_max + cmax, tot_exp + cexp
+        lines.append(f"{c['cell']:<16} cell: set-up {format_duration(setup[c['cell']])}, at most {format_duration(cmax)}, expected {format_duration(cexp)}")
+    par = f", about 1/{jobs} of it with --jobs {jobs}" if jobs > 1 else ""
+    lines.append(f"grid: at most {format_duration(tot_max)}, expected {format_duration(tot_exp)} in one process{par}")
+    if opts.horizon == "rounds":
+        lines.append("assumed: every run goes its fixed rounds (EF21 twice --rounds); runs that diverged in their probe count as measured")
+    else:
+        lines.append(f"assumed: at most --rounds ({opts.max_rounds}) per run; expected: runs stop at the cell's bits budget, "
+                     f"{opts.budget_factor:g} × the fewest bits a pilot run (each method's timed run, continued) needed to reach the target "
+                     "(no hit: the maximum); EF21's pruning not counted")
+    return "\n".join(lines)
