@@ -97,7 +97,7 @@ def test_every_run_starts_with_its_projection(tmp_path: Path) -> None:
     r = run_cli("quadratic", *TINY, "--no-progress", "--no-plot", "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     first = r.stdout.splitlines()[0]
-    assert first.startswith("projected: at most ") and "(2 cells × the first, n10_s0," in first
+    assert first.startswith("projected: the first cell, n10_s0, at most ") and "; 2 cells like it: " in first
 
 
 @pytest.mark.parametrize("bad", [["--best", "final"], ["--horizon", "bits"], ["--steps", "all"], ["--protocol", "mine"],

@@ -317,16 +317,16 @@ def _estimate(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> int:
 
 
 def _projection(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> str:
-    """The first line of a run: the grid's projected time from its first cell's timed rounds
-    (the cells run heaviest first, so it is an upper bound per cell)."""
+    """The first line of a run: the first cell's projected time (upper bound) from a few timed
+    rounds, and the grid's if every cell cost as much (``--estimate`` times every cell)."""
     from .experiments.runner import Estimate, estimate_grid, format_duration, projected_seconds
 
     cells = grid.cells()
     quick = Estimate(warmup=1, min_rounds=3, timed_seconds=0.02 if args.quick else 0.1, pilot_seconds=0.0)
     most, _ = projected_seconds(estimate_grid(getattr(exp, f"{name}_cell"), grid.to_json(), cells[:1], quick))
     par = f", about 1/{args.jobs} of it with --jobs {args.jobs}" if args.jobs > 1 else ""
-    return (f"projected: at most {format_duration(most * len(cells))} in one process{par} ({len(cells)} cells × the first, "
-            f"{cells[0]['id']}, at most {format_duration(most)} from its timed rounds; --estimate prints each cell)")
+    return (f"projected: the first cell, {cells[0]['id']}, at most {format_duration(most)} from its timed rounds; "
+            f"{len(cells)} cells like it: {format_duration(most * len(cells))} in one process{par} (--estimate times every cell)")
 
 
 def _cmd_quadratic(args: argparse.Namespace) -> int:
