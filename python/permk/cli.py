@@ -280,7 +280,8 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         use_threads(threads)
         if writer:
             print(note, file=sys.stderr)
-    if comm is None:
+    refused = not args.resume and any((Path(args.out) / grid.name / "runs").glob("*.jsonl"))  # run_grid refuses it
+    if comm is None and not refused:
         print(_projection(exp, name, grid, args), flush=True)
     t_grid = time.perf_counter()
     setup = seconds_since_start()
