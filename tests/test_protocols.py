@@ -207,3 +207,21 @@ def test_autoencoder_cell_passes_the_protocols_problem_options(monkeypatch: pyte
         with pytest.raises(Stop):
             ae_mod.autoencoder_cell(replace(g, split=split, loss=loss).cells()[0], replace(g, split=split, loss=loss).to_json(), "x", False)
         assert {k: v for k, v in seen[-1].items() if k in ("split", "loss")} == want
+
+
+def test_autoencoder_estimate_on_idx_data(tmp_path: Path) -> None:
+    """``permk autoencoder --estimate``: every cell and method of the grid, nothing written."""
+    from test_cli import _idx_images
+
+    d = tmp_path / "data"
+    d.mkdir()
+    _idx_images(d / "train-images-idx3-ubyte.gz", 120)
+    out = tmp_path / "out"
+    r = run_cli("autoencoder", "--workers", "6", "--p-hat", "0", "1", "--lam", "0.001", "--encoding", "3", "--rounds", "40",
+                "--max-multipliers", "2", "--estimate", "--no-progress", "--out", str(out), env={"PERMK_DATA": str(d)})
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split() for ln in r.stdout.splitlines() if ln.startswith("lam0.001_p") and "cell:" not in ln]
+    assert sorted((x[0], x[1]) for x in rows) == sorted((c, m) for c in ("lam0.001_p0", "lam0.001_p1")
+                                                          for m in ("marina-permk", "ef21-topk", "marina-randk"))
+    assert all(x[4] == "40" and 1 <= int(x[2]) <= 2 for x in rows)
+    assert "grid: at most" in r.stdout and not out.exists()
