@@ -173,3 +173,27 @@ def test_coordinate_requests_are_checked() -> None:
         ae.local_grad_coords(x, [0, 1], [0])
     with pytest.raises(TypeError, match="integer indices"):
         ae.local_grad_coords(x, [0.5], [0])
+
+
+def test_a_reused_gradient_buffer_is_never_one_a_caller_holds() -> None:
+    """local_grads hands out pooled buffers (no page faults on 200 MB arrays): a buffer still
+    held by a caller is never overwritten."""
+    ae = _ae(0.0)
+    held = [ae.local_grads(_point(ae, k)) for k in range(5)]
+    copies = [h.copy() for h in held]
+    for k in range(5, 9):
+        ae.local_grads(_point(ae, k))
+    for h, c in zip(held, copies):
+        np.testing.assert_array_equal(h, c)
+    a = ae.local_grads(_point(ae, 20))
+    ref = a.copy()
+    del a
+    b = ae.local_grads(_point(ae, 21))  # may reuse a's buffer: a is gone
+    np.testing.assert_array_equal(ae.local_grads(_point(ae, 20)), ref)
+    assert not np.array_equal(b, ref)
+    g = ae.grouped()
+    first = g.local_grads(_point(ae, 30))
+    keep = first.copy()
+    for k in range(31, 36):
+        g.local_grads(_point(ae, k))
+    np.testing.assert_array_equal(first, keep)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -72,6 +73,18 @@ SPLITS = ("per-worker", "per-sample")
 #: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
 LOSSES = ("paper", "authors")
 _BLOCK_BYTES = 1 << 21  # the split gradients are assembled in blocks of splits of about this size
+
+
+def _only_in_pool() -> int:
+    """What ``sys.getrefcount`` says of a buffer that only the pool holds, measured as
+    :meth:`LinearAutoencoder._out_buffer` measures it (the count differs between CPython versions)."""
+    pool = [np.empty(1)]
+    for buf in pool:
+        return sys.getrefcount(buf)
+    raise AssertionError  # pragma: no cover
+
+
+_ONLY_IN_POOL = _only_in_pool()
 
 
 @dataclass
@@ -218,6 +231,7 @@ class LinearAutoencoder:
         self._scale = 2.0 * self._c / self.sizes[held]  # per held split
         self._points: list[_Point] = []
         self._plan: _CoordPlan | None = None
+        self._pool: list[np.ndarray] = []
         self._fcache: tuple[bytes, np.ndarray, float] | None = None
         self._full: tuple[bytes, np.ndarray] | None = None
 
@@ -360,14 +374,25 @@ class LinearAutoencoder:
             out[q.iE] = q.scaleE * np.einsum("ia,ia->i", W, q.AE) + p.regE.ravel()[q.regE]
         return out
 
-    def _split_grads(self, p: _Point, mult: np.ndarray | None = None) -> np.ndarray:
+    def _out_buffer(self) -> np.ndarray:
+        """A ``(held splits, d)`` float64 array for split gradients: one of the last three handed
+        out when nothing else holds it any more, else a new one (a fresh 200 MB array costs
+        more in page faults than the products that fill it; a backend keeps the last two)."""
+        for buf in self._pool:
+            if sys.getrefcount(buf) <= _ONLY_IN_POOL:
+                return buf
+        buf = np.empty((len(self._held), self.d))
+        self._pool = [buf] + self._pool[:2]
+        return buf
+
+    def _split_grads(self, p: _Point, mult: np.ndarray | None = None, *, pooled: bool = False) -> np.ndarray:
         """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point. With ``Z``, ``W`` scaled by
         ``2c/m_s`` per split, per block of splits: one batched product ``A_sᵀ [Z_s W_s]`` (the two
         products beyond the point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the
         block's splits, and one pass writing each half of the output."""
         S, m, d_f, d_e = len(self._held), self._m, self.d_f, self.d_e
         k1 = d_f * d_e
-        out = np.empty((S, self.d))
+        out = self._out_buffer() if pooled else np.empty((S, self.d))
         oD, oE = out[:, :k1].reshape(S, d_f, d_e), out[:, k1:].reshape(S, d_e, d_f)
         scale = self._scale if mult is None else self._scale * mult
         reg_mult = np.ones(S) if mult is None else mult
@@ -405,8 +430,12 @@ class LinearAutoencoder:
 
     def local_grads(self, x: Any) -> np.ndarray:
         """``(n, d)`` (a local problem: ``(len(workers), d)``), memory ``n·d``; the methods use
-        the cheaper routes above when they can."""
-        return self.split_grads(x)[self._worker_rows()]
+        the cheaper routes above when they can. When every held worker has its own split (e.g.
+        p̂ = 0) the rows are the split gradients themselves, in a reused buffer."""
+        rows = self._worker_rows()
+        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+            return self._split_grads(self._point(x), pooled=True)
+        return self.split_grads(x)[rows]
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
@@ -446,7 +475,7 @@ class GroupedAutoencoder:
         return self.ae.grad(x)
 
     def local_grads(self, x: Any) -> np.ndarray:
-        return self.ae._split_grads(self.ae._point(x), self._mult)
+        return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:
