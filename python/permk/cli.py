@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--images", type=_positive, default=None, help="use only the first N images")
     a.add_argument("--gamma", type=_positive_float, default=None,
                    help="base step the multipliers 2^j scale (default: the theory's step from smoothness constants estimated at x⁰ and at the PCA solution)")
+    a.add_argument("--mpi", action="store_true",
+                   help="run every method on MPI, each rank holding only its block of workers' images (permk.distributed): "
+                        "mpiexec -n N permk autoencoder --mpi ...; rank 0 writes the results")
     a.set_defaults(func=_cmd_autoencoder, parser=a)
 
     pl = sub.add_parser("plot", help="rebuild the figures (PNG and PDF) from result files")

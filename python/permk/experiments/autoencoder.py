@@ -63,7 +63,7 @@ import numpy as np
 
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
-from .runner import METHODS, SearchOptions, Spec, multiplier_exponents, run_grid, search_cell, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, multiplier_exponents, run_grid, search_cell, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -352,10 +352,10 @@ class LinearAutoencoder:
         r = index_array(rows, "rows")
         if r.size and (int(r.min()) < 0 or int(r.max()) >= self.n):
             raise ValueError(f"rows must be worker indices in range({self.n})")
-        k = self._slot[self.worker_split[r]]
-        if r.size and int(k.min()) < 0:
-            raise ValueError(f"rows must be workers held by this problem ({self.workers})")
-        return k
+        ws = getattr(self, "workers", None)
+        if ws is not None and r.size and (int(r.min()) < ws.start or int(r.max()) >= ws.stop):
+            raise ValueError(f"rows must be workers held by this problem ({ws})")
+        return self._slot[self.worker_split[r]]
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
         """``∇f_{rows[k]}(x)[cols[k]]`` (MARINA's fused path): each from the point's two products
@@ -544,8 +544,18 @@ class AutoencoderGrid:
     max_multipliers: int | None = None
     problem_seed: int = 0
     options: SearchOptions = field(default_factory=lambda: SearchOptions(max_rounds=3000, tol=1e-3))
+    #: the data split and loss: the paper's text (default) or the authors' code (see LinearAutoencoder)
+    split: str = "per-worker"
+    loss: str = "paper"
+    #: the images' and products' type: "float64" or "float32"
+    dtype: str = "float64"
 
     name = "autoencoder"
+
+    def __post_init__(self) -> None:
+        check_choice(self.split, "split", SPLITS)
+        check_choice(self.loss, "loss", LOSSES)
+        check_choice(self.dtype, "dtype", ("float64", "float32"))
 
     def cells(self) -> list[dict[str, Any]]:
         out = []
@@ -575,22 +585,36 @@ def _images(data: str | None, limit: int | None) -> tuple[np.ndarray, str]:
     return im.X, im.source
 
 
-def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
-    """Run one cell of the autoencoder grid (a process-pool task)."""
+def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
+                     mpi: bool = False) -> dict[str, Any]:
+    """Run one cell of the autoencoder grid (a process-pool task; with ``mpi``, every rank calls
+    it and holds only its own workers' images: the file is read, the rank's images kept, the
+    rest dropped)."""
     t0 = time.perf_counter()
     opts = SearchOptions(**grid_json["options"])
-    X, source = _images(grid_json["data"], grid_json["images"])
-    ae = LinearAutoencoder(X, grid_json["workers"], cell["p_hat"], cell["lam"], d_e=grid_json["d_e"], seed=grid_json["problem_seed"])
+    if mpi:
+        from ..distributed import workers_of
+        from .data import load_images
+
+        im = load_images(grid_json["data"], limit=grid_json["images"])
+        X, source, workers = im.X, im.source, workers_of(grid_json["workers"], mpi_comm())
+    else:
+        X, source = _images(grid_json["data"], grid_json["images"])
+        workers = None
+    ae = LinearAutoencoder(X, grid_json["workers"], cell["p_hat"], cell["lam"], d_e=grid_json["d_e"], seed=grid_json["problem_seed"],
+                           dtype=np.dtype(grid_json.get("dtype", "float64")), split=grid_json.get("split", "per-worker"),
+                           loss=grid_json.get("loss", "paper"), workers=workers)
     methods = tuple(grid_json["methods"])
     if grid_json["gamma"] is not None:
         consts: dict[str, Any] = {"how": "user --gamma"}
         gth = {m: float(grid_json["gamma"]) for m in methods}
         L_minus = None
     else:
-        consts = estimate_constants(ae, seed=grid_json["problem_seed"])
+        consts = estimate_constants(ae, seed=grid_json["problem_seed"], images=X if mpi else None)
         gth = theory_gammas(ae, consts, methods, opts)
         L_minus = consts["L_minus"]
     consts = {**consts, "f_star": ae.f_star, "n_splits": ae.n_splits, "data": source, "n_images": int(X.shape[0])}
+    del X  # with mpi, the only reference: the rank keeps its own images only
     exps = {}
     for m in methods:
         if L_minus is not None:
@@ -601,20 +625,25 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     specs = {m: Spec.parse(m) for m in methods}
     compressors = {m: s.compressor(ae.n, ae.d) for m, s in specs.items()}
     # error feedback with a deterministic compressor (TopK) runs on the grouped problem (one
-    # virtual worker per distinct split: the same iterates, see the module docstring)
-    problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) else ae) for m, s in specs.items()}
-    recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors)
+    # virtual worker per distinct split: the same iterates, see the module docstring); on MPI
+    # every method runs on the rank's workers
+    problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) and not mpi else ae) for m, s in specs.items()}
+    recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors,
+                       mpi=mpi)
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
 
 def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
-                    progress: bool = True, plot: bool = True) -> Path:
-    """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory."""
+                    progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
+    """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory. With
+    ``mpi`` (launched by ``mpiexec``) every run is distributed over the ranks, each holding its
+    block of workers' images (:class:`LinearAutoencoder` with ``workers=``); rank 0 writes."""
     from .data import load_images
 
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
-    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress)
-    if plot:
+    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+                    extra=(False, mpi), mpi=mpi)
+    if plot and is_writer(mpi):
         from .plotting import plot_experiment
 
         plot_experiment(root)
@@ -648,4 +677,7 @@ def grid_from_args(args: Any) -> AutoencoderGrid:
         g = replace(g, max_multipliers=args.max_multipliers or None)
     if args.methods:
         g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    for opt in ("split", "loss", "dtype"):  # --split, --loss, --dtype where the command line has them
+        if getattr(args, opt, None) is not None:
+            g = replace(g, **{opt: getattr(args, opt)})
     return g
