@@ -337,3 +337,94 @@ def test_permk_autoencoder_cli_on_mpi_matches_single_process(tmp_path: Path) -> 
     assert len(a) == 6 and a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-8), k
+
+
+# ---------------------------------------------------------------------------------------------
+# the authors' protocol: per-sample heterogeneity, their loss
+# ---------------------------------------------------------------------------------------------
+def authors_split(X: np.ndarray, n: int, p_hat: float, rng: np.random.Generator) -> list[np.ndarray]:
+    """The authors' Dataset.shuffle + split_with_controling_homogeneity (dataset.py:69-80),
+    transcribed: n + 1 parts of the shuffled data, the first held out; each sample of every
+    other part replaced, with probability p̂, by the held-out sample at the same position."""
+    data = X[rng.permutation(len(X))]
+    datasets = [d.copy() for d in np.array_split(data, n + 1)]
+    hold_out, datasets = datasets[0], datasets[1:]
+    for d in datasets:
+        idx = np.where(rng.random(size=(len(d),)) <= p_hat)[0]
+        d[idx, :] = hold_out[idx, :]
+    return datasets
+
+
+@pytest.mark.parametrize("p_hat", [0.0, 0.3, 0.9, 1.0])
+def test_per_sample_split_is_the_authors(p_hat: float) -> None:
+    X = _X()
+    ae = LinearAutoencoder(X, N_WORKERS, p_hat, 1e-2, d_e=D_E, seed=4, split="per-sample")
+    theirs = authors_split(X, N_WORKERS, p_hat, np.random.default_rng(4))
+    for i in range(N_WORKERS):
+        np.testing.assert_array_equal(X[ae.split_index[ae.worker_split[i]]], theirs[i])
+    if p_hat == 0.0:
+        assert ae.n_splits == N_WORKERS
+    if p_hat == 1.0:  # every worker holds the first m_i held-out samples: at most two distinct sets
+        assert ae.n_splits <= 2 and ae.n_splits < N_WORKERS
+    # the start point is drawn after the split, from the same stream
+    assert ae.x0.shape == (ae.d,) and np.isfinite(ae.x0).all()
+
+
+def test_per_worker_split_keeps_its_random_stream() -> None:
+    """The paper's split (the default) is the one permk always drew: parts, then the coins."""
+    X = _X()
+    ae = LinearAutoencoder(X, N_WORKERS, 0.5, 1e-2, d_e=D_E, seed=4)
+    rng = np.random.default_rng(4)
+    parts = np.array_split(rng.permutation(len(X)), N_WORKERS + 1)
+    shared = rng.random(N_WORKERS) < 0.5
+    for i in range(N_WORKERS):
+        np.testing.assert_array_equal(ae.split_index[ae.worker_split[i]], parts[0 if shared[i] else i + 1])
+
+
+def test_authors_loss_is_the_papers_rescaled() -> None:
+    """loss="authors" = (1/d_f) × data term + λ‖DE − I‖²: at λ = 0 exactly the paper's f / d_f."""
+    X = _X()
+    paper = LinearAutoencoder(X, N_WORKERS, 0.5, 0.0, d_e=D_E, seed=2)
+    theirs = LinearAutoencoder(X, N_WORKERS, 0.5, 0.0, d_e=D_E, seed=2, loss="authors")
+    x = _point(paper)
+    assert math.isclose(theirs.loss(x), paper.loss(x) / D_F, rel_tol=1e-12)
+    np.testing.assert_allclose(theirs.local_grads(x), paper.local_grads(x) / D_F, rtol=1e-10, atol=1e-14)
+    assert math.isclose(theirs.f_star, paper.f_star / D_F, rel_tol=1e-9)
+
+
+def test_the_grid_carries_split_loss_and_dtype_to_its_cells(tmp_path: Path) -> None:
+    import argparse
+    import json
+    from dataclasses import replace
+
+    import permk.experiments.autoencoder as mod
+    from permk.experiments.autoencoder import QUICK_GRID, AutoencoderGrid, autoencoder_cell, grid_from_args
+    from permk.experiments.results import read_records
+
+    with pytest.raises(ValueError, match="split must be one of"):
+        AutoencoderGrid(split="per-node")
+    with pytest.raises(ValueError, match="loss must be one of"):
+        AutoencoderGrid(loss="mse")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        AutoencoderGrid(dtype="float16")
+    grid = replace(QUICK_GRID, workers=N_WORKERS, d_e=D_E, p_hats=(0.5,), split="per-sample", loss="authors", dtype="float32",
+                   methods=("marina-permk",), gamma=1e-2, max_multipliers=1)
+    cfg = grid.to_json()
+    assert (cfg["split"], cfg["loss"], cfg["dtype"]) == ("per-sample", "authors", "float32")
+    real = mod._images
+    mod._images = lambda data, limit: (_X(), "test images")  # type: ignore[assignment]
+    try:
+        cell = grid.cells()[0]
+        autoencoder_cell(cell, json.loads(json.dumps(cfg, default=list)), str(tmp_path / "c.jsonl"), False)
+    finally:
+        mod._images = real
+    rec = read_records(tmp_path / "c.jsonl")[0]
+    ref = LinearAutoencoder(_X(), N_WORKERS, 0.5, cell["lam"], d_e=D_E, seed=0, split="per-sample", loss="authors", dtype=np.float32)
+    assert rec["constants"]["f_star"] == pytest.approx(ref.f_star, rel=1e-12)
+    assert rec["constants"]["n_splits"] == ref.n_splits
+    # the command line's --split / --loss / --dtype, where it has them
+    args = argparse.Namespace(quick=True, seed=None, rounds=None, tol=None, budget_factor=None, no_prune=False, data=None, workers=None,
+                              p_hat=None, lam=None, encoding=None, images=None, gamma=None, max_multipliers=None, methods=None,
+                              split="per-sample", loss="authors", dtype="float32")
+    g = grid_from_args(args)
+    assert (g.split, g.loss, g.dtype) == ("per-sample", "authors", "float32")

@@ -7,6 +7,14 @@ data are split at random into ``n + 1`` parts ``D_0 … D_n``; worker ``i`` take
 probability ``p̂`` and ``D_i`` otherwise (``p̂ = 1``: identical workers). Xavier-normal
 initialisation. The parameter vector is ``x = (vec D, vec E)`` (row-major).
 
+**The authors' protocol** (their code, mysteryresearcher/sampling-in-optimal-sgd,
+``code/distributed_optimization_library``), as options: ``split="per-sample"`` (dataset.py
+``split_with_controling_homogeneity``: ``n + 1`` parts of the shuffled data, the first held out,
+and each sample of worker ``i``'s part replaced by the held-out sample at the same position with
+probability p̂; their runner calls it only for p̂ > 0) and ``loss="authors"`` (function.py
+``AutoEncoderNeuralNetworkFunction``: PyTorch's ``MSELoss``, i.e. the data term divided by
+``d_f``, plus ``λ‖DE − I‖²`` with λ not halved). The paper's text is the default.
+
 **Oracles at the cost of two products.** Let ``A`` be the held splits' images (``N`` of them,
 stored as the columns of ``Aᵀ``, each split padded to the largest), ``Z = A Eᵀ`` and ``P = A D``.
 Per point ``x`` the only work proportional to ``N`` is the one product ``[E; Dᵀ] Aᵀ``, i.e.
