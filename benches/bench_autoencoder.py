@@ -17,8 +17,10 @@ float32, it times per round:
   (``R = A Eᵀ Dᵀ − A``, ``∇_D = (2/m) RᵀA Eᵀ``, ``∇_E = (2/m) Dᵀ RᵀA``, per distinct split,
   batched), the ``(n, d)`` matrix of the workers' gradients, then PermK's coordinates gathered.
 
-The measurements are interleaved (one of each per repetition) and the table gives medians, so a
-machine shared with other jobs slows all columns alike. Prints a markdown table.
+The measurements are interleaved (one of each per repetition): the table gives the medians of
+the times and, for the ratios, the median over repetitions of each round's time over the floor
+timed just before it, so a machine shared with other jobs slows both sides of a ratio alike.
+Prints a markdown table.
 
     python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick]
 """
@@ -130,7 +132,11 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
             x_np = x_np + 1e-4 * rng.standard_normal(ae.d)
             dt, G_old = numpy_round(ae, X, x_np, G_old, rng)
             t["numpy"].append(dt)
-    return {key: float(np.median(v)) for key, v in t.items()}
+    out = {key: float(np.median(v)) for key, v in t.items()}
+    # ratios per repetition (a round and its floor timed back to back), then their median
+    for key, ref in (("marina-permk", "floor"), ("marina-randk", "floor"), ("split grads", "full floor"), ("ef21-topk", "full floor")):
+        out[f"{key} ratio"] = float(np.median(np.divide(t[key], t[ref])))
+    return out
 
 
 def f32_error(X: np.ndarray, n: int) -> float:
@@ -163,11 +169,11 @@ def main() -> None:
         for p_hat in args.p_hat:
             ae = LinearAutoencoder(X, n, p_hat, 1e-3, dtype=dtype)
             r = measure(ae, X, reps, args.rounds, min(args.numpy_reps, reps))
-            ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items()}
+            ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items() if not key.endswith("ratio")}
             print(f"| {np.dtype(dtype).name} | {p_hat:g} | {ae.n_splits} | {ms['floor']} | {ms['marina-permk']} | {ms['marina-randk']} | "
                   f"{ms['full floor']} | {ms['split grads']} | {ms['ef21-topk']} | {ms['numpy']} | "
-                  f"{r['marina-permk'] / r['floor']:.2f}× | {r['marina-randk'] / r['floor']:.2f}× | "
-                  f"{r['split grads'] / r['full floor']:.2f}× | {r['ef21-topk'] / r['full floor']:.2f}× | "
+                  f"{r['marina-permk ratio']:.2f}× | {r['marina-randk ratio']:.2f}× | "
+                  f"{r['split grads ratio']:.2f}× | {r['ef21-topk ratio']:.2f}× | "
                   f"{r['numpy'] / r['marina-permk']:,.0f}× |", flush=True)
     err = f32_error(X, n)
     print(f"float32 split gradients: largest error {err:.1e} of the largest float64 entry (p̂ = 0, x⁰ + 0.05·noise)")

@@ -619,6 +619,8 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
         L_minus = None
     else:
         consts = estimate_constants(ae, seed=grid_json["problem_seed"], images=X if mpi else None)
+        if mpi:  # every rank runs with rank 0's estimates (they could differ in the last bits)
+            consts = mpi_comm().bcast(consts, root=0)
         gth = theory_gammas(ae, consts, methods, opts)
         L_minus = consts["L_minus"]
     consts = {**consts, "f_star": ae.f_star, "n_splits": ae.n_splits, "data": source, "n_images": int(X.shape[0])}
