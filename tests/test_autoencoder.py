@@ -428,3 +428,14 @@ def test_the_grid_carries_split_loss_and_dtype_to_its_cells(tmp_path: Path) -> N
                               split="per-sample", loss="authors", dtype="float32")
     g = grid_from_args(args)
     assert (g.split, g.loss, g.dtype) == ("per-sample", "authors", "float32")
+
+
+def test_a_diverging_run_stops_without_numpy_warnings() -> None:
+    import warnings
+
+    ae = _ae(0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = permk.marina(ae, permk.PermK(), rounds=300, seed=0, gamma=5.0)
+        e = permk.ef21(ae.grouped(), permk.TopK(4), rounds=300, seed=0, gamma=5.0)
+    assert r.diverged_at is not None and e.diverged_at is not None

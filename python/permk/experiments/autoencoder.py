@@ -311,6 +311,10 @@ class LinearAutoencoder:
         for p in self._points:
             if p.key == key:
                 return p
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._new_point(x, key)
+
+    def _new_point(self, x: np.ndarray, key: bytes) -> _Point:
         D, E = self.factors(x)
         old = self._points[2] if len(self._points) == 3 else None  # its buffer is reused (no page faults)
         # the only O(N) work: E Aᵀ and Dᵀ Aᵀ (one product), then Wᵀ = (DᵀD) Zᵀ − Pᵀ in place of Pᵀ
@@ -368,7 +372,10 @@ class LinearAutoencoder:
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
         """``∇f_{rows[k]}(x)[cols[k]]`` (MARINA's fused path): each from the point's two products
         and the split's images, ``O(m_s)`` per coordinate (see the module docstring)."""
-        q = self._coord_plan(rows, cols)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the driver sees the non-finite values
+            return self._coords(self._coord_plan(rows, cols), x)
+
+    def _coords(self, q: _CoordPlan, x: Any) -> np.ndarray:
         p = self._point(x)
         out = np.empty(q.size)
         S, m, d_e = len(self._held), self._m, self.d_e
@@ -427,7 +434,8 @@ class LinearAutoencoder:
         splits for a global problem; read-only, kept for the last point)."""
         p = self._point(x)
         if self._full is None or self._full[0] != p.key:
-            G = self._split_grads(p)
+            with np.errstate(over="ignore", invalid="ignore"):
+                G = self._split_grads(p)
             G.flags.writeable = False
             self._full = (p.key, G)
         return self._full[1]
@@ -442,7 +450,8 @@ class LinearAutoencoder:
         p̂ = 0) the rows are the split gradients themselves, in a reused buffer."""
         rows = self._worker_rows()
         if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
-            return self._split_grads(self._point(x), pooled=True)
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._split_grads(self._point(x), pooled=True)
         return self.split_grads(x)[rows]
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
@@ -483,7 +492,8 @@ class GroupedAutoencoder:
         return self.ae.grad(x)
 
     def local_grads(self, x: Any) -> np.ndarray:
-        return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:
