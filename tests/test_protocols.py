@@ -203,7 +203,8 @@ def test_autoencoder_cell_passes_the_protocols_problem_options(monkeypatch: pyte
     monkeypatch.setattr(ae_mod, "LinearAutoencoder", fake)
     monkeypatch.setattr(ae_mod, "_images", lambda data, limit: (np.zeros((30, 4)), "test"))
     g = replace(ae_mod.QUICK_GRID, workers=5)
-    for split, loss, want in (("per-worker", "paper", {}), ("per-sample", "authors", {"split": "per-sample", "loss": "authors"})):
+    for split, loss, want in (("per-worker", "paper", {"split": "per-worker", "loss": "paper"}),
+                             ("per-sample", "authors", {"split": "per-sample", "loss": "authors"})):
         with pytest.raises(Stop):
             ae_mod.autoencoder_cell(replace(g, split=split, loss=loss).cells()[0], replace(g, split=split, loss=loss).to_json(), "x", False)
         assert {k: v for k, v in seen[-1].items() if k in ("split", "loss")} == want

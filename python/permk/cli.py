@@ -166,6 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--loss", choices=("paper", "authors"), default=None,
                    help="the loss as the paper writes it (paper, default) or as the authors' code computes it: "
                         "the data term divided by d_f and λ not halved (authors)")
+    a.add_argument("--mpi", action="store_true",
+                   help="run every method on MPI, each rank holding only its block of workers' images (permk.distributed): "
+                        "mpiexec -n N permk autoencoder --mpi ...; rank 0 writes the results")
+    a.add_argument("--dtype", choices=("float64", "float32"), default=None,
+                   help="the images' and products' type (default float64; float32 as the authors ran it)")
     a.set_defaults(func=_cmd_autoencoder, parser=a)
 
     pl = sub.add_parser("plot", help="rebuild the figures (PNG and PDF) from result files")

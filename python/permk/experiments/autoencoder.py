@@ -7,12 +7,39 @@ data are split at random into ``n + 1`` parts ``D_0 … D_n``; worker ``i`` take
 probability ``p̂`` and ``D_i`` otherwise (``p̂ = 1``: identical workers). Xavier-normal
 initialisation. The parameter vector is ``x = (vec D, vec E)`` (row-major).
 
-Workers that hold the same split have the same gradient, so :class:`LinearAutoencoder`
-evaluates each *distinct* split once per point (batched matrix products over the stacked,
-zero-padded splits) and serves ``local_grads``, ``local_grad_coords`` (MARINA's fused path:
-only the sent coordinates are gathered) and ``grad`` from that. ``f`` depends on the data only
-through the second moment ``Σ = Σ_s w_s A_sᵀA_s/m_s``, which gives ``grad``, ``loss`` and the
-optimum in closed form: ``f* = Σ_{k > d_e} (σ_k(Σ) + λ/2)`` (PCA, Eckart–Young).
+**The authors' protocol** (their code, mysteryresearcher/sampling-in-optimal-sgd,
+``code/distributed_optimization_library``), as options: ``split="per-sample"`` (dataset.py
+``split_with_controling_homogeneity``: ``n + 1`` parts of the shuffled data, the first held out,
+and each sample of worker ``i``'s part replaced by the held-out sample at the same position with
+probability p̂; their runner calls it only for p̂ > 0) and ``loss="authors"`` (function.py
+``AutoEncoderNeuralNetworkFunction``: PyTorch's ``MSELoss``, i.e. the data term divided by
+``d_f``, plus ``λ‖DE − I‖²`` with λ not halved). The paper's text is the default.
+
+**Oracles at the cost of two products.** Let ``A`` be the held splits' images (``N`` of them,
+stored as the columns of ``Aᵀ``, each split padded to the largest), ``Z = A Eᵀ`` and ``P = A D``.
+Per point ``x`` the only work proportional to ``N`` is the one product ``[E; Dᵀ] Aᵀ``, i.e.
+``Zᵀ`` and ``Pᵀ``; from it ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``W_s = R_s D`` with the residual
+``R_s = Z_s Dᵀ − A_s``, never formed) and the Gram matrices ``Z_sᵀZ_s`` (``O(N d_e²)``). The
+last three points' products are kept (MARINA asks ``x^{t+1}``, then ``x^t``). With
+``c = 1`` (``c = 1/d_f`` for the authors' loss) and ``M = DE − I``:
+
+* one coordinate (MARINA's fused path, ``local_grad_coords``), ``O(m_s)`` each, all requested
+  coordinates vectorised (gathers and ``einsum``; the images a request needs are gathered once
+  for both of MARINA's points): ``∂f_s/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k])
+  + r (M Eᵀ)[j,k]`` and ``∂f_s/∂E[k,j] = (2c/m_s) W_s[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]``; no array
+  of size ``n·d`` is formed;
+* full split gradients (``split_grads``: EF21, MPI full-gradient rounds), two more products per
+  split: ``∇_D f_s = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + r M Eᵀ`` and
+  ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits;
+* ``grad`` and ``loss`` in closed form through the second moment (below).
+
+Workers that hold the same split share its products (each distinct split is computed once).
+``dtype=np.float32`` holds the images and computes the products in float32 (as the authors'
+PyTorch code did); the gradients' error is then about 1e-7 of their largest entry (tested
+bound 2e-6). ``f`` depends on the data only through the second moment
+``Σ = c Σ_s w_s A_sᵀA_s/m_s``, which gives ``grad``, ``loss`` and the optimum in closed form:
+``f* = Σ_{k > d_e} (σ_k(Σ) + r/2)`` (PCA, Eckart–Young), ``r = λ`` (``2λ`` for the authors'
+loss).
 
 **Step sizes.** The smoothness constants are not known in closed form. Unless ``--gamma`` is
 given, the base step of each method is the theory's (Theorem "AB" for MARINA, the EF21 theorem)
@@ -33,95 +60,226 @@ from __future__ import annotations
 import functools
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from .runner import METHODS, SearchOptions, Spec, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
+from .._validate import as_vector, check_choice, check_int, check_real
+from ..problems import index_array
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
 
+#: ``split=``: how a worker's data is drawn (the paper's text, or the authors' code).
+SPLITS = ("per-worker", "per-sample")
+#: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
+LOSSES = ("paper", "authors")
+_BLOCK_BYTES = 1 << 21  # the split gradients are assembled in blocks of splits of about this size
+
+
+def _only_in_pool() -> int:
+    """What ``sys.getrefcount`` says of a buffer that only the pool holds, measured as
+    :meth:`LinearAutoencoder._out_buffer` measures it (the count differs between CPython versions)."""
+    pool = [np.empty(1)]
+    for buf in pool:
+        return sys.getrefcount(buf)
+    raise AssertionError  # pragma: no cover
+
+
+_ONLY_IN_POOL = _only_in_pool()
+
+
+@dataclass
+class _Point:
+    """What the oracles use at one point ``x``: ``D``, ``E``; ``ZW`` (``2 d_e × columns``, in the
+    problem's dtype), whose rows ``0 … d_e − 1`` are ``Zᵀ = E Aᵀ`` and the others
+    ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``P = A D``; ``W_s = R_s D`` without forming the residual ``R_s``),
+    over the held images; the regulariser's gradient; the Gram matrices ``Z_sᵀZ_s`` (made when
+    first needed)."""
+
+    key: bytes
+    D: np.ndarray
+    E: np.ndarray
+    Dc: np.ndarray
+    ZW: np.ndarray
+    regD: np.ndarray
+    regE: np.ndarray
+    gram: np.ndarray | None = None
+
+
+@dataclass
+class _CoordPlan:
+    """A coordinate request's point-independent part: its D- and E-coordinates (positions
+    ``iD``/``iE``), their indices into the point's arrays, and the images they need."""
+
+    key: bytes
+    size: int
+    iD: np.ndarray
+    iE: np.ndarray
+    jD: np.ndarray
+    kD: np.ndarray
+    regD: np.ndarray
+    regE: np.ndarray
+    zD: np.ndarray
+    gD: np.ndarray
+    wE: np.ndarray
+    scaleD: np.ndarray
+    scaleE: np.ndarray
+    AD: np.ndarray
+    AE: np.ndarray
+
+
 class LinearAutoencoder:
-    """The distributed linear autoencoder (a :class:`permk.Problem`).
+    """The distributed linear autoencoder (a :class:`permk.Problem`; with ``workers=``, a
+    :class:`permk.distributed.LocalProblem` holding only those workers' images).
 
     Parameters
     ----------
     X : (N, d_f) images (rows), e.g. :func:`permk.experiments.data.load_images`.
-    n : number of workers; p_hat : probability that a worker takes the shared split D_0.
+    n : number of workers; p_hat : the homogeneity p̂ (see ``split``).
     lam : regularization λ; d_e : encoding size; seed : split, assignment and init.
+    dtype : ``np.float64`` (default) or ``np.float32`` (as the authors ran it): the images and
+        the per-point products are held and computed in this type; ``grad``, ``loss`` and
+        ``f_star`` (through the second moment) and the returned gradients are float64.
+    split : ``"per-worker"`` (the paper: worker ``i`` takes the shared part ``D_0`` with
+        probability p̂, else its own ``D_i``) or ``"per-sample"`` (the authors' code,
+        ``dataset.py`` ``split_with_controling_homogeneity``: each sample of ``D_i`` is replaced
+        by the sample at the same position of ``D_0`` with probability p̂).
+    loss : ``"paper"`` (``f_i`` as in the paper) or ``"authors"`` (the authors' ``function.py``:
+        ``MSELoss``, i.e. the data term divided by ``d_f``, plus ``λ‖DE − I‖²``, λ not halved).
+    workers : None (every worker: a global problem), or a contiguous ``range`` of workers: the
+        problem then keeps only the images of the splits those workers hold (the assignment is
+        computed from ``seed`` for all workers, identically on every rank), and has the
+        :class:`~permk.distributed.LocalProblem` oracles for them; ``grad``, ``loss`` and
+        ``f_star`` stay global (the second moment is computed from all of ``X`` once).
     """
 
-    def __init__(self, X: Any, n: int, p_hat: float, lam: float, *, d_e: int = 16, seed: int = 0, block: int = 1 << 23) -> None:
-        X = np.ascontiguousarray(X, dtype=np.float64)
-        if X.ndim != 2 or X.shape[0] < 1:
-            raise ValueError(f"X must be a non-empty (N, d_f) array, got shape {X.shape}")
-        if not 0.0 <= p_hat <= 1.0:
-            raise ValueError(f"p_hat must be in [0, 1], got {p_hat}")
-        if lam < 0 or not math.isfinite(lam):
-            raise ValueError(f"lam must be >= 0, got {lam}")
+    def __init__(self, X: Any, n: int, p_hat: float, lam: float, *, d_e: int = 16, seed: int = 0, dtype: Any = np.float64,
+                 split: str = "per-worker", loss: str = "paper", workers: Sequence[int] | None = None) -> None:
+        X = np.asarray(X)
+        if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1 or X.dtype.kind not in "biuf":
+            raise ValueError(f"X must be a non-empty real (N, d_f) array, got shape {X.shape} and dtype {X.dtype}")
+        n, d_e, seed = check_int(n, "n", low=1), check_int(d_e, "d_e", low=1), check_int(seed, "seed")
+        p_hat = check_real(p_hat, "p_hat", low=0.0, high=1.0)
+        lam = check_real(lam, "lam", low=0.0)
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise ValueError(f"dtype must be np.float64 or np.float32, got {dtype!r}")
+        self.split, self.loss_kind = check_choice(split, "split", SPLITS), check_choice(loss, "loss", LOSSES)
         N, d_f = X.shape
         if N < n + 1:
             raise ValueError(f"{N} images cannot be split into n + 1 = {n + 1} non-empty parts: use fewer workers or more images")
-        self.n, self.d_f, self.d_e = int(n), int(d_f), int(d_e)
+        self.n, self.d_f, self.d_e = n, int(d_f), d_e
         self.d = 2 * self.d_f * self.d_e
-        self.p_hat, self.lam, self.seed = float(p_hat), float(lam), int(seed)
-        rng = np.random.default_rng(self.seed)
-        parts = np.array_split(rng.permutation(N), self.n + 1)
-        take_shared = rng.random(self.n) < self.p_hat
-        split_of_worker = np.where(take_shared, 0, np.arange(1, self.n + 1))
-        used, self.worker_split = np.unique(split_of_worker, return_inverse=True)
-        self.splits = used  # ids (0 … n) of the distinct splits in use
-        self.counts = np.bincount(self.worker_split, minlength=len(used)).astype(np.float64)
-        self.weights = self.counts / self.n  # f = Σ_s weights[s] f_s
-        sizes = np.array([len(parts[s]) for s in used])
-        self.sizes = sizes.astype(np.float64)
-        m = int(sizes.max())
-        A = np.zeros((len(used), m, d_f))
-        for k, s in enumerate(used):
-            A[k, : sizes[k]] = X[parts[s]]
-        self._A = A
-        self._block = max(1, int(block) // max(1, m * d_f))
-        # f's second moment Σ = Σ_s w_s A_sᵀ A_s / m_s
-        self.sigma = np.einsum("s,smi,smj->ij", self.weights / self.sizes, A, A, optimize=True)
+        self.p_hat, self.lam, self.seed = p_hat, lam, seed
+        # f_s = c (1/m_s) Σ_a ‖DEa − a‖² + (r/2)‖DE − I‖²
+        self._c = 1.0 if loss == "paper" else 1.0 / self.d_f
+        self._r = lam if loss == "paper" else 2.0 * lam
+        rng = np.random.default_rng(seed)
+        parts = np.array_split(rng.permutation(N), n + 1)
+        if split == "per-worker":
+            take_shared = rng.random(n) < p_hat
+            split_of_worker = np.where(take_shared, 0, np.arange(1, n + 1))
+            used, self.worker_split = np.unique(split_of_worker, return_inverse=True)
+            self.splits = used  # ids (0 … n) of the parts in use
+            self.split_index = [parts[s] for s in used]
+        else:
+            hold = parts[0]
+            seen: dict[bytes, int] = {}
+            index: list[np.ndarray] = []
+            first: list[int] = []
+            ws = np.empty(n, dtype=np.int64)
+            for i in range(n):
+                own = parts[i + 1].copy()
+                take = np.flatnonzero(rng.random(len(own)) <= p_hat)
+                own[take] = hold[take]
+                k = seen.setdefault(own.tobytes(), len(index))
+                if k == len(index):
+                    index.append(own)
+                    first.append(i + 1)
+                ws[i] = k
+            self.worker_split, self.splits, self.split_index = ws, np.array(first), index
+        S = len(self.split_index)
+        self.counts = np.bincount(self.worker_split, minlength=S).astype(np.float64)
+        self.weights = self.counts / n  # f = Σ_s weights[s] f_s
+        self.sizes = np.array([len(ix) for ix in self.split_index], dtype=np.float64)
         std = math.sqrt(2.0 / (d_f + d_e))  # Xavier (Glorot) normal for both factors
         self.x0 = np.concatenate([rng.normal(0.0, std, d_f * d_e), rng.normal(0.0, std, d_e * d_f)])
-        self._cache: list[tuple[bytes, np.ndarray]] = []
+        # f's second moment (of the data term): c Σ_s w_s A_sᵀA_s / m_s, over the images as held
+        per_image = np.zeros(N)
+        for s, ix in enumerate(self.split_index):
+            np.add.at(per_image, ix, self.weights[s] / self.sizes[s])
+        rows = np.flatnonzero(per_image)
+        Y = X[rows].astype(self.dtype).astype(np.float64) * np.sqrt(self._c * per_image[rows])[:, None]
+        self.sigma = Y.T @ Y
+        del Y
+        # the held splits' images, one column per image, each split padded to m columns
+        if workers is None:
+            held = np.arange(S)
+        else:
+            ws_ = [check_int(i, "worker", high=n) for i in workers]
+            if not ws_ or ws_ != list(range(ws_[0], ws_[0] + len(ws_))):
+                raise ValueError(f"workers must be a non-empty contiguous range of worker indices in range({n}), got {ws_}")
+            self.workers = range(ws_[0], ws_[0] + len(ws_))
+            held = np.unique(self.worker_split[self.workers.start : self.workers.stop])
+        self._held = held
+        self._slot = np.full(S, -1, dtype=np.int64)
+        self._slot[held] = np.arange(len(held))
+        self._m = m = int(self.sizes.max())
+        AT = np.zeros((self.d_f, len(held) * m), dtype=self.dtype)
+        cols = np.concatenate([k * m + np.arange(len(self.split_index[s])) for k, s in enumerate(held)])
+        AT[:, cols] = X[np.concatenate([self.split_index[s] for s in held])].T
+        self._AT = AT
+        self._scale = 2.0 * self._c / self.sizes[held]  # per held split
+        self._points: list[_Point] = []
+        self._plan: _CoordPlan | None = None
+        self._pool: list[np.ndarray] = []
         self._fcache: tuple[bytes, np.ndarray, float] | None = None
+        self._full: tuple[bytes, np.ndarray] | None = None
 
     # -- shapes -------------------------------------------------------------------------------
     @property
     def n_splits(self) -> int:
-        return len(self.splits)
+        """The number of distinct splits (workers holding the same images share one)."""
+        return len(self.split_index)
 
     def factors(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
-        x = np.asarray(x, dtype=np.float64)
-        if x.shape != (self.d,):
-            raise ValueError(f"x must have shape ({self.d},), got {x.shape}")
+        x = as_vector(x, self.d)
         k = self.d_f * self.d_e
         return x[:k].reshape(self.d_f, self.d_e), x[k:].reshape(self.d_e, self.d_f)
 
+    def split_images(self, s: int) -> np.ndarray:
+        """The images of distinct split ``s`` (held by this problem), ``(m_s, d_f)`` float64."""
+        k = int(self._slot[check_int(s, "s", high=self.n_splits)])
+        if k < 0:
+            raise ValueError(f"split {s} is not held by this problem (it holds the splits of workers {self.workers})")
+        return self._AT[:, k * self._m : k * self._m + int(self.sizes[s])].T.astype(np.float64)
+
     # -- the closed forms through a second moment ---------------------------------------------
     def _cov_grad_loss(self, x: Any, S: np.ndarray) -> tuple[np.ndarray, float]:
-        """Gradient and value of ``tr(M S Mᵀ) + (λ/2)‖M‖²``, ``M = DE − I`` (f for ``S = Σ``);
-        one ``(d_f, d_f) × (d_f, 2 d_e)`` product, the rest is ``O(d_f d_e²)``."""
+        """Gradient and value of ``tr(M S Mᵀ) + (r/2)‖M‖²``, ``M = DE − I`` (f for ``S = sigma``;
+        ``r = λ``, or ``2λ`` with the authors' loss); one ``(d_f, d_f) × (d_f, 2 d_e)`` product,
+        the rest is ``O(d_f d_e²)``."""
         D, E = self.factors(x)
         SB = S @ np.hstack([E.T, D])  # S Eᵀ and S D (S is symmetric)
         SEt, SD = SB[:, : self.d_e], SB[:, self.d_e :]
         ESEt = E @ SEt  # (d_e, d_e)
         DtD, EEt = D.T @ D, E @ E.T
-        gD = 2.0 * (D @ ESEt - SEt) + self.lam * (D @ EEt - E.T)  # 2 M S Eᵀ + λ M Eᵀ
-        gE = 2.0 * (DtD @ SEt.T - SD.T) + self.lam * (DtD @ E - D.T)  # 2 Dᵀ M S + λ Dᵀ M
+        r = self._r
+        gD = 2.0 * (D @ ESEt - SEt) + r * (D @ EEt - E.T)  # 2 M S Eᵀ + r M Eᵀ
+        gE = 2.0 * (DtD @ SEt.T - SD.T) + r * (DtD @ E - D.T)  # 2 Dᵀ M S + r Dᵀ M
         tr_MSMt = float(np.sum(DtD * ESEt) - 2.0 * np.sum(SEt * D) + np.trace(S))
         tr_MMt = float(np.sum(DtD * EEt) - 2.0 * np.sum(E.T * D) + self.d_f)
-        return np.concatenate([gD.ravel(), gE.ravel()]), tr_MSMt + 0.5 * self.lam * tr_MMt
+        return np.concatenate([gD.ravel(), gE.ravel()]), tr_MSMt + 0.5 * r * tr_MMt
 
     def _f(self, x: Any) -> tuple[np.ndarray, float]:
-        key = np.asarray(x, dtype=np.float64).tobytes()
+        key = as_vector(x, self.d).tobytes()
         if self._fcache is None or self._fcache[0] != key:
             self._fcache = (key, *self._cov_grad_loss(x, self.sigma))
         return self._fcache[1], self._fcache[2]
@@ -134,9 +292,9 @@ class LinearAutoencoder:
 
     @functools.cached_property
     def f_star(self) -> float:
-        """``min f = Σ_{k > d_e} (σ_k(Σ) + λ/2)`` (the PCA solution)."""
+        """``min f = Σ_{k > d_e} σ_k(sigma) + (r/2)(d_f − d_e)`` (the PCA solution)."""
         ev = np.sort(np.linalg.eigvalsh(self.sigma))[::-1]
-        return float(np.sum(ev[self.d_e :]) + 0.5 * self.lam * (self.d_f - self.d_e))
+        return float(np.sum(ev[self.d_e :]) + 0.5 * self._r * (self.d_f - self.d_e))
 
     def pca_point(self) -> np.ndarray:
         """A minimiser: ``D = U``, ``E = Uᵀ`` with ``U`` the top ``d_e`` eigenvectors of ``Σ``."""
@@ -144,54 +302,172 @@ class LinearAutoencoder:
         U = V[:, np.argsort(w)[::-1][: self.d_e]]
         return np.concatenate([U.ravel(), U.T.ravel()])
 
-    # -- the data route: every distinct split at once -------------------------------------------
-    def split_grads(self, x: Any) -> np.ndarray:
-        """``(S, d)``: the gradient of each distinct split's ``f_s`` at ``x`` (batched BLAS)."""
-        key = np.ascontiguousarray(x, dtype=np.float64).tobytes()
-        for k, G in self._cache:
-            if k == key:
-                return G
+    # -- the data route: the two products per point, then per split --------------------------
+    def _point(self, x: Any) -> _Point:
+        """The products at ``x``, kept for the last three points computed (MARINA asks ``x^{t+1}``,
+        then ``x^t``; its first round asks ``x¹`` before ``x⁰``, so two would evict ``x¹`` then)."""
+        x = np.array(as_vector(x, self.d))
+        key = x.tobytes()
+        for p in self._points:
+            if p.key == key:
+                return p
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._new_point(x, key)
+
+    def _new_point(self, x: np.ndarray, key: bytes) -> _Point:
         D, E = self.factors(x)
-        S, m, d_f = self._A.shape
-        out = np.empty((S, self.d))
-        k1 = d_f * self.d_e
-        M = D @ E - np.eye(d_f)
-        regD = (self.lam * (M @ E.T)).ravel()
-        regE = (self.lam * (D.T @ M)).ravel()
-        for lo in range(0, S, self._block):
-            A = self._A[lo : lo + self._block]
-            b = A.shape[0]
-            Z = (A.reshape(-1, d_f) @ E.T).reshape(b, m, self.d_e)
-            R = (Z.reshape(-1, self.d_e) @ D.T).reshape(b, m, d_f)
-            R -= A
-            scale = (2.0 / self.sizes[lo : lo + b])[:, None, None]
-            # contiguous (b, d_e, m) @ (b, m, d_f) stacks: one BLAS call per split
-            gDt = np.matmul(np.ascontiguousarray(Z.transpose(0, 2, 1)), R) * scale  # (b, d_e, d_f) = gDᵀ
-            RD = (R.reshape(-1, d_f) @ D).reshape(b, m, self.d_e)
-            gE = np.matmul(np.ascontiguousarray(RD.transpose(0, 2, 1)), A) * scale  # (b, d_e, d_f)
-            out[lo : lo + b, :k1] = gDt.transpose(0, 2, 1).reshape(b, -1) + regD
-            out[lo : lo + b, k1:] = gE.reshape(b, -1) + regE
-        self._cache = [(key, out)] + self._cache[:2]  # MARINA's round asks for x^{t+1}, then x^t
-        return out
+        old = self._points[2] if len(self._points) == 3 else None  # its buffer is reused (no page faults)
+        # the only O(N) work: E Aᵀ and Dᵀ Aᵀ (one product), then Wᵀ = (DᵀD) Zᵀ − Pᵀ in place of Pᵀ
+        ZW = np.matmul(np.concatenate([E, D.T]).astype(self.dtype), self._AT, out=None if old is None else old.ZW)
+        DtD = D.T @ D
+        np.subtract(DtD.astype(self.dtype) @ ZW[: self.d_e], ZW[self.d_e :], out=ZW[self.d_e :])
+        r = self._r
+        p = _Point(key=key, D=D, E=E, Dc=D.astype(self.dtype), ZW=ZW, regD=r * (D @ (E @ E.T) - E.T), regE=r * (DtD @ E - D.T))
+        self._points = [p] + self._points[:2]
+        return p
 
-    def local_grads(self, x: Any) -> np.ndarray:
-        """``(n, d)`` (memory ``n·d``; the methods use the cheaper routes below when they can)."""
-        return self.split_grads(x)[self.worker_split]
+    def _views(self, a: np.ndarray) -> np.ndarray:
+        """A ``(rows, held columns)`` array as ``(rows, held splits, m)``."""
+        return a.reshape(a.shape[0], len(self._held), self._m)
 
-    def local_grad(self, i: int, x: Any) -> np.ndarray:
-        return self.split_grads(x)[self.worker_split[int(i)]].copy()
+    def _gram(self, p: _Point) -> np.ndarray:
+        """``(splits, d_e, d_e)``: ``Z_sᵀZ_s`` of every held split (symmetric)."""
+        if p.gram is None:
+            Z3 = self._views(p.ZW[: self.d_e]).transpose(1, 0, 2)  # (splits, d_e, m)
+            p.gram = np.matmul(Z3, Z3.transpose(0, 2, 1))
+        return p.gram
+
+    def _coord_plan(self, rows: Any, cols: Any) -> _CoordPlan:
+        """The gathers of a ``(rows, cols)`` request that do not depend on the point (MARINA asks
+        the same coordinates at ``x^{t+1}`` and ``x^t``: the images are gathered once)."""
+        k_of = self._held_slots(rows)
+        c = index_array(cols, "cols")
+        key = k_of.tobytes() + b"|" + c.tobytes()
+        if self._plan is not None and self._plan.key == key:
+            return self._plan
+        if c.shape != k_of.shape:
+            raise ValueError(f"rows and cols must have the same length, got {k_of.size} and {c.size}")
+        if c.size and (int(c.min()) < 0 or int(c.max()) >= self.d):
+            raise ValueError(f"cols must be coordinates in range({self.d})")
+        S, k1, d_e = len(self._held), self.d_f * self.d_e, self.d_e
+        ATf = self._AT.reshape(self.d_f * S, self._m)  # row j·S + s: A_s[:, j]
+        iD, iE = np.flatnonzero(c < k1), np.flatnonzero(c >= k1)
+        jD, kD = np.divmod(c[iD], d_e)
+        kE, jE = np.divmod(c[iE] - k1, self.d_f)
+        sD, sE = k_of[iD], k_of[iE]
+        self._plan = _CoordPlan(key=key, size=c.size, iD=iD, iE=iE, jD=jD, kD=kD, regD=jD * d_e + kD, regE=kE * self.d_f + jE,
+                                zD=kD * S + sD, gD=sD * d_e + kD, wE=kE * S + sE, scaleD=self._scale[sD], scaleE=self._scale[sE],
+                                AD=np.take(ATf, jD * S + sD, axis=0), AE=np.take(ATf, jE * S + sE, axis=0))
+        return self._plan
+
+    def _held_slots(self, rows: Any) -> np.ndarray:
+        r = index_array(rows, "rows")
+        if r.size and (int(r.min()) < 0 or int(r.max()) >= self.n):
+            raise ValueError(f"rows must be worker indices in range({self.n})")
+        ws = getattr(self, "workers", None)
+        if ws is not None and r.size and (int(r.min()) < ws.start or int(r.max()) >= ws.stop):
+            raise ValueError(f"rows must be workers held by this problem ({ws})")
+        return self._slot[self.worker_split[r]]
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
-        """``∇f_{rows[k]}(x)[cols[k]]``: gathered from the split gradients (MARINA's fused path)."""
-        G = self.split_grads(x)
-        return G[self.worker_split[np.asarray(rows, dtype=np.int64)], np.asarray(cols, dtype=np.int64)]
+        """``∇f_{rows[k]}(x)[cols[k]]`` (MARINA's fused path): each from the point's two products
+        and the split's images, ``O(m_s)`` per coordinate (see the module docstring)."""
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the driver sees the non-finite values
+            return self._coords(self._coord_plan(rows, cols), x)
+
+    def _coords(self, q: _CoordPlan, x: Any) -> np.ndarray:
+        p = self._point(x)
+        out = np.empty(q.size)
+        S, m, d_e = len(self._held), self._m, self.d_e
+        if q.iD.size:  # ∂/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]
+            G = self._gram(p).reshape(S * d_e, d_e)  # row s·d_e + k: (Z_sᵀZ_s)[:, k] (symmetric)
+            Z = np.take(p.ZW[:d_e].reshape(d_e * S, m), q.zD, axis=0)
+            t = np.einsum("ie,ie->i", np.take(p.Dc, q.jD, axis=0), np.take(G, q.gD, axis=0)) - np.einsum("ia,ia->i", q.AD, Z)
+            out[q.iD] = q.scaleD * t + p.regD.ravel()[q.regD]
+        if q.iE.size:  # ∂/∂E[k,j] = (2c/m_s) (Z_s DᵀD − P_s)[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]
+            W = np.take(p.ZW[d_e:].reshape(d_e * S, m), q.wE, axis=0)
+            out[q.iE] = q.scaleE * np.einsum("ia,ia->i", W, q.AE) + p.regE.ravel()[q.regE]
+        return out
+
+    def _out_buffer(self) -> np.ndarray:
+        """A ``(held splits, d)`` float64 array for split gradients: one of the last three handed
+        out when nothing else holds it any more, else a new one (a fresh 200 MB array costs
+        more in page faults than the products that fill it; a backend keeps the last two)."""
+        for buf in self._pool:
+            if sys.getrefcount(buf) <= _ONLY_IN_POOL:
+                return buf
+        buf = np.empty((len(self._held), self.d))
+        self._pool = [buf] + self._pool[:2]
+        return buf
+
+    def _split_grads(self, p: _Point, mult: np.ndarray | None = None, *, pooled: bool = False) -> np.ndarray:
+        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point. With ``Z``, ``W`` scaled by
+        ``2c/m_s`` per split, per block of splits: one batched product ``A_sᵀ [Z_s W_s]`` (the two
+        products beyond the point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the
+        block's splits, and one pass writing each half of the output."""
+        S, m, d_f, d_e = len(self._held), self._m, self.d_f, self.d_e
+        k1 = d_f * d_e
+        out = self._out_buffer() if pooled else np.empty((S, self.d))
+        oD, oE = out[:, :k1].reshape(S, d_f, d_e), out[:, k1:].reshape(S, d_e, d_f)
+        scale = self._scale if mult is None else self._scale * mult
+        reg_mult = np.ones(S) if mult is None else mult
+        AT3 = self._views(self._AT)
+        ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
+        # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
+        GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
+        GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
+        GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
+        DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
+        regE = p.regE.astype(self.dtype)
+        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
+        for lo in range(0, S, b):
+            hi = min(S, lo + b)
+            AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
+            DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
+            np.subtract(DG, AZW[:, :, :d_e], out=oD[lo:hi])  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
+            rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
+            np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE[lo:hi])  # (2c/m_s) W_sᵀA_s + ∇_E reg
+        return out
+
+    def split_grads(self, x: Any) -> np.ndarray:
+        """``(S, d)``: the gradient of each held distinct split's ``f_s`` at ``x`` (all ``S``
+        splits for a global problem; read-only, kept for the last point)."""
+        p = self._point(x)
+        if self._full is None or self._full[0] != p.key:
+            with np.errstate(over="ignore", invalid="ignore"):
+                G = self._split_grads(p)
+            G.flags.writeable = False
+            self._full = (p.key, G)
+        return self._full[1]
+
+    def _worker_rows(self) -> np.ndarray:
+        ws = getattr(self, "workers", range(self.n))
+        return self._slot[self.worker_split[ws.start : ws.stop]]
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        """``(n, d)`` (a local problem: ``(len(workers), d)``), memory ``n·d``; the methods use
+        the cheaper routes above when they can. When every held worker has its own split (e.g.
+        p̂ = 0) the rows are the split gradients themselves, in a reused buffer."""
+        rows = self._worker_rows()
+        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+            with np.errstate(over="ignore", invalid="ignore"):
+                return self._split_grads(self._point(x), pooled=True)
+        return self.split_grads(x)[rows]
+
+    def local_grad(self, i: int, x: Any) -> np.ndarray:
+        k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
+        return self.split_grads(x)[k].copy()
 
     def grouped(self) -> "GroupedAutoencoder":
         """The problem with one virtual worker per distinct split (for EF21, see the module docstring)."""
+        if hasattr(self, "workers"):
+            raise ValueError("a local problem (workers=...) cannot be grouped: group the global problem, or run EF21 on the workers")
         return GroupedAutoencoder(self)
 
     def __repr__(self) -> str:
-        return f"LinearAutoencoder(n={self.n}, d={self.d}, p_hat={self.p_hat}, lam={self.lam}, splits={self.n_splits})"
+        where = f", workers={self.workers}" if hasattr(self, "workers") else ""
+        return (f"LinearAutoencoder(n={self.n}, d={self.d}, p_hat={self.p_hat}, lam={self.lam}, splits={self.n_splits}, "
+                f"split={self.split!r}, loss={self.loss_kind!r}, dtype={self.dtype.name}{where})")
 
 
 class GroupedAutoencoder:
@@ -203,7 +479,7 @@ class GroupedAutoencoder:
         self.n = ae.n_splits
         self.d = ae.d
         self.x0 = ae.x0
-        self._scale = (ae.n_splits * ae.weights)[:, None]
+        self._mult = ae.n_splits * ae.weights
 
     @property
     def f_star(self) -> float:
@@ -216,7 +492,8 @@ class GroupedAutoencoder:
         return self.ae.grad(x)
 
     def local_grads(self, x: Any) -> np.ndarray:
-        return self.ae.split_grads(x) * self._scale
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:
@@ -233,11 +510,14 @@ def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float
     return lam
 
 
-def estimate_constants(ae: LinearAutoencoder, *, seed: int = 0, sample_splits: int = 4, iters: int = 30) -> dict[str, Any]:
+def estimate_constants(ae: LinearAutoencoder, *, seed: int = 0, sample_splits: int = 4, iters: int = 30,
+                       images: Any = None) -> dict[str, Any]:
     """Estimates of ``L_−`` (of ``f``) and ``sqrt(mean L_i²)`` (over a sample of splits): the
     largest Hessian eigenvalue (in magnitude) at ``x⁰`` and at the PCA solution, by power
     iteration on central finite differences of gradients (the gradients are cubic polynomials,
-    so the step 1e-4 is accurate to about 1e-8 relative). Estimates, not bounds."""
+    so the step 1e-4 is accurate to about 1e-8 relative). Estimates, not bounds. ``images``: the
+    ``X`` the problem was built from (needed for a local problem, which holds only its own
+    splits; every rank then gets the same estimates)."""
     rng = np.random.default_rng(seed)
     points = {"x0": ae.x0, "pca": ae.pca_point()}
     eps = 1e-4
@@ -249,8 +529,11 @@ def estimate_constants(ae: LinearAutoencoder, *, seed: int = 0, sample_splits: i
     picks = rng.choice(ae.n_splits, size=min(sample_splits, ae.n_splits), replace=False, p=ae.weights)
     L_i = []
     for s in picks:
-        A = ae._A[s, : int(ae.sizes[s])]
-        Ss = A.T @ A / ae.sizes[s]
+        if images is None:
+            A = ae.split_images(s)
+        else:  # a local problem holds only its own splits: the sampled ones come from the images
+            A = np.asarray(images)[ae.split_index[s]].astype(ae.dtype).astype(np.float64)
+        Ss = ae._c * (A.T @ A) / ae.sizes[s]
         L_i.append(max(_power(hvp_for(Ss, x), ae.d, rng, iters) for x in points.values()))
     rms = math.sqrt(float(np.mean(np.square(L_i)))) if L_i else L_f
     return {"L_minus": L_f, "L_plus": max(rms, L_f), "L_pm": max(rms, L_f), "L_i_sample": L_i,
@@ -279,10 +562,18 @@ class AutoencoderGrid:
     max_multipliers: int | None = None
     problem_seed: int = 0
     options: SearchOptions = field(default_factory=lambda: SearchOptions(max_rounds=3000, tol=1e-3))
-    split: str = "per-worker"  # "per-sample": the authors' heterogeneity (LinearAutoencoder's split)
-    loss: str = "paper"  # "authors": the authors' scaling of the data term and λ (LinearAutoencoder's loss)
+    #: the data split and loss: the paper's text (default) or the authors' code (see LinearAutoencoder)
+    split: str = "per-worker"
+    loss: str = "paper"
+    #: the images' and products' type: "float64" or "float32"
+    dtype: str = "float64"
 
     name = "autoencoder"
+
+    def __post_init__(self) -> None:
+        check_choice(self.split, "split", SPLITS)
+        check_choice(self.loss, "loss", LOSSES)
+        check_choice(self.dtype, "dtype", ("float64", "float32"))
 
     def cells(self) -> list[dict[str, Any]]:
         out = []
@@ -315,25 +606,38 @@ def _images(data: str | None, limit: int | None) -> tuple[np.ndarray, str]:
     return im.X, im.source
 
 
-def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
-    """Run one cell of the autoencoder grid (a process-pool task)."""
+def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
+                     mpi: bool = False) -> dict[str, Any]:
+    """Run one cell of the autoencoder grid (a process-pool task; with ``mpi``, every rank calls
+    it and holds only its own workers' images: the file is read, the rank's images kept, the
+    rest dropped)."""
     t0 = time.perf_counter()
     opts = SearchOptions(**grid_json["options"])
-    X, source = _images(grid_json["data"], grid_json["images"])
-    # the protocol's problem options, passed when they are not the paper's (LinearAutoencoder's split=, loss=)
-    variant = {k: grid_json[k] for k, paper in (("split", "per-worker"), ("loss", "paper")) if grid_json.get(k, paper) != paper}
+    if mpi:
+        from ..distributed import workers_of
+        from .data import load_images
+
+        im = load_images(grid_json["data"], limit=grid_json["images"])
+        X, source, workers = im.X, im.source, workers_of(grid_json["workers"], mpi_comm())
+    else:
+        X, source = _images(grid_json["data"], grid_json["images"])
+        workers = None
     ae = LinearAutoencoder(X, grid_json["workers"], cell["p_hat"], cell["lam"], d_e=grid_json["d_e"], seed=grid_json["problem_seed"],
-                           **variant)
+                           dtype=np.dtype(grid_json.get("dtype", "float64")), split=grid_json.get("split", "per-worker"),
+                           loss=grid_json.get("loss", "paper"), workers=workers)
     methods = tuple(grid_json["methods"])
     if grid_json["gamma"] is not None:
         consts: dict[str, Any] = {"how": "user --gamma"}
         gth = {m: float(grid_json["gamma"]) for m in methods}
         L_minus = None
     else:
-        consts = estimate_constants(ae, seed=grid_json["problem_seed"])
+        consts = estimate_constants(ae, seed=grid_json["problem_seed"], images=X if mpi else None)
+        if mpi:  # every rank runs with rank 0's estimates (they could differ in the last bits)
+            consts = mpi_comm().bcast(consts, root=0)
         gth = theory_gammas(ae, consts, methods, opts)
         L_minus = consts["L_minus"]
     consts = {**consts, "f_star": ae.f_star, "n_splits": ae.n_splits, "data": source, "n_images": int(X.shape[0])}
+    del X  # with mpi, the only reference: the rank keeps its own images only
     exps = {}
     for m in methods:
         if L_minus is not None or opts.steps == "authors":
@@ -344,20 +648,25 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     specs = {m: Spec.parse(m) for m in methods}
     compressors = {m: s.compressor(ae.n, ae.d) for m, s in specs.items()}
     # error feedback with a deterministic compressor (TopK) runs on the grouped problem (one
-    # virtual worker per distinct split: the same iterates, see the module docstring)
-    problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) else ae) for m, s in specs.items()}
-    recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors)
+    # virtual worker per distinct split: the same iterates, see the module docstring); on MPI
+    # every method runs on the rank's workers
+    problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) and not mpi else ae) for m, s in specs.items()}
+    recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors,
+                       mpi=mpi)
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
 
 def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
-                    progress: bool = True, plot: bool = True) -> Path:
-    """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory."""
+                    progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
+    """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory. With
+    ``mpi`` (launched by ``mpiexec``) every run is distributed over the ranks, each holding its
+    block of workers' images (:class:`LinearAutoencoder` with ``workers=``); rank 0 writes."""
     from .data import load_images
 
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
-    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress)
-    if plot:
+    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+                    extra=(False, mpi), mpi=mpi)
+    if plot and is_writer(mpi):
         from .plotting import plot_experiment
 
         plot_experiment(root)
@@ -392,8 +701,9 @@ def grid_from_args(args: Any) -> AutoencoderGrid:
     if args.methods:
         g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
     authors = getattr(args, "protocol", None) == "authors"
-    split = args.split or ("per-sample" if authors else None)
-    loss = args.loss or ("authors" if authors else None)
-    if split is not None or loss is not None:
-        g = replace(g, split=split or g.split, loss=loss or g.loss)
+    if authors:  # the authors' problem options; explicit --split/--loss below override them
+        g = replace(g, split="per-sample", loss="authors")
+    for opt in ("split", "loss", "dtype"):  # --split, --loss, --dtype where the command line has them
+        if getattr(args, opt, None) is not None:
+            g = replace(g, **{opt: getattr(args, opt)})
     return g

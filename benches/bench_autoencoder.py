@@ -1,0 +1,184 @@
+"""Benchmark: the linear autoencoder's rounds against their BLAS floor, and against numpy.
+
+On ``LinearAutoencoder(X, n=1000, p̂, λ=1e-3)`` with the whole training set (Fashion-MNIST from
+Debian's ``dataset-fashion-mnist``, or ``--data DIR``), for p̂ ∈ {0, 0.5, 0.9, 1} and float64 /
+float32, it times per round:
+
+* the **floor** of a compressed MARINA round: the two products ``E Aᵀ`` and ``Dᵀ Aᵀ`` over the
+  images in use, for one new point (as one ``(2 d_e × d_f)(d_f × N)`` product, the fastest
+  form: two separate products take 1.1–1.6× as long), in the same dtype;
+* the **full floor**: those two products plus the two per split, ``A_sᵀ Z_s`` and ``A_sᵀ P_s``
+  (batched): what a full per-split gradient needs;
+* ``permk.marina`` with PermK and RandK(⌈d/n⌉) (compressed rounds only: ``p`` tiny) — against
+  the floor; the split gradients at a new point (MARINA's full rounds on MPI, EF21) and
+  ``permk.ef21`` + TopK(⌈d/n⌉) on the grouped problem (as ``permk autoencoder`` runs it) —
+  against the full floor;
+* the **obvious numpy** round: every worker's gradient by the residual formulas
+  (``R = A Eᵀ Dᵀ − A``, ``∇_D = (2/m) RᵀA Eᵀ``, ``∇_E = (2/m) Dᵀ RᵀA``, per distinct split,
+  batched), the ``(n, d)`` matrix of the workers' gradients, then PermK's coordinates gathered.
+
+The measurements are interleaved (one of each per repetition): the table gives the medians of
+the times and, for the ratios, the median over repetitions of each round's time over the floor
+timed just before it, so a machine shared with other jobs slows both sides of a ratio alike.
+Prints a markdown table.
+
+    python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+import permk
+from permk.experiments.autoencoder import LinearAutoencoder
+from permk.experiments.data import DEBIAN_FASHION_MNIST, load_images
+
+
+def timed(f: Callable[[], Any]) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
+
+
+class Floors:
+    """The products a round cannot avoid, on the problem's images (``Aᵀ``, each split padded to
+    the largest: at most one column per split more than the images)."""
+
+    def __init__(self, ae: LinearAutoencoder) -> None:
+        self.ae = ae
+        self.rng = np.random.default_rng(0)
+
+    def _B(self) -> np.ndarray:
+        return self.rng.standard_normal((2 * self.ae.d_e, self.ae.d_f)).astype(self.ae.dtype)
+
+    def two(self) -> float:
+        B = self._B()
+        return timed(lambda: B @ self.ae._AT)
+
+    def four(self) -> float:
+        B = self._B()
+
+        def run() -> None:
+            A3 = self.ae._views(self.ae._AT).transpose(1, 0, 2)
+            Z3 = self.ae._views(B @ self.ae._AT).transpose(1, 2, 0)
+            for lo in range(0, len(A3), 16):
+                np.matmul(A3[lo : lo + 16], Z3[lo : lo + 16])  # A_sᵀ [Z_s P_s]
+
+        return timed(run)
+
+
+def numpy_round(ae: LinearAutoencoder, X: np.ndarray, x: np.ndarray, G_old: np.ndarray, rng: np.random.Generator) -> tuple[float, np.ndarray]:
+    """One MARINA+PermK round written the obvious way: all workers' gradients at ``x`` (float64
+    or float32 as the problem), their difference with the last round's, PermK's coordinates."""
+
+    def run() -> np.ndarray:
+        D, E = (f.astype(ae.dtype) for f in ae.factors(x))
+        M = D @ E - np.eye(ae.d_f, dtype=ae.dtype)
+        regD, regE = ae.lam * (M @ E.T), ae.lam * (D.T @ M)
+        G = np.empty((ae.n_splits, ae.d), dtype=ae.dtype)
+        k1 = ae.d_f * ae.d_e
+        for s in range(ae.n_splits):
+            A = X[ae.split_index[s]].astype(ae.dtype)
+            Z = A @ E.T
+            R = Z @ D.T - A
+            G[s, :k1] = (2 / len(A) * (R.T @ Z) + regD).ravel()
+            G[s, k1:] = (2 / len(A) * (D.T @ R.T @ A) + regE).ravel()
+        W = G[ae.worker_split]  # (n, d): every worker's gradient
+        diff = W - G_old
+        perm = rng.permutation(ae.d)
+        k = -(-ae.d // ae.n)
+        out = np.zeros(ae.d)
+        for i in range(ae.n):
+            idx = perm[i * k : (i + 1) * k]
+            out[idx] += ae.n * diff[i, idx]
+        return W
+
+    t = time.perf_counter()
+    W = run()
+    return time.perf_counter() - t, W
+
+
+def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_reps: int) -> dict[str, float]:
+    floors = Floors(ae)
+    k = -(-ae.d // ae.n)
+    comps = {"marina-permk": permk.PermK(), "marina-randk": permk.RandK(k)}
+    states: dict[str, Any] = {m: permk.marina(ae, c, rounds=1, seed=0, gamma=1e-5, p=1e-12).state for m, c in comps.items()}
+    grouped = ae.grouped()
+    ef = permk.ef21(grouped, permk.TopK(k), rounds=1, seed=0, gamma=1e-5).state
+    rng = np.random.default_rng(1)
+    x_np = ae.x0.copy()
+    _, G_old = numpy_round(ae, X, x_np, np.zeros((ae.n, ae.d), dtype=ae.dtype), rng)
+    t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "split grads", "ef21-topk", "numpy")}
+    for r in range(reps):
+        t["floor"].append(floors.two())
+        for m, c in comps.items():
+            t0 = time.perf_counter()
+            states[m] = permk.marina(ae, c, rounds=rounds, seed=0, gamma=1e-5, p=1e-12, state=states[m]).state
+            t[m].append((time.perf_counter() - t0) / rounds)
+        t["full floor"].append(floors.four())
+        xs = ae.x0 + 1e-3 * rng.standard_normal(ae.d)
+        t["split grads"].append(timed(lambda: ae.split_grads(xs)))
+        t0 = time.perf_counter()
+        ef = permk.ef21(grouped, permk.TopK(k), rounds=rounds, seed=0, gamma=1e-5, state=ef).state
+        t["ef21-topk"].append((time.perf_counter() - t0) / rounds)
+        if r < numpy_reps:
+            x_np = x_np + 1e-4 * rng.standard_normal(ae.d)
+            dt, G_old = numpy_round(ae, X, x_np, G_old, rng)
+            t["numpy"].append(dt)
+    out = {key: float(np.median(v)) for key, v in t.items()}
+    # ratios per repetition (a round and its floor timed back to back), then their median
+    for key, ref in (("marina-permk", "floor"), ("marina-randk", "floor"), ("split grads", "full floor"), ("ef21-topk", "full floor")):
+        out[f"{key} ratio"] = float(np.median(np.divide(t[key], t[ref])))
+    return out
+
+
+def f32_error(X: np.ndarray, n: int) -> float:
+    """The float32 split gradients' largest error relative to the largest float64 entry."""
+    a64, a32 = (LinearAutoencoder(X, n, 0.0, 1e-3, dtype=dt) for dt in (np.float64, np.float32))
+    x = a64.x0 + 0.05 * np.random.default_rng(0).standard_normal(a64.d)
+    G64, G32 = a64.split_grads(x), a32.split_grads(x)
+    return float(np.abs(G32 - G64).max() / np.abs(G64).max())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default=None, help=f"MNIST-format directory (default {DEBIAN_FASHION_MNIST})")
+    ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (medians are reported)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per timed call of a method")
+    ap.add_argument("--numpy-reps", type=int, default=3, help="numpy rounds timed (slow)")
+    ap.add_argument("--quick", action="store_true", help="10,000 images, n = 100, 3 repetitions")
+    ap.add_argument("--p-hat", type=float, nargs="+", default=[0.0, 0.5, 0.9, 1.0])
+    args = ap.parse_args()
+    X = load_images(args.data or DEBIAN_FASHION_MNIST, limit=10_000 if args.quick else None).X
+    n = 100 if args.quick else 1000
+    reps = 3 if args.quick else args.reps
+    print(f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round (medians of {reps} "
+          f"interleaved repetitions), and ratios to the floor; {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, numpy {np.__version__}")
+    print("| dtype | p̂ | splits | floor (2 products) | MARINA+PermK | MARINA+RandK | full floor (4 products) | split gradients | "
+          "EF21+TopK | numpy round | PermK / floor | RandK / floor | split grads / full floor | EF21 / full floor | numpy / PermK |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for dtype in (np.float64, np.float32):
+        for p_hat in args.p_hat:
+            ae = LinearAutoencoder(X, n, p_hat, 1e-3, dtype=dtype)
+            r = measure(ae, X, reps, args.rounds, min(args.numpy_reps, reps))
+            ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items() if not key.endswith("ratio")}
+            print(f"| {np.dtype(dtype).name} | {p_hat:g} | {ae.n_splits} | {ms['floor']} | {ms['marina-permk']} | {ms['marina-randk']} | "
+                  f"{ms['full floor']} | {ms['split grads']} | {ms['ef21-topk']} | {ms['numpy']} | "
+                  f"{r['marina-permk ratio']:.2f}× | {r['marina-randk ratio']:.2f}× | "
+                  f"{r['split grads ratio']:.2f}× | {r['ef21-topk ratio']:.2f}× | "
+                  f"{r['numpy'] / r['marina-permk']:,.0f}× |", flush=True)
+    err = f32_error(X, n)
+    print(f"float32 split gradients: largest error {err:.1e} of the largest float64 entry (p̂ = 0, x⁰ + 0.05·noise)")
+    assert math.isfinite(err)
+
+
+if __name__ == "__main__":
+    main()
