@@ -2,11 +2,11 @@
 
 ::
 
-    permk quadratic --quick            # reduced grid, < 1 minute on 2 cores
+    permk quadratic --quick            # reduced grid and its best-step figure, ~12 s on 2 cores
     permk quadratic --jobs 2           # the paper's full grid (Section "Experiments")
     permk quadratic --pl               # the PL variant (λ = 1e-4, PL step sizes)
     permk autoencoder --quick          # linear autoencoder on MNIST-format data
-    permk plot permk-out/quadratic     # rebuild the figures from the result files
+    permk plot permk-out/quadratic     # every figure (best steps, every step) from the result files
     permk demo                         # the AB inequality, measured
 """
 
@@ -27,7 +27,8 @@ __all__ = ["main", "build_parser"]
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("common options")
-    g.add_argument("--quick", action="store_true", help="a reduced grid that finishes in under a minute on 2 cores")
+    g.add_argument("--quick", action="store_true",
+                   help="a reduced grid and only its best-step figure (quadratic: ~12 s on 2 cores; `permk plot` draws the rest)")
     g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
     g.add_argument("--seed", type=_nonnegative_int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
     g.add_argument("--jobs", type=_positive, default=1, help="cells run in this many processes (default 1)")
