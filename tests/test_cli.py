@@ -108,5 +108,16 @@ def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
     c = recs[0]["constants"]
     assert c["data"].endswith("train-images-idx3-ubyte.gz") and c["n_images"] == 200 and c["L_minus"] > 0 and "power iteration" in c["how"]
     assert all(x["params"]["gamma"] > 0 and x["summary"]["grad_norm_sq_0"] > 0 for x in recs)
+    assert sorted(f.name for f in (root / "figures").iterdir()) == [
+        "autoencoder_best.png", "autoencoder_steps_ef21-topk_vs_marina-permk.png", "autoencoder_steps_marina-randk_vs_marina-permk.png"]
     assert (root / "figures" / "autoencoder_best.png").stat().st_size > 10_000
-    assert (root / "figures" / "autoencoder_topk_permk.pdf").exists()
+    # the figures say what ran: 200 images of 8×8 pixels, 10 workers, d = 2·64·3, and each γ
+    from permk.experiments.plotting import experiment_figures
+
+    for _, fig in experiment_figures(root):
+        assert "linear autoencoder on 200 images (data/train-images-idx3-ubyte.gz), n = 10 workers, d = 384" in fig.get_suptitle()
+        panels = [ax for ax in fig.axes if ax.axison]
+        assert sorted(ax.get_title() for ax in panels) == ["λ = 0.001, p̂ = 0", "λ = 0.001, p̂ = 1"]
+        for ax in panels:
+            for t in ax.get_legend().get_texts():
+                assert re.fullmatch(r"(MARINA|EF21) \+ (PermK|RandK|TopK), γ = \d+ × theory = [\d.e-]+", t.get_text()), t.get_text()

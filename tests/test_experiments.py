@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,9 +25,10 @@ import pytest
 import permk
 from permk.experiments import data as data_mod
 from permk.experiments.autoencoder import LinearAutoencoder
-from permk.experiments.plotting import load_experiment
+from permk.experiments.plotting import experiment_figures, load_experiment, method_label, plot_experiment, step_label
+from permk.experiments.quadratic import QuadraticGrid, run_quadratic
 from permk.experiments.results import append_record, read_records
-from permk.experiments.runner import best_runs, cell_budget, multiplier_exponents
+from permk.experiments.runner import SearchOptions, Spec, available_specs, best_runs, cell_budget, multiplier_exponents
 
 from conftest import CLI, run_cli
 
@@ -73,9 +75,10 @@ def _records(root: Path) -> dict[str, list[dict]]:
 @pytest.mark.slow
 def test_quick_grid_files(quick: Path) -> None:
     runs = sorted((quick / "runs").glob("*.jsonl"))
-    assert {p.stem for p in runs} == {f"n{n}_s{s}" for n in (10, 1000, 10000) for s in ("0", "0.8")}
+    # every (n, s) but the cell --quick leaves out (EF21's 10⁷ values a round there)
+    assert {p.stem for p in runs} == {f"n{n}_s{s}" for n in (10, 1000, 10000) for s in ("0", "0.8")} - {"n10000_s0.8"}
     cfg = json.loads((quick / "config.json").read_text())
-    assert cfg["ns"] == [10, 1000, 10000] and cfg["noise_scales"] == [0.0, 0.8]
+    assert cfg["ns"] == [10, 1000, 10000] and cfg["noise_scales"] == [0.0, 0.8] and cfg["skip"] == ["n10000_s0.8"]
     for p in runs:
         recs = read_records(p)
         assert len(recs) >= 3 * 2  # three methods, at least two multipliers each (EF21 may be pruned)
@@ -89,10 +92,10 @@ def test_quick_grid_files(quick: Path) -> None:
             assert len(c["round"]) == len(c["bits"]) == len(c["grad_norm_sq"]) == len(c["f_gap"]) >= 2
             assert np.all(np.diff(c["bits"]) >= 0) and c["round"][0] == 0
             assert math.isclose(r["params"]["gamma"], r["multiplier"] * r["gamma_theory_by_method"][r["method"]], rel_tol=1e-9)
-    for name in ("quadratic_best", "quadratic_randk_permk", "quadratic_topk_permk"):
-        for ext in ("png", "pdf"):
-            f = quick / "figures" / f"{name}.{ext}"
-            assert f.exists() and f.stat().st_size > 10_000, f
+    # --quick draws the best steps only, as PNG (the every-step figures: `permk plot`)
+    assert [f.name for f in (quick / "figures").iterdir()] == ["quadratic_best.png"]
+    assert (quick / "figures" / "quadratic_best.png").stat().st_size > 10_000
+    assert f"every step of each method: permk plot {quick}" in QUICK_OUTPUT["stdout"]
 
 
 @pytest.mark.slow
@@ -157,10 +160,11 @@ def test_ef21_identical_workers_independent_of_n() -> None:
 
 @pytest.mark.slow
 def test_plot_rebuilds_figures(quick: Path, tmp_path: Path) -> None:
-    r = run_cli("plot", str(quick), "--figures", str(tmp_path / "figs"))
+    r = run_cli("plot", str(quick), "--figures", str(tmp_path / "figs"), "--pdf")
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "figs" / "quadratic_best.png").stat().st_size > 10_000
-    assert (tmp_path / "figs" / "quadratic_best.pdf").exists()
+    stems = ["quadratic_best", "quadratic_steps_ef21-topk_vs_marina-permk", "quadratic_steps_marina-randk_vs_marina-permk"]
+    assert sorted(f.name for f in (tmp_path / "figs").iterdir()) == sorted(f"{s}.{e}" for s in stems for e in ("pdf", "png"))
+    assert all(f.stat().st_size > 10_000 for f in (tmp_path / "figs").iterdir())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +332,87 @@ def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> 
         assert recs[-1]["key"] == f"after-kill-{attempt}"
         assert all(len(r["curve"]) == 200_000 for r in recs if r["key"].startswith("r"))
     assert sum(r["key"].startswith("r") for r in recs) >= 3  # each killed writer had finished a record
+
+
+# ---------------------------------------------------------------------------------------------
+# the figures: read on the matplotlib objects
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_grid(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small quadratic grid (d = 200, not the default 1000) whose two methods other than
+    MARINA+PermK share a compressor (Identity), with one cell left out."""
+    g = QuadraticGrid(ns=(10, 20), noise_scales=(0.0, 0.5), d=200, methods=("marina-permk", "marina-identity", "ef21-identity"),
+                      max_multipliers=2, options=SearchOptions(max_rounds=300, budget_factor=3.0), skip=("n20_s0.5",))
+    return run_quadratic(g, tmp_path_factory.mktemp("small"), progress=False, plot=False)
+
+
+def _panels(fig: Any) -> list[Any]:
+    return [ax for ax in fig.axes if ax.axison]
+
+
+def test_figures_name_the_runs_own_d_and_n(small_grid: Path) -> None:
+    figs = dict(experiment_figures(small_grid))
+    for fig in figs.values():
+        title = fig.get_suptitle()
+        assert "d = 200," in title and "1,000" not in title and "λ = 1e-06" in title, title
+        titles = sorted(ax.get_title() for ax in _panels(fig))
+        assert titles == ["n = 10 workers, noise scale s = 0, L± = 0", "n = 10 workers, noise scale s = 0.5, L± = 0.49",
+                          "n = 20 workers, noise scale s = 0, L± = 0"]
+        for ax in _panels(fig):
+            assert ax.get_xlabel() == "bits sent per worker" and ax.get_yscale() == "log"
+        # the cell left out of the grid is an empty panel that says so
+        assert [t.get_text() for ax in fig.axes if not ax.axison for t in ax.texts] == ["left out of this grid"]
+
+
+def test_figure_legends_name_method_compressor_and_step(small_grid: Path) -> None:
+    figs = dict(experiment_figures(small_grid))
+    best = figs["quadratic_best"]
+    for ax in _panels(best):
+        texts = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert [t.partition(",")[0] for t in texts] == ["MARINA + PermK", "MARINA + Identity", "EF21 + Identity"]
+        assert all(re.fullmatch(r"[A-Z0-9]+ \+ \w+, γ = \d+ × theory", t) for t in texts), texts
+        assert len(ax.get_lines()) == 3 + 1  # a curve per method and the target's dotted line
+    steps = figs["quadratic_steps_ef21-identity_vs_marina-permk"]
+    assert steps.get_suptitle().startswith("Every step of MARINA + PermK and EF21 + Identity")
+    recs = load_experiment(small_grid)[1]
+    for ax in _panels(steps):
+        cell = next(cid for cid, rs in recs.items() if rs[0]["cell"]["n"] == int(ax.get_title().split()[2]) and
+                    f"s = {rs[0]['cell']['noise_scale']:g}," in ax.get_title())
+        mine = [r for r in recs[cell] if r["method"] in ("marina-permk", "ef21-identity")]
+        drawn = [r for r in mine if not r["summary"]["diverged"]]
+        leg = ax.get_legend()
+        assert len(leg.get_texts()) == len(drawn)  # every non-diverged step, one entry each
+        n_div = len(mine) - len(drawn)
+        assert leg.get_title().get_text() == (f"{n_div} diverged step{'s' if n_div > 1 else ''} not drawn" if n_div else "")
+
+
+def test_one_figure_file_per_method_compressor_pair(small_grid: Path, tmp_path: Path) -> None:
+    # marina-identity and ef21-identity share a compressor: two files, neither overwrites the other
+    files = plot_experiment(small_grid, tmp_path)
+    assert sorted(f.name for f in files) == sorted(f.name for f in tmp_path.iterdir()) == [
+        "quadratic_best.png", "quadratic_steps_ef21-identity_vs_marina-permk.png", "quadratic_steps_marina-identity_vs_marina-permk.png"]
+    assert {f.read_bytes()[:8] for f in files} == {b"\x89PNG\r\n\x1a\n"}
+    pdfs = plot_experiment(small_grid, tmp_path / "pdf", pdf=True, every_step=False)
+    assert [f.name for f in pdfs] == ["quadratic_best.png", "quadratic_best.pdf"] and pdfs[1].read_bytes()[:5] == b"%PDF-"
+
+
+def test_spec_labels_are_method_plus_compressor() -> None:
+    assert Spec.parse("marina-permk").label == "MARINA + PermK"
+    assert Spec.parse("ef21-topk").label == "EF21 + TopK"
+    assert Spec.parse("marina-blockpermk").label == "MARINA + BlockPermK"
+    for key in available_specs():
+        method, _, comp = Spec.parse(key).label.partition(" + ")
+        assert method == key.partition("-")[0].upper() and comp.lower() == key.partition("-")[2]
+
+
+def test_step_labels() -> None:
+    quad = {"experiment": "quadratic", "multiplier": 8.0, "params": {"gamma": 0.3}}
+    assert step_label(quad) == "γ = 8 × theory"
+    ae = {"experiment": "autoencoder", "multiplier": 8.0, "params": {"gamma": 0.0056}, "constants": {"how": "power iteration"}}
+    assert step_label(ae) == "γ = 8 × theory = 0.0056"
+    user = {**ae, "multiplier": 0.5, "params": {"gamma": 0.005}, "constants": {"how": "user --gamma"}}
+    assert step_label(user) == "γ = 0.005 (0.5 × --gamma)"
+    assert method_label("marina-randk") == "MARINA + RandK" and method_label("nope-x", "Old label") == "Old label"
 
 
 def test_multiplier_exponents() -> None:

@@ -2,11 +2,11 @@
 
 ::
 
-    permk quadratic --quick            # reduced grid, < 1 minute on 2 cores
+    permk quadratic --quick            # reduced grid and its best-step figure, ~12 s on 2 cores
     permk quadratic --jobs 2           # the paper's full grid (Section "Experiments")
     permk quadratic --pl               # the PL variant (λ = 1e-4, PL step sizes)
     permk autoencoder --quick          # linear autoencoder on MNIST-format data
-    permk plot permk-out/quadratic     # rebuild the figures from the result files
+    permk plot permk-out/quadratic     # every figure (best steps, every step) from the result files
     permk demo                         # the AB inequality, measured
 """
 
@@ -27,7 +27,8 @@ __all__ = ["main", "build_parser"]
 
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("common options")
-    g.add_argument("--quick", action="store_true", help="a reduced grid that finishes in under a minute on 2 cores")
+    g.add_argument("--quick", action="store_true",
+                   help="a reduced grid and only its best-step figure (quadratic: ~12 s on 2 cores; `permk plot` draws the rest)")
     g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
     g.add_argument("--seed", type=_nonnegative_int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
     g.add_argument("--jobs", type=_positive, default=1, help="cells run in this many processes (default 1)")
@@ -36,6 +37,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--out", default="permk-out", help="output directory (default ./permk-out)")
     g.add_argument("--resume", action="store_true", help="continue an interrupted grid in --out: finished runs are read back, not recomputed")
     g.add_argument("--no-plot", action="store_true", help="write the result files only (draw later with `permk plot`)")
+    g.add_argument("--pdf", action="store_true", help="write each figure as PDF too (PNG only by default)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     g.add_argument("--tol", type=_positive_float, default=None, help="target ‖∇f‖² ≤ tol·‖∇f(x⁰)‖² of the best-run criterion (default 1e-6)")
     g.add_argument("--budget-factor", type=_positive_float, default=None,
@@ -173,9 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the images' and products' type (default float64; float32 as the authors ran it)")
     a.set_defaults(func=_cmd_autoencoder, parser=a)
 
-    pl = sub.add_parser("plot", help="rebuild the figures (PNG and PDF) from result files")
+    pl = sub.add_parser("plot", help="rebuild the figures (the best steps and every step of each method) from result files")
     pl.add_argument("dirs", nargs="+", help="experiment directories (e.g. permk-out/quadratic) or an --out directory")
     pl.add_argument("--figures", default=None, help="where to write the figures (default DIR/figures)")
+    pl.add_argument("--pdf", action="store_true", help="write each figure as PDF too (PNG only by default)")
     pl.set_defaults(func=_cmd_plot)
 
     d = sub.add_parser("demo", help="measured compression variance of PermK and RandK next to their AB bounds (< 5 s)")
@@ -299,10 +302,13 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         from .experiments.plotting import plot_experiment
 
         t_plot = time.perf_counter()
-        plot_experiment(root)
+        # --quick: the best steps only (the every-step figures: `permk plot DIR`)
+        plot_experiment(root, pdf=args.pdf, every_step=not args.quick)
         plot_s = time.perf_counter() - t_plot
     if writer:
         _report(root, args.no_plot)
+        if args.quick and not args.no_plot:
+            print(f"every step of each method: permk plot {root}")
         total = seconds_since_start()
         print(f"time: {total:.1f} s = imports and set-up {setup:.1f} s + grid {grid_s:.1f} s"
               + (f" + plotting {plot_s:.1f} s" if not args.no_plot else "")
@@ -369,9 +375,8 @@ def _cmd_plot(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no experiment directories (with a runs/ folder) in {', '.join(args.dirs)}")
     for r in roots:
         out = Path(args.figures) / r.name if args.figures and len(roots) > 1 else args.figures
-        for f in plot_experiment(r, out):
-            if f.suffix == ".png":
-                print(f"figure:  {f}")
+        for f in plot_experiment(r, out, pdf=args.pdf):
+            print(f"figure:  {f}")
     return 0
 
 

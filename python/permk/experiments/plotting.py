@@ -1,13 +1,23 @@
 """Figures of the experiments, rebuilt from the result files alone (``permk plot DIR``).
 
-The layout is the paper's: one subplot per cell (quadratic: rows = n, columns = noise scale,
-with the computed ``L±`` in the title; autoencoder: rows = λ, columns = p̂), the x-axis the bits
-every worker has sent, the y-axis ``‖∇f(x^t)‖²`` on a log scale. ``*_best`` has one curve per
-method (its best step, see :func:`permk.experiments.runner.best_runs`, multiplier or step in the
-legend); ``*_randk_permk`` and ``*_topk_permk`` have every non-diverged step of two methods (the
-appendix's full grids). Each figure is written as PNG and PDF. Colours and line styles follow
-the order of the methods in the grid (PermK blue, EF21 green, RandK red by default), so any
-``METHOD-COMPRESSOR`` the experiments run is drawn without a table to edit.
+The layout is the paper's: one panel per cell (quadratic: rows = number of workers n, columns =
+noise scale s, with the resulting ``L±`` in the panel's title; autoencoder: rows = λ, columns =
+p̂), the x-axis the bits sent per worker, the y-axis ``‖∇f(x^t)‖²`` on a log scale, a dotted
+line at the target ``tol·‖∇f(x⁰)‖²`` that sets the cell's bits budget (the x range; see
+:mod:`permk.experiments.runner`). Everything a reader needs is written on the figure: the run's
+own ``d``, ``n`` and λ (taken from the records, never assumed), the methods as ``MARINA + PermK``
+(:attr:`Spec.label <permk.experiments.runner.Spec.label>`, from the method's and the
+compressor's names), and each step as ``γ = 8 × theory`` (the autoencoder's legends also give
+γ itself).
+
+``<experiment>_best`` has one curve per method (its best step,
+:func:`permk.experiments.runner.best_runs`); ``<experiment>_steps_<METHOD-COMPRESSOR>_vs_<first>``
+has every non-diverged step of one method and of the grid's first method (the appendix's full
+grids), one file per method–compressor pair. Figures are PNG, and PDF on request. Colours and
+line styles follow the order of the methods in the grid (PermK blue, EF21 green, RandK red by
+default), so any ``METHOD-COMPRESSOR`` the experiments run is drawn without a table to edit.
+Only :class:`matplotlib.figure.Figure` is used (the Agg canvas; no pyplot, no display), imported
+when a figure is drawn.
 
 :func:`complexity_plot` draws the predicted communication of the methods against ``L±``
 (``permk complexity --plot``).
@@ -25,12 +35,16 @@ import numpy as np
 from .results import iter_result_files, read_json, read_records
 from .runner import METHODS, Spec, best_runs, cell_budget
 
-__all__ = ["plot_experiment", "load_experiment", "complexity_plot"]
+__all__ = ["plot_experiment", "experiment_figures", "load_experiment", "complexity_plot"]
 
 #: (colour, colour map, line style) of the methods, in the order they appear in a grid.
 STYLES = [("tab:blue", "Blues", "-"), ("tab:green", "Greens", "-."), ("tab:red", "Reds", "--"),
           ("tab:purple", "Purples", ":"), ("tab:orange", "Oranges", (0, (5, 1))), ("tab:brown", "YlOrBr", (0, (3, 1, 1, 1))),
           ("tab:gray", "Greys", (0, (1, 1)))]
+
+#: Resolution of the PNG files (the figures are sized in inches for it: ~1000 px wide for 2
+#: columns of panels).
+DPI = 100
 
 
 def load_experiment(root: str | Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
@@ -57,17 +71,98 @@ def _budget_factor(cfg: dict[str, Any], recs: Sequence[dict[str, Any]]) -> float
     return float(cfg.get("options", {}).get("budget_factor", 2.0))
 
 
-def _title(rec: dict[str, Any]) -> str:
+def _is_quadratic(rec: dict[str, Any]) -> bool:
+    return str(rec["experiment"]).startswith("quadratic")
+
+
+def method_label(key: str, fallback: str | None = None) -> str:
+    """The legend name of ``METHOD-COMPRESSOR`` (``"MARINA + PermK"``: :attr:`Spec.label`); a
+    key the catalogs no longer know keeps ``fallback`` (the label its records were written with)."""
+    try:
+        return Spec.parse(key).label
+    except ValueError:
+        return fallback or key
+
+
+def step_label(rec: dict[str, Any]) -> str:
+    """The step of a run in words: ``γ = 8 × theory`` (the theory's step for the method and
+    cell, times the run's multiplier); the autoencoder's also gives γ itself, and a step the user
+    set with ``--gamma`` reads ``γ = 0.005 (0.5 × --gamma)``."""
+    mult = float(rec["multiplier"])
+    gamma = float(rec["params"]["gamma"])
+    if _is_quadratic(rec):
+        return f"γ = {mult:g} × theory"
+    if str(rec.get("constants", {}).get("how", "")).startswith("user"):
+        return f"γ = {gamma:.2g} ({mult:g} × --gamma)"
+    return f"γ = {mult:g} × theory = {gamma:.2g}"
+
+
+def _panel_title(rec: dict[str, Any]) -> str:
     c = rec["cell"]
-    if rec["experiment"].startswith("quadratic"):
-        return f"n={c['n']}, NS={c['noise_scale']:g}, $L_\\pm$={rec['constants']['L_pm']:.3g}"
-    return f"λ={c['lam']:g}, $\\hat p$={c['p_hat']:g}"
+    if _is_quadratic(rec):
+        return f"n = {c['n']:,} workers, noise scale s = {c['noise_scale']:g}, L± = {rec['constants']['L_pm']:.2g}"
+    return f"λ = {c['lam']:g}, p̂ = {c['p_hat']:g}"
 
 
-def _label(rec: dict[str, Any]) -> str:
-    if rec["experiment"].startswith("quadratic"):
-        return f"{rec['label']} ×{rec['multiplier']:g}"
-    return f"{rec['label']} γ={rec['params']['gamma']:.2g}"
+def _data_name(source: str) -> str:
+    """A short name of the data an autoencoder run read: the parenthesised description the
+    loader gives, else the file's folder and name."""
+    if source.endswith(")") and " (" in source:
+        return source[source.rindex(" (") + 2 : -1]
+    return "/".join(Path(source).parts[-2:])
+
+
+def _dims(recs: Sequence[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """The distinct dimensions d and numbers of workers n of the runs (from their records)."""
+    ds = sorted({int(r["params"].get("d", r["cell"].get("d", 0))) for r in recs})
+    ns = sorted({int(r["cell"]["n"]) for r in recs})
+    return ds, ns
+
+
+def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -> tuple[str, str]:
+    """The figure's title (what it shows, on which problem, with the run's own d, n and λ) and
+    the caption under it (how to read the panels and the x range)."""
+    recs = [x for rs in cells.values() for x in rs]
+    rec = recs[0]
+    ds, ns = _dims(recs)
+    d_txt = ", ".join(f"{d:,}" for d in ds)
+    target = f"‖∇f‖² ≤ {float(rec['options']['tol']):g}·‖∇f(x⁰)‖² (dotted line)"
+    reached = [any(x["summary"].get("reached_target") and not x["summary"].get("diverged") for x in rs) for rs in cells.values()]
+    if all(reached):
+        budget = f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}."
+    elif not any(reached):
+        budget = f"x axis up to the most bits any run sent: no run reached {target}."
+    else:
+        budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}; "
+                  "in panels where none reached it, the most bits any run sent.")
+    if _is_quadratic(rec):
+        lams = sorted({float(r["cell"]["lam"]) for r in recs})
+        pl = ", step sizes of the PL theorems" if str(rec["experiment"]).endswith("-pl") else ""
+        head = f"{what}\nsynthetic quadratics, d = {d_txt}, λ = {', '.join(f'{v:g}' for v in lams)}{pl}"
+        how = ("Panels: n workers whose functions differ by noise scale s (L± = square root of their Hessian variance; "
+               "0: identical workers). γ: step size, a multiple of the theory's for the method and panel.")
+    else:
+        c = rec["constants"]
+        data = _data_name(str(c.get("data", "")))
+        head = (f"{what}\nlinear autoencoder on {int(c.get('n_images', 0)):,} images ({data}), "
+                f"n = {', '.join(f'{n:,}' for n in ns)} workers, d = {d_txt}")
+        how = ("Panels: λ = regularisation, p̂ = probability that a worker holds the shared data split (1: identical workers). "
+               "γ: step size, a multiple of the theory's (from estimated smoothness constants).")
+    return head, f"{how} {budget}"
+
+
+def _power_of_ten(v: float, _pos: Any = None) -> str:
+    """A log axis's tick label as ``10⁻⁴`` in plain text (matplotlib's default typesets each
+    one with mathtext, a third of the cost of drawing a figure)."""
+    if v <= 0 or not math.isfinite(v):
+        return ""
+    e = math.log10(v)
+    if abs(e - round(e)) > 1e-9:
+        return ""
+    return "10" + str(int(round(e))).translate(_SUPERSCRIPT)
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
 def _curve(rec: dict[str, Any], budget: float) -> tuple[np.ndarray, np.ndarray]:
@@ -89,22 +184,41 @@ def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[int, int, dict[str, t
     return len(rows), len(cols), remap
 
 
-def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, suptitle: str,
-            styles: dict[str, tuple[Any, ...]]) -> Any:
-    import matplotlib
+#: The figures' layout, in inches: a panel's size, the room above a panel (its title) and under
+#: it (tick labels and x label; its legend adds a line per curve), the margins.
+PANEL_W, PANEL_H, TITLE_H, XLABEL_H, LINE_H = 3.8, 2.0, 0.32, 0.42, 0.155
+LEFT, RIGHT, GAP_W = 0.75, 0.25, 0.6
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullLocator
+
+def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, what: str,
+            styles: dict[str, tuple[Any, ...]]) -> Any:
+    import textwrap
+
+    import matplotlib
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import EngFormatter, FuncFormatter, NullLocator
 
     nr, nc, pos = _grid(cells)
-    fig, axes = plt.subplots(nr, nc, figsize=(3.4 * nc, 2.7 * nr), squeeze=False)
-    for ax in axes.flat:
-        ax.set_visible(False)
+    head, caption = _caption(what, cells, _budget_factor(cfg, [x for recs in cells.values() for x in recs]))
+    # fixed margins computed here, not by tight_layout (which draws the figure once more)
+    width = LEFT + RIGHT + nc * PANEL_W + (nc - 1) * GAP_W
+    caption_lines = textwrap.wrap(caption, width=int(width * 72 / (0.56 * 8)))
+    top = 0.2 + 0.2 * (head.count("\n") + 1) + LINE_H * 1.05 * len(caption_lines) + 0.1
+    entries = max(len(methods) if best_only else sum(1 for x in recs if x["method"] in methods) + 1 for recs in cells.values())
+    below = XLABEL_H + LINE_H * entries + 0.2
+    height = top + nr * (TITLE_H + PANEL_H + below)
+    fig = Figure(figsize=(width, height))
+    fig.subplots_adjust(left=LEFT / width, right=1 - RIGHT / width, top=1 - (top + TITLE_H) / height, bottom=below / height,
+                        wspace=GAP_W / PANEL_W, hspace=(below + TITLE_H) / PANEL_H)
+    axes = fig.subplots(nr, nc, squeeze=False)
+    for ax in axes.flat:  # a cell the grid left out (``--quick``) stays an empty, labelled space
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "left out of this grid", ha="center", va="center", fontsize=9, color="0.5", transform=ax.transAxes)
     for cid, recs in cells.items():
         r, c = pos[cid]
         ax = axes[r][c]
-        ax.set_visible(True)
+        ax.texts[0].remove()
+        ax.set_axis_on()
         factor = _budget_factor(cfg, recs)
         budget = cell_budget(recs, factor)
         if best_only:
@@ -119,72 +233,76 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
                 continue
             base, cmap_name, ls = styles[m]
             cmap = matplotlib.colormaps[cmap_name]
+            name = method_label(m, mine[0].get("label"))
             for k, rec in enumerate(mine):
                 b, g = _curve(rec, budget)
-                color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.6 * k / max(1, len(mine) - 1))
+                color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.5 * k / max(1, len(mine) - 1))
                 # steps: a round's bits are paid before its ‖∇f‖² is seen (MARINA's full-gradient
                 # rounds show as long flat steps of d floats)
-                ax.plot(b, g, ls, color=color, lw=1.4 if best_only else 1.0, label=_label(rec), drawstyle="steps-post")
+                ax.plot(b, g, linestyle=ls, color=color, lw=1.4 if best_only else 1.0, label=f"{name}, {step_label(rec)}",
+                        drawstyle="steps-post")
+        target = float(recs[0]["options"]["tol"]) * float(recs[0]["summary"]["grad_norm_sq_0"] or 0.0)
+        if target > 0:
+            ax.axhline(target, color="0.35", lw=0.8, linestyle=(0, (1, 2)), zorder=0)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(_power_of_ten))
         # major ticks only: minor log ticks (up to ~80 per axis) multiply the cost of laying out
         # and drawing a figure ~3x and carry no labels here
         ax.yaxis.set_minor_locator(NullLocator())
         if budget > 0 and math.isfinite(budget):
             ax.set_xlim(0, budget)
-        ax.set_title(_title(recs[0]), fontsize=8)
-        ax.ticklabel_format(axis="x", style="sci", scilimits=(0, 0))
-        ax.tick_params(labelsize=7)
-        ax.xaxis.get_offset_text().set_fontsize(7)
-        if r == nr - 1:
-            ax.set_xlabel("#bits / n (sent by every worker)", fontsize=7)
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits: no offset text to miss
+        ax.set_title(_panel_title(recs[0]), fontsize=9, y=1.0, pad=5)  # a fixed place: no layout pass to find one
+        ax.tick_params(labelsize=8)
+        ax.set_xlabel("bits sent per worker", fontsize=8, labelpad=2)
         if c == 0:
-            ax.set_ylabel(r"$\|\nabla f(x^t)\|^2$", fontsize=8)
-        ax.legend(fontsize=5.5 if not best_only else 6.5, loc="upper right", framealpha=0.7)
-        if not best_only and n_div:
-            ax.text(0.02, 0.03, f"{n_div} diverged (omitted)", transform=ax.transAxes, fontsize=6, color="gray")
+            ax.set_ylabel("‖∇f(xᵗ)‖²", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
-    fig.suptitle(suptitle, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
+        # under the panel, so that it never covers a curve
+        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -XLABEL_H / PANEL_H), frameon=False, borderaxespad=0.0,
+                  handlelength=2.5, labelspacing=0.3,
+                  title=f"{n_div} diverged step{'s' if n_div > 1 else ''} not drawn" if not best_only and n_div else None,
+                  title_fontsize=7.5)
+    fig.suptitle(head, x=0.5, y=1 - 0.12 / height, ha="center", va="top", fontsize=10)
+    fig.text(0.5, 1 - (0.2 + 0.2 * (head.count("\n") + 1)) / height, "\n".join(caption_lines), ha="center", va="top", fontsize=8,
+             color="0.25", linespacing=1.3)
     return fig
 
 
-def plot_experiment(root: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Draw every figure of the experiment in ``root`` (a directory written by ``permk
-    quadratic`` / ``permk autoencoder``) into ``out`` (default ``root/figures``); returns the
-    files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    root = Path(root)
+def experiment_figures(root: str | Path, *, every_step: bool = True) -> list[tuple[str, Any]]:
+    """The figures of the experiment in ``root`` (a directory written by ``permk quadratic`` /
+    ``permk autoencoder``), not yet written: ``(file stem, matplotlib Figure)`` pairs, the best
+    steps first, then (with ``every_step``) one every-step figure per method other than the
+    grid's first, against the first."""
     cfg, cells = load_experiment(root)
-    any_rec = next(iter(cells.values()))[0]
-    name = str(any_rec["experiment"])
-    outdir = Path(out) if out is not None else root / "figures"
-    outdir.mkdir(parents=True, exist_ok=True)
+    name = str(next(iter(cells.values()))[0]["experiment"])
     seen = {r["method"] for recs in cells.values() for r in recs}
     order = [m for m in [*cfg.get("methods", []), *METHODS] if m in seen]
     present = list(dict.fromkeys(order + sorted(seen - set(order))))
     styles = {m: STYLES[k % len(STYLES)] for k, m in enumerate(present)}
-    what = "synthetic quadratic tasks, d = 1000" if name.startswith("quadratic") else "the linear autoencoder (MNIST-format data)"
-    pl = " under the PL condition" if name.endswith("-pl") else ""
-    figs: list[tuple[str, list[str], bool, str]] = [
-        ("best", present, True, f"Best step of each method on {what}{pl}"),
-    ]
-    first = Spec.parse(present[0])
-    for m in present[1:]:  # every other method against the first (MARINA+PermK), every step
-        other = Spec.parse(m)
-        figs.append((f"{other.short}_{first.short}", [present[0], m], False,
-                     f"{other.label} and {first.label}, every step, on {what}{pl}"))
+    labels = {m: method_label(m) for m in present}
+    out = [(f"{name}_best", _figure(cells, cfg, present, True, "The best step of each method", styles))]
+    if every_step:
+        first = present[0]
+        for m in present[1:]:
+            what = f"Every step of {labels[first]} and {labels[m]} (diverged ones omitted)"
+            out.append((f"{name}_steps_{m}_vs_{first}", _figure(cells, cfg, [first, m], False, what, styles)))
+    return out
+
+
+def plot_experiment(root: str | Path, out: str | Path | None = None, *, pdf: bool = False, every_step: bool = True) -> list[Path]:
+    """Draw the figures of the experiment in ``root`` (:func:`experiment_figures`) into ``out``
+    (default ``root/figures``) as PNG (at :data:`DPI`), and as PDF too with ``pdf``; returns the
+    files written."""
+    root = Path(root)
+    outdir = Path(out) if out is not None else root / "figures"
+    outdir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    for tag, methods, best_only, title in figs:
-        fig = _figure(cells, cfg, methods, best_only, title, styles)
-        for ext in ("png", "pdf"):
-            p = outdir / f"{name}_{tag}.{ext}"
-            fig.savefig(p, dpi=110 if ext == "png" else None)
+    for stem, fig in experiment_figures(root, every_step=every_step):
+        for ext in ("png", "pdf") if pdf else ("png",):
+            p = outdir / f"{stem}.{ext}"
+            fig.savefig(p, dpi=DPI if ext == "png" else None)
             written.append(p)
-        plt.close(fig)
     return written
 
 

@@ -126,14 +126,9 @@ class Spec:
 
     @property
     def label(self) -> str:
-        """The legend label (the paper's: ``PermK``, ``RandK``, ``EF21: TopK``)."""
-        comp = self.compressor_class.__name__
-        return comp if self.method.name == "marina" else f"{self.method.name.upper()}: {comp}"
-
-    @property
-    def short(self) -> str:
-        """The compressor's part of the key (figure names: ``quadratic_randk_permk``)."""
-        return self.key.partition("-")[2]
+        """The legend label, the method's name and the compressor's class name:
+        ``MARINA + PermK``, ``EF21 + TopK``."""
+        return f"{self.method.name.upper()} + {self.compressor_class.__name__}"
 
 
 def available_specs(n: int = 10, d: int = 100) -> list[str]:
