@@ -226,3 +226,13 @@ def test_autoencoder_estimate_on_idx_data(tmp_path: Path) -> None:
                                                           for m in ("marina-permk", "ef21-topk", "marina-randk"))
     assert all(x[4] == "40" and 1 <= int(x[2]) <= 2 for x in rows)
     assert "grid: at most" in r.stdout and not out.exists()
+
+
+def test_figures_of_the_authors_protocol_say_how_the_x_range_and_best_step_were_chosen(tmp_path: Path) -> None:
+    from permk.experiments.plotting import experiment_figures
+    from permk.experiments.quadratic import run_quadratic
+
+    root = run_quadratic(_grid(horizon="rounds", best="last90", prune=()), tmp_path, progress=False, plot=False)
+    caption = " ".join(t.get_text() for fig in [dict(experiment_figures(root, every_step=False))["quadratic_best"]] for t in fig.texts)
+    assert "fixed number of rounds" in caption and "last 90%" in caption, caption
+    assert "fewest bits" not in caption

@@ -128,7 +128,12 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
     d_txt = ", ".join(f"{d:,}" for d in ds)
     target = f"‖∇f‖² ≤ {float(rec['options']['tol']):g}·‖∇f(x⁰)‖² (dotted line)"
     reached = [any(x["summary"].get("reached_target") and not x["summary"].get("diverged") for x in rs) for rs in cells.values()]
-    if all(reached):
+    opts = rec.get("options", {})
+    if opts.get("horizon", "budget") == "rounds":
+        budget = "x axis up to the most bits any run sent: every run has a fixed number of rounds (the authors' protocol)."
+        if opts.get("best", "budget") == "last90":
+            budget += " Best step: the smallest mean log₁₀‖∇f‖² over the last 90% of the rounds."
+    elif all(reached):
         budget = f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}."
     elif not any(reached):
         budget = f"x axis up to the most bits any run sent: no run reached {target}."
