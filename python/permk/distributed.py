@@ -84,7 +84,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real, start_point
-from .backends import EXCHANGES, PATHS, choose_path, native_pair
+from .backends import EXCHANGES, PATHS, choose_path, finite, native_pair
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
@@ -567,8 +567,25 @@ class MPIBackend:
             out[...] = vals
             return out
         ws = self.workers
-        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
+        D = self._inputs(x, y)
         return r.gather(D[start - ws.start : stop - ws.start], start, divide=divide, out=out)
+
+    def _inputs(self, x: Array, y: Array | None) -> Array:
+        """The held workers' compressor inputs ``∇f_i(x)`` (``y`` None) or ``∇f_i(x) − ∇f_i(y)``
+        on the dense path (non-finite values included: see :meth:`_messages`)."""
+        if y is None:
+            return self.local_grads(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.local_grads(x) - self.local_grads(y)
+
+    def _messages(self, compressor: Compressor, D: Array, seed: int, round: int) -> Messages:
+        """The held workers' messages of inputs ``D``. A non-finite input (an oracle's NaN or
+        overflow) is not given to the compressor: the messages of zero inputs are sent with NaN
+        values instead, so every rank sees the divergence in the same round (``diverged_at``)."""
+        if finite(D):
+            return compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        msgs = compressor.compress_rows(np.zeros_like(D), start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        return msgs._replace(values=np.full(len(msgs.values), np.nan))
 
     def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
         if self.counting:
@@ -581,9 +598,7 @@ class MPIBackend:
                     return self._mean_in_place(compressor, r, Ranges(*ranges), x, y, exchange)
             ws = self.workers
             return self._mean_round(r, self._values(compressor, r, x, y, ws.start, ws.stop, exchange))
-        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
-        msgs = compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
-        return self._mean_pairs(msgs, compressor)
+        return self._mean_pairs(self._messages(compressor, self._inputs(x, y), seed, round), compressor)
 
     def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
         return self._compressed(compressor, x, None, seed, round, "compressed_mean")
@@ -598,11 +613,13 @@ class MPIBackend:
         if self.path(compressor, "error_feedback") == "rust":
             if G is not self._own_G:
                 G = self._own_G = np.array(G, dtype=np.float64, order="C")
-            offsets, idx, vals, finite = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
-            if not finite:  # every rank must see the divergence in the same round: send NaNs
+            offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
+            if not ok:  # every rank must see the divergence in the same round: send NaNs
                 vals = np.full(len(vals), np.nan)
             return self._mean_pairs(Messages(offsets, idx, vals), compressor), G
-        msgs = compressor.compress_rows(self.local_grads(x) - G, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = self.local_grads(x) - G
+        msgs = self._messages(compressor, D, seed, round)
         return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
 
     def _mean_in_place(self, compressor: Compressor, r: Round, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
