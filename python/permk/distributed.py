@@ -791,6 +791,26 @@ def _digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+def problem_digest(local: Any, d: int) -> str:
+    """A digest of the problem data every rank must share, for the launch check: the problem's
+    own ``fingerprint()`` when it has one; else its global ``grad`` (and ``loss``, when present)
+    at ``x0`` and at a fixed pseudo-random point, which differ for different data (a
+    :class:`LocalProblem` without a global ``grad`` shares only ``x0``, ``n`` and ``d``, which
+    the check compares anyway)."""
+    problem = local.problem if isinstance(local, LocalView) else local
+    own = getattr(problem, "fingerprint", None)
+    if callable(own):
+        return f"fingerprint {own()}"
+    if not hasattr(local, "grad"):
+        return "no global oracle"
+    x0 = start_point(local.x0, d, "problem.x0")
+    z = np.random.default_rng(0x70726F62).standard_normal(d)
+    values = [check_output(local.grad(x), (d,), "problem.grad(x)") for x in (x0, z)]
+    if hasattr(local, "loss"):
+        values.append(np.array([float(local.loss(x)) for x in (x0, z)]))
+    return _digest(*values)
+
+
 def _flat(info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in info.items():
@@ -826,7 +846,7 @@ def _agree(comm: Any, setup: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             if k != "workers" and other.get(k) != ref.get(k):
                 raise LaunchError(
                     f"the ranks disagree on {k}: rank 0 has {ref.get(k)!r}, rank {r} has {other.get(k)!r} "
-                    "(every rank must run the same problem size, seed, compressor and arguments)"
+                    "(every rank must run the same problem (size and data), seed, compressor and arguments)"
                 )
     n = reports[0][1]["n"]
     for r, (_, other) in enumerate(reports):
@@ -937,6 +957,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         shared = {k: v for k, v in params.items() if k not in theory_keys or params["gamma_source"] == "user"}
         return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),
                 "params": shared, "rounds": rounds, "record_every": record_every, "start": start_digest,
+                "problem": problem_digest(local, backend.d),
                 "compressor": f"{type(compressor).__qualname__} {compressor.fingerprint()}"}
 
     _agree(comm, setup)
