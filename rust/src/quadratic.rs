@@ -355,7 +355,7 @@ impl Tridiagonal {
 
     /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
     fn mean_diff_bytes(d: usize) -> u128 {
-        5 * 8 * d as u128
+        8 * d as u128
     }
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on a plan, evaluating only the sent
@@ -376,13 +376,8 @@ impl Tridiagonal {
     fn mean_diff(&self, asg: &Assignment, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         let d = x_new.len();
         let n = self.n() as f64;
-        // T x and c x of both points once: a worker's gradient coordinate is then a_i (Tx)_j + (cx)_j
-        let (tn, cn) = self.tx_cx(x_new)?;
-        let (to, co) = self.tx_cx(x_old)?;
-        let diff = |i: usize, j: usize| {
-            let (ai, bi) = (self.a[i], self.beta[i]);
-            residual_at(ai, bi, &tn, &cn, j, residual_at(ai, bi, &to, &co, j, 0.0))
-        };
+        // each coordinate is sent by few workers: computed where it is sent, O(1) each
+        let diff = |i: usize, j: usize| self.grad_coord(x_new, i, j) - self.grad_coord(x_old, i, j);
         let mut out = mem::zeros::<f64>("the compressed mean difference", &[d])?;
         match asg {
             Assignment::Owners { owner, scale, .. } => {
