@@ -315,6 +315,8 @@ def test_a_rank_raising_outside_the_drivers_ends_a_plain_launch(tmp_path: Path) 
         ("too_few_workers", "n=3 workers cannot be spread over 4 processes"),
         ("disagree", "the ranks disagree on params['seed']: rank 0 has 0, rank 1 has 1"),
         ("disagree_compressor", "the ranks disagree on compressor: rank 0 has 'RandK "),
+        ("disagree_data", "the ranks disagree on problem: rank 0 has '"),
+        ("disagree_mappings", "the ranks disagree on compressor: rank 0 has 'PermutationOfMappings "),
     ],
 )
 def test_a_bad_launch_is_a_clear_error_on_every_rank(kind: str, message: str, tmp_path: Path) -> None:

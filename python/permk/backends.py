@@ -86,6 +86,12 @@ def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "lo
     return check_int(problem.n, "problem.n", low=1), check_int(problem.d, "problem.d", low=1)
 
 
+def finite(a: Array) -> bool:
+    """Whether every entry of an oracle's answer (or a difference of two) is finite: the dense
+    paths hand a compressor finite inputs only, and report the rest as divergence."""
+    return bool(np.isfinite(a).all())
+
+
 def native_pair(problem: Any, compressor: Compressor) -> tuple[Any, Any] | None:
     """``(problem.kernel, compressor.kernel)`` when both are native, else None."""
     pk, ck = getattr(problem, "kernel", None), compressor.kernel
@@ -182,10 +188,16 @@ class Simulator:
             vals = vals - self._coords(y, rows, cols)
         return r.mean(vals * r.scales()[rows])
 
+    def _diverged(self) -> Array:
+        """The aggregate of a round whose oracle values are not finite: NaN, which the driver
+        reports as divergence (``diverged_at``) instead of the compressor refusing its input."""
+        return np.full(self.d, np.nan)
+
     def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
         if self.path(compressor, "compressed_mean") == "fused":
             return self._plan_values(compressor, x, None, seed, round)
-        return compressor.aggregate(self.local_grads(x), seed=seed, round=round)
+        A = self.local_grads(x)
+        return compressor.aggregate(A, seed=seed, round=round) if finite(A) else self._diverged()
 
     def compressed_mean_diff(self, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
         path = self.path(compressor, "compressed_mean_diff")
@@ -194,7 +206,9 @@ class Simulator:
         if path == "fused":
             return self._plan_values(compressor, x, y, seed, round)
         new = self.local_grads(x)
-        return compressor.aggregate(new - self.local_grads(y), seed=seed, round=round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = new - self.local_grads(y)
+        return compressor.aggregate(D, seed=seed, round=round) if finite(D) else self._diverged()
 
     def error_feedback(self, compressor: Compressor, x: Array, G: Array, *, seed: int, round: int) -> tuple[Array, Array]:
         """EF21's exchange. On the Rust path the estimators are updated in place in a buffer this
@@ -203,11 +217,15 @@ class Simulator:
         if self.path(compressor, "error_feedback") == "rust":
             if G is not self._own_G:
                 G = self._own_G = np.array(G, dtype=np.float64, order="C")
-            offsets, idx, vals, finite = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, 0)
-            if not finite:  # a non-finite residual: the run has diverged (G is left as it was)
+            offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, 0)
+            if not ok:  # a non-finite residual: the run has diverged (G is left as it was)
                 return np.full(self.d, np.nan), G
             return np.bincount(idx, weights=vals, minlength=self.d) / self.n, G
-        C = compressor.compress_all(self.local_grads(x) - G, seed=seed, round=round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = self.local_grads(x) - G
+        if not finite(D):
+            return self._diverged(), G
+        C = compressor.compress_all(D, seed=seed, round=round)
         return C.sum(axis=0) / self.n, G + C
 
     # -- record --------------------------------------------------------------------------------

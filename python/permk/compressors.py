@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import hashlib
 import inspect
 import math
+import types
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, ClassVar, NamedTuple, Protocol, Sequence, runtime_checkable
@@ -512,15 +514,31 @@ class Compressor(abc.ABC):
         then placed, not summed (and on MPI each worker's values land in place)."""
         return False
 
+    def checked_compress(self, x: np.ndarray, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
+        """:meth:`compress`, its answer checked where it is used: a :class:`Message` (TypeError
+        otherwise) from ``worker`` of ``n_workers`` in the dimension of ``x`` with real values
+        (ValueError naming the compressor and the field otherwise; the indices are checked by
+        :class:`Message` itself)."""
+        m = self.compress(x, worker=worker, n_workers=n_workers, seed=seed, round=round)
+        if not isinstance(m, Message):
+            raise TypeError(f"{self.name}.compress must return a permk.Message, got {type(m).__name__}")
+        d = int(np.shape(x)[-1])
+        for field_, got, want in (("worker", m.worker, worker), ("n_workers", m.n_workers, n_workers), ("d", m.d, d)):
+            if got != want:
+                raise ValueError(f"{self.name}.compress returned a Message with {field_}={got!r}, expected {want!r}")
+        if m.values.dtype.kind not in "biuf":
+            raise TypeError(f"{self.name}.compress returned a Message whose values have dtype {m.values.dtype}, expected real numbers")
+        return m
+
     # The calls below run in the Rust kernel when the compressor has one (:attr:`kernel`), else
-    # call :meth:`compress` worker by worker.
+    # call :meth:`compress` worker by worker (:meth:`checked_compress`).
     def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         """The ``(n, d)`` array of compressed rows ``C_i(A[i])``."""
         A = as_float_array(A, 2, "A")
         if self.kernel is not None:
             return self.kernel.compress_all(A, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
         n, d = A.shape
-        return np.stack([self.compress(A[i], worker=i, n_workers=n, seed=seed, round=round).to_dense() for i in range(n)])
+        return np.stack([self.checked_compress(A[i], worker=i, n_workers=n, seed=seed, round=round).to_dense() for i in range(n)])
 
     def compress_rows(self, A: Any, *, start: int, n_workers: int, seed: int, round: int) -> Messages:
         """The messages of workers ``start … start + m − 1`` whose inputs are the rows of ``A``
@@ -530,7 +548,7 @@ class Compressor(abc.ABC):
             n = check_int(n_workers, "n_workers", low=1)
             start = check_int(start, "start", high=n)
             return Messages(*self.kernel.compress_rows(A, start, n, check_seed(seed), check_int(round, "round")))
-        msgs = [self.compress(A[j], worker=start + j, n_workers=n_workers, seed=seed, round=round) for j in range(A.shape[0])]
+        msgs = [self.checked_compress(A[j], worker=start + j, n_workers=n_workers, seed=seed, round=round) for j in range(A.shape[0])]
         offsets = np.concatenate([[0], np.cumsum([len(m.indices) for m in msgs])]).astype(np.int64)
         return Messages(offsets, np.concatenate([m.indices for m in msgs]).astype(np.int64),
                         np.concatenate([m.values for m in msgs]) if msgs else np.zeros(0, dtype=A.dtype))
@@ -541,7 +559,7 @@ class Compressor(abc.ABC):
         if self.kernel is not None:
             return self.kernel.aggregate(A, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
         n = A.shape[0]
-        return aggregate_messages([self.compress(A[i], worker=i, n_workers=n, seed=seed, round=round) for i in range(n)])
+        return aggregate_messages([self.checked_compress(A[i], worker=i, n_workers=n, seed=seed, round=round) for i in range(n)])
 
     def check(self, n: int, d: int) -> None:
         """Raise ValueError unless the compressor is defined for ``n`` workers in dimension ``d``."""
@@ -573,8 +591,11 @@ class Compressor(abc.ABC):
         return [cls.default(n, d)]
 
 
-def _feed(h: Any, v: Any) -> None:
-    """Feed a canonical encoding of ``v`` to the hash ``h`` (see :meth:`Compressor.fingerprint`)."""
+def _feed(h: Any, v: Any, depth: int = 0) -> None:
+    """Feed a canonical encoding of ``v`` to the hash ``h`` (see :meth:`Compressor.fingerprint`).
+    A Python function is encoded by what it computes (its bytecode, constants, defaults, closure
+    values and the globals it names, followed ``depth`` levels deep), not by its name: two
+    families of the same lambdas in a different order differ."""
     if isinstance(v, Compressor):
         h.update(f"<{type(v).__module__}.{type(v).__qualname__}>".encode())
         if dataclasses.is_dataclass(v):
@@ -583,25 +604,75 @@ def _feed(h: Any, v: Any) -> None:
             items = sorted((k, x) for k, x in vars(v).items() if not k.startswith("_"))
         for k, x in items:
             h.update(k.encode() + b"=")
-            _feed(h, x)
+            _feed(h, x, depth)
     elif isinstance(v, np.ndarray):
         h.update(f"array{v.dtype.str}{v.shape}".encode())
         h.update(np.ascontiguousarray(v).tobytes())
     elif isinstance(v, (list, tuple)):
         h.update(f"{type(v).__name__}[{len(v)}]".encode())
         for x in v:
-            _feed(h, x)
+            _feed(h, x, depth)
     elif isinstance(v, dict):
         h.update(f"dict[{len(v)}]".encode())
         for k in sorted(v, key=repr):
-            _feed(h, k)
-            _feed(h, v[k])
+            _feed(h, k, depth)
+            _feed(h, v[k], depth)
     elif v is None or isinstance(v, (bool, int, float, complex, str, bytes, np.generic)):
         h.update(repr(v).encode())
-    elif callable(v):
-        h.update(f"callable {getattr(v, '__module__', '')}.{getattr(v, '__qualname__', type(v).__qualname__)}".encode())
-    else:
+    elif isinstance(v, types.CodeType):
+        h.update(b"code")
+        h.update(v.co_code)
+        for x in (v.co_names, v.co_varnames, v.co_consts):
+            _feed(h, x)
+    elif isinstance(v, types.ModuleType):
+        h.update(f"module {v.__name__}".encode())
+    elif isinstance(v, types.FunctionType) and depth < _CALLABLE_DEPTH:
+        # what the function computes: its code, defaults, closure values and the values of the
+        # globals it names (so two lambdas, or one lambda over different data, differ)
+        code = v.__code__
+        h.update(f"function {v.__module__}.{v.__qualname__}".encode())
+        _feed(h, code)
+        _feed(h, v.__defaults__, depth + 1)
+        _feed(h, v.__kwdefaults__, depth + 1)
+        for cell in v.__closure__ or ():
+            try:
+                _feed(h, cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                h.update(b"empty cell")
+        names = {n for c in _code_objects(code) for n in c.co_names}
+        for name in sorted(names & v.__globals__.keys()):
+            h.update(name.encode() + b"=")
+            _feed(h, v.__globals__[name], depth + 1)
+    elif isinstance(v, functools.partial):
+        h.update(b"partial")
+        _feed(h, v.func, depth + 1)
+        _feed(h, v.args, depth + 1)
+        _feed(h, v.keywords, depth + 1)
+    elif isinstance(v, types.MethodType):
+        h.update(b"method")
+        _feed(h, v.__func__, depth + 1)
+        _feed(h, v.__self__, depth + 1)
+    elif hasattr(v, "__dict__") and not isinstance(v, type) and depth < _CALLABLE_DEPTH:
+        # an instance (e.g. a callable object): its class and attributes
         h.update(f"object {type(v).__module__}.{type(v).__qualname__}".encode())
+        for k, x in sorted(vars(v).items()):
+            h.update(k.encode() + b"=")
+            _feed(h, x, depth + 1)
+    else:
+        h.update(f"object {type(v).__module__}.{getattr(v, '__qualname__', type(v).__qualname__)}".encode())
+
+
+#: How deep :func:`_feed` follows functions' closures, globals and objects' attributes.
+_CALLABLE_DEPTH = 4
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and the code objects nested in it (inner functions, comprehensions)."""
+    out = [code]
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out += _code_objects(c)
+    return out
 
 
 @dataclass(frozen=True)
@@ -1125,7 +1196,7 @@ class GroupPermK(Compressor):
         self.check(n, x.shape[0])
         group, local = self._group_of
         k = int(group[w])
-        m = self.inner.compress(x, worker=int(local[w]), n_workers=len(self.groups[k]), seed=_derived_seed(check_seed(seed), k), round=round)
+        m = self.inner.checked_compress(x, worker=int(local[w]), n_workers=len(self.groups[k]), seed=_derived_seed(check_seed(seed), k), round=round)
         return Message(worker=w, n_workers=n, d=m.d, indices=m.indices, values=m.values)
 
     def compress_all(self, A: Any, *, seed: int, round: int) -> np.ndarray:
@@ -1293,6 +1364,8 @@ class PermutationOfMappings(Compressor):
     def _apply(self, u: int, x: np.ndarray) -> np.ndarray:
         q = self.maps[u]
         y = q @ x if self._arrays else np.asarray(q(x))
+        if y.dtype.kind not in "biuf":
+            raise TypeError(f"maps[{u}](x) returned dtype {y.dtype}, expected real numbers (a complex map is not a map of R^d)")
         if y.shape != x.shape:
             raise ValueError(f"maps[{u}](x) returned shape {y.shape}, expected {x.shape}")
         return np.asarray(y, dtype=x.dtype)
@@ -1545,8 +1618,8 @@ class Compose(Compressor):
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         if self.kernel is not None:
             return RustCompressor.compress(self, x, worker=worker, n_workers=n_workers, seed=seed, round=round)  # type: ignore[arg-type]
-        q = self.quantizer.compress(x, worker=worker, n_workers=n_workers, seed=seed, round=round)
-        return self.sparsifier.compress(q.to_dense(), worker=worker, n_workers=n_workers, seed=seed, round=round)
+        q = self.quantizer.checked_compress(x, worker=worker, n_workers=n_workers, seed=seed, round=round)
+        return self.sparsifier.checked_compress(q.to_dense(), worker=worker, n_workers=n_workers, seed=seed, round=round)
 
 
 def catalog() -> dict[str, type[Compressor]]:

@@ -84,7 +84,7 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real, start_point
-from .backends import EXCHANGES, PATHS, choose_path, native_pair
+from .backends import EXCHANGES, PATHS, choose_path, finite, native_pair
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
@@ -567,8 +567,25 @@ class MPIBackend:
             out[...] = vals
             return out
         ws = self.workers
-        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
+        D = self._inputs(x, y)
         return r.gather(D[start - ws.start : stop - ws.start], start, divide=divide, out=out)
+
+    def _inputs(self, x: Array, y: Array | None) -> Array:
+        """The held workers' compressor inputs ``∇f_i(x)`` (``y`` None) or ``∇f_i(x) − ∇f_i(y)``
+        on the dense path (non-finite values included: see :meth:`_messages`)."""
+        if y is None:
+            return self.local_grads(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return self.local_grads(x) - self.local_grads(y)
+
+    def _messages(self, compressor: Compressor, D: Array, seed: int, round: int) -> Messages:
+        """The held workers' messages of inputs ``D``. A non-finite input (an oracle's NaN or
+        overflow) is not given to the compressor: the messages of zero inputs are sent with NaN
+        values instead, so every rank sees the divergence in the same round (``diverged_at``)."""
+        if finite(D):
+            return compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        msgs = compressor.compress_rows(np.zeros_like(D), start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        return msgs._replace(values=np.full(len(msgs.values), np.nan))
 
     def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
         if self.counting:
@@ -581,9 +598,7 @@ class MPIBackend:
                     return self._mean_in_place(compressor, r, Ranges(*ranges), x, y, exchange)
             ws = self.workers
             return self._mean_round(r, self._values(compressor, r, x, y, ws.start, ws.stop, exchange))
-        D = self.local_grads(x) if y is None else self.local_grads(x) - self.local_grads(y)
-        msgs = compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
-        return self._mean_pairs(msgs, compressor)
+        return self._mean_pairs(self._messages(compressor, self._inputs(x, y), seed, round), compressor)
 
     def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
         return self._compressed(compressor, x, None, seed, round, "compressed_mean")
@@ -598,11 +613,13 @@ class MPIBackend:
         if self.path(compressor, "error_feedback") == "rust":
             if G is not self._own_G:
                 G = self._own_G = np.array(G, dtype=np.float64, order="C")
-            offsets, idx, vals, finite = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
-            if not finite:  # every rank must see the divergence in the same round: send NaNs
+            offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
+            if not ok:  # every rank must see the divergence in the same round: send NaNs
                 vals = np.full(len(vals), np.nan)
             return self._mean_pairs(Messages(offsets, idx, vals), compressor), G
-        msgs = compressor.compress_rows(self.local_grads(x) - G, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            D = self.local_grads(x) - G
+        msgs = self._messages(compressor, D, seed, round)
         return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
 
     def _mean_in_place(self, compressor: Compressor, r: Round, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
@@ -774,6 +791,26 @@ def _digest(*arrays: Any) -> str:
     return h.hexdigest()
 
 
+def problem_digest(local: Any, d: int) -> str:
+    """A digest of the problem data every rank must share, for the launch check: the problem's
+    own ``fingerprint()`` when it has one; else its global ``grad`` (and ``loss``, when present)
+    at ``x0`` and at a fixed pseudo-random point, which differ for different data (a
+    :class:`LocalProblem` without a global ``grad`` shares only ``x0``, ``n`` and ``d``, which
+    the check compares anyway)."""
+    problem = local.problem if isinstance(local, LocalView) else local
+    own = getattr(problem, "fingerprint", None)
+    if callable(own):
+        return f"fingerprint {own()}"
+    if not hasattr(local, "grad"):
+        return "no global oracle"
+    x0 = start_point(local.x0, d, "problem.x0")
+    z = np.random.default_rng(0x70726F62).standard_normal(d)
+    values = [check_output(local.grad(x), (d,), "problem.grad(x)") for x in (x0, z)]
+    if hasattr(local, "loss"):
+        values.append(np.array([float(local.loss(x)) for x in (x0, z)]))
+    return _digest(*values)
+
+
 def _flat(info: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in info.items():
@@ -809,7 +846,7 @@ def _agree(comm: Any, setup: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             if k != "workers" and other.get(k) != ref.get(k):
                 raise LaunchError(
                     f"the ranks disagree on {k}: rank 0 has {ref.get(k)!r}, rank {r} has {other.get(k)!r} "
-                    "(every rank must run the same problem size, seed, compressor and arguments)"
+                    "(every rank must run the same problem (size and data), seed, compressor and arguments)"
                 )
     n = reports[0][1]["n"]
     for r, (_, other) in enumerate(reports):
@@ -920,6 +957,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         shared = {k: v for k, v in params.items() if k not in theory_keys or params["gamma_source"] == "user"}
         return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),
                 "params": shared, "rounds": rounds, "record_every": record_every, "start": start_digest,
+                "problem": problem_digest(local, backend.d),
                 "compressor": f"{type(compressor).__qualname__} {compressor.fingerprint()}"}
 
     _agree(comm, setup)

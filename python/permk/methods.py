@@ -369,6 +369,9 @@ class GD(Marina):
     exchange = "mean_grad"
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
+        if not isinstance(compressor, Identity):
+            raise ValueError(f"gd sends full gradients: its compressor must be None or Identity, got {compressor.name} "
+                             "(use marina, dcgd or ef21 to compress)")
         return super().parameters(compressor, n, d, float_bits=float_bits, p=1.0)
 
     def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
@@ -547,10 +550,15 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
 
     Metrics are recorded every ``record_every`` rounds (and at the end); a non-finite iterate (or
     estimator) stops the run at once and is reported in ``diverged_at``. ``on_round`` sees every
-    round's :class:`RoundInfo` (the MPI backend counts its bytes there)."""
+    round's :class:`RoundInfo` (the MPI backend counts its bytes there). Whether a round is
+    recorded is computed from its number, so the record costs memory in the points recorded,
+    not in ``rounds``."""
     t_start = time.perf_counter()
     start_round = state.round
-    record_at = set(range(start_round, start_round + rounds + 1, record_every)) | {start_round + rounds}
+    last_round = start_round + rounds
+
+    def recorded(t: int) -> bool:
+        return (t - start_round) % record_every == 0 or t == last_round
     expected_round = params["bits"]["expected"]
     rec_t: list[int] = []
     rec_g: list[float] = []
@@ -594,7 +602,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
             on_round(info)
         g = getattr(state, "g", None)
         finite = bool(np.isfinite(state.x).all() and (g is None or np.isfinite(g).all()))
-        if not finite or (state.round in record_at and not record(state)):
+        if not finite or (recorded(state.round) and not record(state)):
             diverged_at = state.round
             break
         if bar is not None:

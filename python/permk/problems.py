@@ -265,6 +265,11 @@ class SyntheticQuadratic(Quadratic):
         self.x0 = np.zeros(self.d)
         self.x0[0] = math.sqrt(self.d)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (and deep-copied) as its constructor's arguments: the problem is a pure function
+        of them, and its native kernel is rebuilt from them (a spawn pool can take it)."""
+        return (type(self), (self.n, self.d, self.lam, self.noise_scale, self.seed))
+
     def hessians(self) -> list[Any]:
         """The ``A_i`` as ``scipy.sparse`` tridiagonal matrices (``O(nd)`` memory: small n only)."""
         import scipy.sparse as sp

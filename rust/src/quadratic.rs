@@ -355,51 +355,36 @@ impl Tridiagonal {
 
     /// The bytes of [`Self::mean_diff`]'s temporaries and output in dimension `d`.
     fn mean_diff_bytes(d: usize) -> u128 {
-        3 * 8 * d as u128
+        8 * d as u128
     }
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on a plan, evaluating only the sent
-    /// coordinates: `(∇f_i(x_new) − ∇f_i(x_old))_j = a_i (Tδ)_j + c δ_j`, `δ = x_new − x_old`.
-    /// Summed in worker order, then divided by `n`, like `aggregate`. The tests' reference (the
-    /// pre-refactor path on a whole plan).
+    /// coordinates. The tests' reference (the pre-refactor path on a whole plan).
     #[cfg(test)]
     pub fn compressed_mean_diff_with_plan(&self, plan: &RoundPlan, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         self.mean_diff(&Assignment::Plan(plan.clone()), x_new, x_old)
     }
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` on an assignment, evaluating only the sent
-    /// coordinates (`a_i (Tδ)_j + c δ_j`, `δ = x_new − x_old`): owners (PermK for `d >= n`,
-    /// CoordinateSampling) are read directly, with the plan's arithmetic (one value per
-    /// coordinate: `(0 + scale·v) / n`).
+    /// coordinates, in the documented order of every path: each gradient coordinate as
+    /// [`Self::grad_coord`] computes it, their difference, then one multiplication by the scale
+    /// (`scale_i · (∇f_i(x_new)_j − ∇f_i(x_old)_j)`), summed in worker order from 0, then
+    /// divided by `n`: bit for bit `aggregate` of the local gradients' difference (not
+    /// `a_i (Tδ)_j + c δ_j` on `δ = x_new − x_old`, which rounds differently). Owners (PermK for
+    /// `d >= n`, CoordinateSampling) are read directly (one value per coordinate:
+    /// `(0 + scale·v) / n`).
     fn mean_diff(&self, asg: &Assignment, x_new: &[f64], x_old: &[f64]) -> Result<Vec<f64>> {
         let d = x_new.len();
         let n = self.n() as f64;
-        // δ_j = x_new_j − x_old_j, recomputed where needed (the same values as a stored δ)
-        let delta = |j: usize| x_new[j] - x_old[j];
-        // (Tδ)_j and c·δ_j once per coordinate: a worker's value is then a_i·(Tδ)_j + (cδ)_j
-        let t_delta = mem::collect(
-            "T δ",
-            d,
-            (0..d).map(|j| {
-                let mut v = 2.0 * delta(j);
-                if j > 0 {
-                    v -= delta(j - 1);
-                }
-                if j + 1 < d {
-                    v -= delta(j + 1);
-                }
-                v
-            }),
-        )?;
-        let c_delta = mem::collect("c δ", d, (0..d).map(|j| self.c * delta(j)))?;
+        // each coordinate is sent by few workers: computed where it is sent, O(1) each
+        let diff = |i: usize, j: usize| self.grad_coord(x_new, i, j) - self.grad_coord(x_old, i, j);
         let mut out = mem::zeros::<f64>("the compressed mean difference", &[d])?;
         match asg {
             Assignment::Owners { owner, scale, .. } => {
                 let scale = *scale;
                 with_owner!(owner, v => {
                     for (j, (o, &w)) in out.iter_mut().zip(v.iter()).enumerate() {
-                        let x = self.a[w.idx()] * t_delta[j] + c_delta[j];
-                        *o += if scale == 1.0 { x } else { scale * x };
+                        *o += scale * diff(w.idx(), j);
                     }
                 });
             }
@@ -411,18 +396,17 @@ impl Tridiagonal {
                     if b == IDLE {
                         continue;
                     }
-                    let ai = self.a[i];
                     match blocks {
                         Blocks::Ranges(bounds) => {
                             let (lo, hi) = (bounds[b as usize], bounds[b as usize + 1]);
-                            for ((o, &t), &c) in out[lo..hi].iter_mut().zip(&t_delta[lo..hi]).zip(&c_delta[lo..hi]) {
-                                *o += scale * (ai * t + c);
+                            for (j, o) in (lo..hi).zip(out[lo..hi].iter_mut()) {
+                                *o += scale * diff(i, j);
                             }
                         }
                         Blocks::Listed { offsets, coords } => {
                             for &j in &coords[offsets[b as usize]..offsets[b as usize + 1]] {
                                 let j = j as usize;
-                                out[j] += scale * (ai * t_delta[j] + c_delta[j]);
+                                out[j] += scale * diff(i, j);
                             }
                         }
                     }
@@ -431,10 +415,8 @@ impl Tridiagonal {
             Assignment::Plan(plan) => {
                 for i in 0..plan.n() {
                     let (coords, scale) = plan.worker(i);
-                    let ai = self.a[i];
                     coords.for_each(d, |j| {
-                        let v = ai * t_delta[j] + c_delta[j];
-                        out[j] += if scale == 1.0 { v } else { scale * v };
+                        out[j] += scale * diff(i, j);
                     });
                 }
             }
@@ -1066,11 +1048,11 @@ mod tests {
                     }
                     let reference = tail_reference(&q, sp, x_new.as_slice().unwrap(), x0.as_slice().unwrap(), 5, round);
                     assert!(cmd.iter().zip(&reference).all(|(a, b)| a.to_bits() == b.to_bits()), "{sp:?}");
-                    // and it is the aggregate of the local gradient differences (to rounding)
+                    // and it is the aggregate of the local gradient differences, bit for bit
                     let diff = q.local_grads(x_new.view(), 0, n).unwrap() - q.local_grads(x0.view(), 0, n).unwrap();
                     let dense = compress::aggregate(sp, diff.view(), 5, round).unwrap();
                     for j in 0..d {
-                        assert!((cmd[j] - dense[j]).abs() <= 1e-9 * (1.0 + dense[j].abs()), "{sp:?} {} vs {}", cmd[j], dense[j]);
+                        assert_eq!(cmd[j], dense[j], "{sp:?} n={n} d={d} j={j}");
                     }
                 }
             }

@@ -6,6 +6,8 @@
 * ``too_few_workers``: n=3 workers on 4 processes;
 * ``disagree``: the ranks pass different seeds;
 * ``disagree_compressor``: the ranks pass RandK with different k;
+* ``disagree_data``: the ranks pass synthetic quadratics of different seeds (same n, d, x0);
+* ``disagree_mappings``: the ranks pass PermutationOfMappings of the same lambdas in different orders;
 * ``plain_raise``: rank 1's script raises before any MPI call or driver, without
   install_excepthook() (importing permk.distributed installs it under mpiexec).
 
@@ -54,6 +56,13 @@ def main(kind: str) -> None:
         pd.marina(pd.LocalView(q), permk.PermK(), rounds=5, seed=comm.rank)
     elif kind == "disagree_compressor":
         pd.marina(q, permk.RandK(1 + comm.rank), rounds=5, seed=1)
+    elif kind == "disagree_data":
+        pd.marina(permk.Quadratic.synthetic(n=4, d=16, lam=1e-3, noise_scale=0.1, seed=comm.rank), permk.PermK(), rounds=5, seed=1)
+    elif kind == "disagree_mappings":
+        maps = [lambda x: 2 * x, lambda x: 0 * x, lambda x: 2 * x + 0, lambda x: 0 * x + 0]
+        k = comm.rank
+        c = permk.PermutationOfMappings(maps[k:] + maps[:k], theta=8.0, omega=1.0)
+        pd.marina(q, c, rounds=5, seed=1, gamma=0.1)
     else:
         raise SystemExit(f"unknown kind {kind}")
     print(f"rank {comm.rank}: finished (unexpected)", flush=True)

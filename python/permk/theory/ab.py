@@ -27,7 +27,11 @@ __all__ = ["ABInput", "ABEstimate", "estimate_ab"]
 class ABInput:
     """One input set ``a_1, …, a_n`` of :func:`estimate_ab`: ``S = (1/n) Σ ‖a_i‖²``,
     ``M = ‖ā‖²``, the Monte Carlo mean of ``‖(1/n) Σ C_i(a_i) − ā‖²`` and its confidence
-    interval, and the right-hand side ``A·S − B·M`` of eq. (AB) with the stated constants."""
+    interval, and the right-hand side ``A·S − B·M`` of eq. (AB) with the stated constants; and
+    the bias: ``‖(1/T) Σ_t (1/n) Σ C_i(a_i) − ā‖²`` (``bias``), the tolerance an unbiased
+    compressor stays within with probability at least the Bonferroni level (``bias_tolerance``,
+    Markov's inequality on ``E‖mean error‖² = E‖err‖²/T`` with the upper end of the variance
+    interval), and whether the bias is within it (``unbiased``)."""
 
     name: str
     S: float
@@ -35,9 +39,13 @@ class ABInput:
     variance: float
     interval: tuple[float, float]
     stated_bound: float | None
-    #: Whether the lower end of the interval is at most ``A·S − B·M`` (up to rounding): the
-    #: data does not refute the stated constants. None when no constants are stated.
+    #: Whether the compressor looks unbiased on this input and the lower end of the interval is
+    #: at most ``A·S − B·M`` (up to rounding): the data does not refute the stated constants.
+    #: None when no constants are stated.
     consistent: bool | None
+    bias: float
+    bias_tolerance: float
+    unbiased: bool
 
 
 @dataclass(frozen=True)
@@ -86,14 +94,21 @@ class ABEstimate:
 
     @property
     def consistent(self) -> bool | None:
-        """Whether every input is consistent with the stated constants (None if none stated)."""
+        """Whether every input is consistent with the stated constants (None if none stated):
+        the AB inequality presumes an unbiased compressor, so a measured bias is inconsistent."""
         return None if self.stated is None else all(bool(i.consistent) for i in self.inputs)
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether no input shows a bias beyond its tolerance (:class:`ABInput`)."""
+        return all(i.unbiased for i in self.inputs)
 
     def summary(self) -> str:
         """A few lines for humans."""
         lines = [f"{self.compressor} on n={self.n}, d={self.d}: {self.trials} rounds per input, {self.confidence:.0%} intervals"]
         for i in self.inputs:
             ok = "" if i.consistent is None else ("  ok" if i.consistent else "  VIOLATES stated")
+            ok += "" if i.unbiased else f"  BIASED (‖mean error‖²={i.bias:.4g} > {i.bias_tolerance:.4g})"
             low, high = i.interval
             lines.append(f"  {i.name:<11} S={i.S:.4g} M={i.M:.4g} E‖err‖²={i.variance:.4g} [{low:.4g}, {high:.4g}]{ok}")
         lines.append(f"  stated (A, B) = {self.stated}")
@@ -142,7 +157,8 @@ def estimate_ab(
     round=t)`` is averaged over ``t < trials`` (a normal-approximation interval at the
     Bonferroni level ``1 − (1 − confidence)/#inputs``). ``seed`` (random if None, reported)
     also draws the built-in inputs. See :class:`ABEstimate` for ``A``, ``B`` and their
-    intervals; the AB inequality presumes an unbiased compressor.
+    intervals; the AB inequality presumes an unbiased compressor: the mean error is measured too
+    (``unbiased``, :class:`ABInput`'s ``bias``), and a biased compressor is not ``consistent``.
 
     Any :class:`permk.Compressor` works, including one defined in Python — here independent
     Rand1 (each worker sends one random coordinate, scaled by ``d``: ``ω = d − 1``, so
@@ -171,7 +187,8 @@ def estimate_ab(
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     seed = int(np.random.default_rng().integers(2**63)) if seed is None else check_seed(seed)
     sets = _input_sets(inputs, n, d, np.random.default_rng(seed))
-    z = NormalDist().inv_cdf(1 - (1 - confidence) / (2 * len(sets)))
+    level = (1 - confidence) / len(sets)  # Bonferroni over the inputs
+    z = NormalDist().inv_cdf(1 - level / 2)
     stated_raw = compressor.ab_constants(n, d)
     stated = None if stated_raw is None else (float(stated_raw[0]), float(stated_raw[1]))
     results = []
@@ -184,10 +201,18 @@ def estimate_ab(
         S, M = float(np.mean(np.einsum("ij,ij->i", a, a))), float(mean @ mean)
         low = max(float(sq.mean()) - half, 0.0)
         bound = None if stated is None else stated[0] * S - stated[1] * M
+        high = float(sq.mean()) + half
+        mean_err = err.mean(axis=0)
+        bias = float(mean_err @ mean_err)
+        # Markov: P(‖mean error‖² > E‖err‖²/(T·level)) ≤ level for an unbiased compressor whose
+        # rounds are independent; plus the rounding of T sums of inputs of size S
+        tolerance = high / (trials * level) + (1e-12 * d) ** 2 * (S + M)
+        unbiased = bias <= tolerance
         results.append(
             ABInput(
-                name=name, S=S, M=M, variance=float(sq.mean()), interval=(low, float(sq.mean()) + half), stated_bound=bound,
-                consistent=None if stated is None else low <= bound + 1e-12 * (stated[0] * S + stated[1] * M),  # type: ignore[operator]
+                name=name, S=S, M=M, variance=float(sq.mean()), interval=(low, high), stated_bound=bound,
+                consistent=None if stated is None else unbiased and low <= bound + 1e-12 * (stated[0] * S + stated[1] * M),  # type: ignore[operator]
+                bias=bias, bias_tolerance=tolerance, unbiased=unbiased,
             )  # fmt: skip
         )
     est = ABEstimate(
