@@ -82,18 +82,20 @@ def test_autoencoder_missing_data_says_how_to_provide_it(tmp_path: Path) -> None
     assert r.returncode == 2 and "train-images-idx3-ubyte.gz: corrupt gzip" in r.stderr
 
 
-def _idx_images(path: Path, n: int, seed: int = 0) -> None:
+def idx_data(tmp_path: Path, n: int, seed: int = 0) -> Path:
+    """A directory ``tmp_path/data`` holding ``n`` random 8×8 images as an IDX training file."""
+    d = tmp_path / "data"
+    d.mkdir()
     X = (np.random.default_rng(seed).random((n, 8, 8)) * 255).astype(np.uint8)
     raw = bytes([0, 0, 8, 3]) + struct.pack(">3I", n, 8, 8) + X.tobytes()
-    path.write_bytes(gzip.compress(raw))
+    (d / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(raw))
+    return d
 
 
 @pytest.mark.slow
 def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
     """A tiny grid on IDX data given by $PERMK_DATA: files, constants, figures."""
-    d = tmp_path / "data"
-    d.mkdir()
-    _idx_images(d / "train-images-idx3-ubyte.gz", 200)
+    d = idx_data(tmp_path, 200)
     out = tmp_path / "out"
     r = run_cli("autoencoder", "--workers", "10", "--p-hat", "0", "1", "--lam", "0.001", "--encoding", "3", "--rounds", "60",
                 "--max-multipliers", "2", "--jobs", "2", "--no-progress", "--out", str(out), env={"PERMK_DATA": str(d)})

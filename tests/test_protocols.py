@@ -212,11 +212,9 @@ def test_autoencoder_cell_passes_the_protocols_problem_options(monkeypatch: pyte
 
 def test_autoencoder_estimate_on_idx_data(tmp_path: Path) -> None:
     """``permk autoencoder --estimate``: every cell and method of the grid, nothing written."""
-    from test_cli import _idx_images
+    from test_cli import idx_data
 
-    d = tmp_path / "data"
-    d.mkdir()
-    _idx_images(d / "train-images-idx3-ubyte.gz", 120)
+    d = idx_data(tmp_path, 120)
     out = tmp_path / "out"
     r = run_cli("autoencoder", "--workers", "6", "--p-hat", "0", "1", "--lam", "0.001", "--encoding", "3", "--rounds", "40",
                 "--max-multipliers", "2", "--estimate", "--no-progress", "--out", str(out), env={"PERMK_DATA": str(d)})
