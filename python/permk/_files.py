@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import IO, Callable
+from typing import IO, Any, Callable
 
 __all__ = ["atomic_write"]
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
-    """Call ``write(fh)`` on a binary file that becomes ``path`` only once ``write`` returns
-    (see the module docstring); returns ``path``. The new file's mode follows the umask, as a
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call ``write(fh)`` (its return value is ignored) on a binary file that becomes ``path``
+    only once ``write`` returns (see the module docstring); returns ``path``. The new file's mode follows the umask, as a
     plain ``open(path, "wb")`` would."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")

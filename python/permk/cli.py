@@ -50,6 +50,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     out = getattr(args, "out", None)
+    if out == "":
+        parser.error("--out must name a directory, got ''")
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         parser.error(f"--out {out} is a file, not a directory")
 
