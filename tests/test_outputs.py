@@ -246,6 +246,16 @@ def test_save_state_keeps_numpys_file_names(tmp_path: Path) -> None:
         assert permk.load_state(tmp_path / name).round == s.round
 
 
+def test_save_state_through_a_symlink_replaces_its_target_and_names_a_missing_directory(tmp_path: Path) -> None:
+    old, new = _two_states()
+    permk.save_state(old, tmp_path / "real.npz")
+    (tmp_path / "link.npz").symlink_to(tmp_path / "real.npz")
+    permk.save_state(new, tmp_path / "link.npz")
+    assert (tmp_path / "link.npz").is_symlink() and permk.load_state(tmp_path / "real.npz").round == new.round
+    with pytest.raises(FileNotFoundError, match=r"No such file or directory: '.*nowhere/ck\.npz'"):
+        permk.save_state(new, tmp_path / "nowhere" / "ck")
+
+
 def test_a_failed_save_leaves_the_old_checkpoint_whole_and_no_temporary_file(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     old, new = _two_states()

@@ -18,11 +18,15 @@ __all__ = ["atomic_write"]
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Any]) -> Path:
     """Call ``write(fh)`` (its return value is ignored) on a binary file that becomes ``path``
-    only once ``write`` returns (see the module docstring); returns ``path``. The new file's mode follows the umask, as a
+    only once ``write`` returns (see the module docstring); returns the path written (a symlink's
+    target). The new file's mode follows the umask, as a
     plain ``open(path, "wb")`` would."""
-    p = Path(path)
+    p = Path(os.path.realpath(path))  # through a symlink: the file it names is replaced, not the link
     tmp = p.with_name(f".{p.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except OSError as e:  # named by the file asked for, not the temporary one
+        raise type(e)(e.errno, e.strerror, str(p)) from None
     try:
         with os.fdopen(fd, "wb") as fh:
             write(fh)
