@@ -13,6 +13,9 @@ GD, DCGD, each defined once); :mod:`permk.distributed` (MPI) and :mod:`permk.exp
 from . import _clock as _clock  # first: the zero of the CLI's time line
 from . import theory as theory
 from ._core import __version__ as __version__
+from .parallel import apply_env_threads as _apply_env_threads
+
+_apply_env_threads()  # PERMK_THREADS=N: this process's Rust pool and BLAS (permk.parallel)
 from .compressors import *  # noqa: F403 - every compressor (compressors.__all__): a new one needs no line here
 from .compressors import __all__ as _compressors
 from .methods import *  # noqa: F403 - every method and its state (methods.__all__)

@@ -32,7 +32,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
     g.add_argument("--seed", type=_nonnegative_int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
     g.add_argument("--jobs", type=_positive, default=1, help="cells run in this many processes (default 1)")
-    g.add_argument("--threads", type=_positive, default=None,
+    g.add_argument("--threads", type=_thread_count, default=None,
                    help="threads of each process for the Rust kernels and BLAS (default: the cores divided by the processes permk starts)")
     g.add_argument("--out", default="permk-out", help="output directory (default ./permk-out)")
     g.add_argument("--resume", action="store_true", help="continue an interrupted grid in --out: finished runs are read back, not recomputed")
@@ -71,6 +71,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _check_out(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     out = getattr(args, "out", None)
+    if out == "":
+        parser.error("--out must name a directory, got ''")
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         parser.error(f"--out {out} is a file, not a directory")
 
@@ -88,6 +90,15 @@ def _integer(v: str, *, low: int) -> int:
 
 def _positive(v: str) -> int:
     return _integer(v, low=1)
+
+
+def _thread_count(v: str) -> int:
+    from .parallel import MAX_THREADS
+
+    i = _positive(v)
+    if i > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_THREADS}, got {v}")
+    return i
 
 
 def _nonnegative_int(v: str) -> int:
@@ -387,19 +398,30 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _message(e: BaseException) -> str:
+    """An error's one-line message; an OSError from the system names its file
+    (``f/b: Not a directory``)."""
+    if isinstance(e, OSError) and e.strerror:
+        if e.filename is None:
+            return e.strerror
+        return f"{e.filename}: {e.strerror}" + (f" (and {e.filename2})" if e.filename2 is not None else "")
+    return str(e)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``permk`` command."""
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_out(getattr(args, "parser", parser), args)
-    if getattr(args, "threads", None) is not None:
-        from .parallel import use_threads
-
-        use_threads(args.threads)
     try:
+        from .parallel import env_threads, use_threads
+
+        env_threads()  # a bad PERMK_THREADS is refused by every command
+        if getattr(args, "threads", None) is not None:
+            use_threads(args.threads)
         return int(args.func(args) or 0)
-    except (FileNotFoundError, FileExistsError, ValueError, MemoryError) as e:
-        print(f"permk {args.command}: error: {e}", file=sys.stderr)
+    except (OSError, ValueError, MemoryError) as e:
+        print(f"permk {args.command}: error: {_message(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"permk {args.command}: interrupted; finished runs are saved, continue with --resume", file=sys.stderr)

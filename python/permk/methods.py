@@ -31,6 +31,7 @@ import abc
 import dataclasses
 import inspect
 import math
+import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import numpy as np
 
 from . import _core
+from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
@@ -140,10 +142,22 @@ class DCGDState(State):
 
 
 def save_state(state: State, path: Any) -> None:
-    """Write a state to an ``.npz`` file (see :func:`load_state`)."""
+    """Write a state to an ``.npz`` file (see :func:`load_state`); ``.npz`` is appended to a
+    path without it, as :func:`numpy.savez` does.
+
+    The write is atomic: the file is written beside ``path`` under a temporary name, fsynced
+    and then renamed over it, so a process killed while it overwrites a checkpoint leaves the
+    old checkpoint whole, never a cut-short one. (An open file object is written in place.)"""
     if not isinstance(state, State):
         raise TypeError(f"state must be a permk state (e.g. result.state), got {type(state).__name__}")
-    np.savez(path, __kind__=type(state).__name__, **{name: getattr(state, name) for name in state.field_names()})
+    arrays = {"__kind__": type(state).__name__, **{name: getattr(state, name) for name in state.field_names()}}
+    if hasattr(path, "write"):
+        np.savez(path, **arrays)
+        return
+    target = os.fspath(path)
+    if not target.endswith(".npz"):
+        target += ".npz"
+    atomic_write(target, lambda fh: np.savez(fh, **arrays))
 
 
 def load_state(path: Any) -> State:

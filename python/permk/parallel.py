@@ -5,23 +5,33 @@ on one machine — each process gets ``cores // processes`` threads (at least on
 processes × threads never exceed the cores: oversubscribed BLAS and rayon threads spin and can
 make a run many times slower. On a machine other work already keeps busy, the experiments take
 only the cores the load leaves free (:func:`busy_threads`). By hand: ``permk … --threads N``, the environment variable
-``PERMK_THREADS=N`` (read by every permk process), or :func:`limit_threads` in a script; the
-usual ``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS`` and ``RAYON_NUM_THREADS`` work too when set
-before Python starts. Results never depend on the number of threads.
+``PERMK_THREADS=N`` (read by every permk process when it imports permk:
+:func:`apply_env_threads`), or :func:`limit_threads` in a script; the usual
+``OMP_NUM_THREADS``/``OPENBLAS_NUM_THREADS`` and ``RAYON_NUM_THREADS`` work too when set before
+Python starts. Results never depend on the number of threads.
+
+A ``PERMK_THREADS`` that is not a positive integer is a ``RuntimeWarning`` when permk is
+imported (the import goes on with the default threads: a wrong thread count can cost only
+speed, and an import that failed would break every program that merely imports permk, the
+command line's own error report included) and a ValueError naming the variable wherever permk
+chooses threads from it: every ``permk`` command (exit 2), ``--jobs`` pools, MPI ranks.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import warnings
 
 from . import _core
 from ._validate import check_int
 
-__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "use_threads", "busy_threads"]
+__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "apply_env_threads", "use_threads", "busy_threads"]
 
 #: The environment variable that fixes the threads of every permk process.
 ENV = "PERMK_THREADS"
+#: The most threads a process can be given (the Rust pool's limit, ``threads.rs``).
+MAX_THREADS = 1024
 
 
 def cores() -> int:
@@ -33,14 +43,29 @@ def cores() -> int:
 
 
 def env_threads() -> int | None:
-    """``PERMK_THREADS`` when set (a positive integer), else None."""
+    """``PERMK_THREADS`` when set (a positive integer, at most :data:`MAX_THREADS`), else None;
+    any other value is a ValueError naming the variable."""
     raw = os.environ.get(ENV)
     if raw is None or not raw.strip():
         return None
     try:
-        return check_int(int(raw), ENV, low=1)
+        return check_int(int(raw), ENV, low=1, high=MAX_THREADS + 1)
     except (TypeError, ValueError):
-        raise ValueError(f"{ENV} must be a positive integer, got {raw!r}") from None
+        raise ValueError(f"{ENV} must be a positive integer (at most {MAX_THREADS}), got {raw!r}") from None
+
+
+def apply_env_threads() -> int | None:
+    """What ``import permk`` does with ``PERMK_THREADS``: when it is a positive integer ``N``,
+    :func:`limit_threads` ``(N)`` (the Rust pool and BLAS of this process) and returns ``N``;
+    unset, nothing (None); any other value, a ``RuntimeWarning`` and nothing (see the module
+    docstring for why not an error here)."""
+    try:
+        threads = env_threads()
+    except ValueError as e:
+        warnings.warn(f"{e}: this process keeps its default threads, and permk's commands, --jobs pools and MPI runs "
+                      f"refuse the value", RuntimeWarning, stacklevel=2)
+        return None
+    return None if threads is None else limit_threads(threads)
 
 
 def threads_per_process(processes: int) -> int:
@@ -52,7 +77,7 @@ def threads_per_process(processes: int) -> int:
 def limit_threads(threads: int) -> int:
     """Use ``threads`` threads in this process for the Rust kernels and for BLAS/OpenMP (through
     threadpoolctl); returns it."""
-    threads = check_int(threads, "threads", low=1)
+    threads = check_int(threads, "threads", low=1, high=MAX_THREADS + 1)
     _core.set_num_threads(threads)
     from threadpoolctl import threadpool_limits
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -152,13 +153,20 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
 
+def _nested_bars(progress: bool, jobs: int, mpi: bool) -> bool:
+    """Whether each cell shows its own bar of runs under the grid's bar: in one process and on a
+    terminal only (a nested bar redraws by moving the cursor up, ``ESC [A``, which a log file
+    would keep as hundreds of lines)."""
+    return progress and jobs <= 1 and not mpi and sys.stderr.isatty()
+
+
 def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
                   progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/<grid.name>/`` (see the module docstring) and draw its figures.
     Returns the experiment directory."""
     check_memory(grid, mpi)
     root = run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
-                    progress=progress, extra=(progress and jobs <= 1 and not mpi, mpi), mpi=mpi)
+                    progress=progress, extra=(_nested_bars(progress, jobs, mpi), mpi), mpi=mpi)
     if plot and is_writer(mpi):
         from .plotting import plot_experiment
 

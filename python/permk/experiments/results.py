@@ -20,13 +20,18 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import time
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-__all__ = ["MAX_POINTS", "RUN_FIELDS", "append_record", "read_records", "iter_result_files", "thin_indices", "to_jsonable",
+from .._files import atomic_write
+
+__all__ = ["MAX_POINTS", "RUN_FIELDS", "LOCK_FILE", "DirectoryInUseError", "hold_directory", "append_record", "read_records", "iter_result_files", "thin_indices", "to_jsonable",
            "from_json", "write_json", "read_json"]
 
 #: Per-run curves are thinned to at most this many points before they are written.
@@ -66,6 +71,50 @@ def from_json(v: Any) -> Any:
     if v in ("nan", "inf", "-inf"):
         return float(v)
     return v
+
+
+#: The lock file of an experiment directory (:func:`hold_directory`).
+LOCK_FILE = "permk.lock"
+
+
+class DirectoryInUseError(OSError):
+    """The experiment directory is held by another process (:func:`hold_directory`)."""
+
+
+@contextmanager
+def hold_directory(root: str | os.PathLike[str]) -> Iterator[Path]:
+    """Hold the experiment directory ``root`` (created if need be) for this process while the
+    ``with`` block runs, so that no second run writes into it at the same time (two runs would
+    both append every record: duplicates). A second holder is refused at once with
+    :class:`DirectoryInUseError` naming the process that holds it.
+
+    The lock is an advisory ``flock`` on ``root/permk.lock`` (which says who holds it). The
+    kernel releases it when the holder's file closes, also when the process is killed, so a
+    killed run never leaves a stale lock; the file itself stays (removing it would let two
+    processes lock two different files). Child processes (``--jobs``) do not inherit it: they
+    write while their parent holds the directory. Yields the lock file's path."""
+    import fcntl
+
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise type(e)(e.errno, f"cannot create the experiment directory {root} ({e.filename}: {e.strerror})") from None
+    path = root / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip() or "another process"
+            raise DirectoryInUseError(f"{root} is in use by {holder}; wait until it ends or choose another --out") from None
+        started = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+        who = f"process {os.getpid()} (started {started} on {socket.gethostname()})".encode()
+        os.pwrite(fd, who, 0)
+        os.ftruncate(fd, len(who))
+        yield path
+    finally:
+        os.close(fd)
 
 
 def _set_aside_partial_tail(fd: int, path: Path) -> None:
@@ -145,14 +194,10 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write a JSON file atomically: a temporary file in the same directory, fsynced, then renamed."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, p)
+    """Write a JSON file atomically: a temporary file in the same directory, fsynced, then
+    renamed (:func:`permk._files.atomic_write`)."""
+    data = json.dumps(obj, indent=1).encode("utf-8")
+    atomic_write(path, lambda fh: fh.write(data))
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:

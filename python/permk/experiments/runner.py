@@ -52,6 +52,7 @@ import contextvars
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,7 +60,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .results import append_record, from_json, read_json, read_records, thin_indices, to_jsonable, write_json
+from .results import append_record, from_json, hold_directory, read_json, read_records, thin_indices, to_jsonable, write_json
 
 __all__ = [
     "METHODS",
@@ -553,10 +554,26 @@ def read_back(rec: dict[str, Any]) -> dict[str, Any]:
     return from_json(json.loads(json.dumps(to_jsonable(rec))))  # type: ignore[no-any-return]
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
     from permk.parallel import limit_threads
 
+    _end_with_parent(parent)
     limit_threads(threads)
+
+
+def _end_with_parent(parent: int) -> None:
+    """Make this pool process end when ``parent``, the process that started it, dies (Linux:
+    ``PR_SET_PDEATHSIG``): a killed run leaves no process writing into its directory once its
+    lock (:func:`.results.hold_directory`) is released."""
+    if not sys.platform.startswith("linux"):  # pragma: no cover - Linux only
+        return
+    import ctypes
+    import signal
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
 
 
 def run_pool(
@@ -593,7 +610,7 @@ def run_pool(
         for k in saved:
             os.environ[k] = str(threads)
         try:
-            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads,)) as ex:
+            with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"), initializer=_init_worker, initargs=(threads, os.getpid())) as ex:
                 futs = [ex.submit(fn, *t) for t in tasks]
                 for f in cf.as_completed(futs):
                     f.result()
@@ -636,8 +653,10 @@ def run_grid(
     ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once) and
     ``timing.json`` (the figures are the caller's: :mod:`.plotting` reads this module). An
     existing grid is continued only with ``resume`` and only if its config is the same. Returns
-    the experiment directory. With ``mpi`` (launched by ``mpiexec``) every rank runs every cell
-    together (``jobs`` must be 1) and rank 0 writes (:func:`is_writer`)."""
+    the experiment directory. The writer holds that directory while the grid runs
+    (:func:`.results.hold_directory`): a second run into it at the same time is refused with
+    :class:`.results.DirectoryInUseError`. With ``mpi`` (launched by ``mpiexec``) every rank
+    runs every cell together (``jobs`` must be 1) and rank 0 writes (:func:`is_writer`)."""
     comm = mpi_comm() if mpi else None
     if comm is not None and jobs != 1:
         raise ValueError("--mpi runs the cells one after another on all ranks: use --jobs 1")
@@ -645,23 +664,36 @@ def run_grid(
     root = Path(out) / name
     runs = root / "runs"
     cfg_path = root / "config.json"
-    if runs.exists() and any(runs.glob("*.jsonl")):
-        if not resume:
-            raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
-        if cfg_path.exists() and read_json(cfg_path) != json.loads(json.dumps(cfg)):
-            raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
-    if writer:
-        runs.mkdir(parents=True, exist_ok=True)
-        write_json(cfg_path, cfg)
-    if comm is not None:
-        comm.Barrier()
-    tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, *extra) for c in cells]
-    t0 = time.perf_counter()
-    run_pool(cell_fn, tasks, jobs=jobs, desc=name, total=len(tasks), progress=progress and writer)
-    if not writer:
-        return root
-    timing = {"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume, "mpi_ranks": comm.Get_size() if comm else None}
-    write_json(root / "timing.json", timing)
+    with contextlib.ExitStack() as held:
+        # the writer holds the directory for the whole grid (results.hold_directory); a refusal,
+        # or a directory it cannot create, is the same error on every MPI rank
+        error: OSError | None = None
+        if writer:
+            try:
+                held.enter_context(hold_directory(root))
+            except OSError as e:
+                error = e
+        if comm is not None:
+            error = comm.bcast(error, root=0)
+        if error is not None:
+            raise error
+        if runs.exists() and any(runs.glob("*.jsonl")):
+            if not resume:
+                raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
+            if cfg_path.exists() and read_json(cfg_path) != json.loads(json.dumps(cfg)):
+                raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
+        if writer:
+            runs.mkdir(parents=True, exist_ok=True)
+            write_json(cfg_path, cfg)
+        if comm is not None:
+            comm.Barrier()
+        tasks = [(c, cfg, str(runs / f"{c['id']}.jsonl"), resume, *extra) for c in cells]
+        t0 = time.perf_counter()
+        run_pool(cell_fn, tasks, jobs=jobs, desc=name, total=len(tasks), progress=progress and writer)
+        if not writer:
+            return root
+        timing = {"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume, "mpi_ranks": comm.Get_size() if comm else None}
+        write_json(root / "timing.json", timing)
     return root
 
 
