@@ -16,6 +16,7 @@ from permk.cli import build_parser
 from permk.experiments import autoencoder as ae_mod
 from permk.experiments import quadratic as q_mod
 from permk.experiments.quadratic import QuadraticGrid, quadratic_cell
+from permk.experiments.plotting import load_experiment
 from permk.experiments.results import read_records
 from permk.experiments.runner import (
     Estimate,
@@ -231,6 +232,21 @@ def test_figures_of_the_authors_protocol_say_how_the_x_range_and_best_step_were_
     from permk.experiments.quadratic import run_quadratic
 
     root = run_quadratic(_grid(horizon="rounds", best="last90", prune=()), tmp_path, progress=False, plot=False)
-    caption = " ".join(t.get_text() for fig in [dict(experiment_figures(root, every_step=False))["quadratic_best"]] for t in fig.texts)
+    fig = dict(experiment_figures(root, every_step=False))["quadratic_best"]
+    caption = " ".join(" ".join(t.get_text().split()) for t in fig.texts)  # the lines joined
     assert "fixed number of rounds" in caption and "last 90%" in caption, caption
     assert "fewest bits" not in caption
+
+
+def test_figures_end_the_x_axis_at_the_longest_run_when_the_budget_lies_beyond_it(tmp_path: Path) -> None:
+    from permk.experiments.plotting import experiment_figures
+    from permk.experiments.quadratic import run_quadratic
+
+    grid = replace(_grid(), options=replace(_grid().options, budget_factor=1e6))  # a budget no run reaches
+    root = run_quadratic(grid, tmp_path, progress=False, plot=False)
+    recs = [x for rs in load_experiment(root)[1].values() for x in rs]
+    longest = max(float(x["summary"]["bits_sent"]) for x in recs if not x["summary"]["diverged"])
+    fig = dict(experiment_figures(root, every_step=False))["quadratic_best"]
+    (ax,) = [a for a in fig.axes if a.axison]
+    assert ax.get_xlim()[1] == pytest.approx(longest)
+    assert "or to the end of the longest run" in " ".join(" ".join(t.get_text().split()) for t in fig.texts)

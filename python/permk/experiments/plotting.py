@@ -134,12 +134,14 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
         if opts.get("best", "budget") == "last90":
             budget += " Best step: the smallest mean log₁₀‖∇f‖² over the last 90% of the rounds."
     elif all(reached):
-        budget = f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}."
+        budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
+                  "or to the end of the longest run where that comes first.")
     elif not any(reached):
         budget = f"x axis up to the most bits any run sent: no run reached {target}."
     else:
-        budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}; "
-                  "in panels where none reached it, the most bits any run sent.")
+        budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
+                  "or to the end of the longest run where that comes first; in panels where none reached it, "
+                  "the most bits any run sent.")
     if _is_quadratic(rec):
         lams = sorted({float(r["cell"]["lam"]) for r in recs})
         pl = ", step sizes of the PL theorems" if str(rec["experiment"]).endswith("-pl") else ""
@@ -207,6 +209,8 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
     head, caption = _caption(what, cells, _budget_factor(cfg, [x for recs in cells.values() for x in recs]))
     # fixed margins computed here, not by tight_layout (which draws the figure once more)
     width = LEFT + RIGHT + nc * PANEL_W + (nc - 1) * GAP_W
+    # a one-panel figure is narrow: its title lines wrap, as the caption does
+    head = "\n".join(textwrap.fill(line, width=int(width * 72 / (0.56 * 10))) for line in head.split("\n"))
     caption_lines = textwrap.wrap(caption, width=int(width * 72 / (0.56 * 8)))
     top = 0.2 + 0.2 * (head.count("\n") + 1) + LINE_H * 1.05 * len(caption_lines) + 0.1
     entries = max(len(methods) if best_only else sum(1 for x in recs if x["method"] in methods) + 1 for recs in cells.values())
@@ -254,8 +258,11 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
         # major ticks only: minor log ticks (up to ~80 per axis) multiply the cost of laying out
         # and drawing a figure ~3x and carry no labels here
         ax.yaxis.set_minor_locator(NullLocator())
-        if budget > 0 and math.isfinite(budget):
-            ax.set_xlim(0, budget)
+        # the budget, or the end of the longest run drawn where that comes first (no empty stretch)
+        reach = max((float(x["summary"]["bits_sent"]) for x in chosen), default=budget)
+        shown = min(budget, reach) if reach > 0 else budget
+        if shown > 0 and math.isfinite(shown):
+            ax.set_xlim(0, shown)
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits: no offset text to miss
         ax.set_title(_panel_title(recs[0]), fontsize=9, y=1.0, pad=5)  # a fixed place: no layout pass to find one
         ax.tick_params(labelsize=8)
