@@ -68,3 +68,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 300)
     """``permk *args`` in a subprocess (warnings silenced, output captured)."""
     e = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout, env=e)
+
+
+def final_grad_norms(experiment: Path) -> dict[str, float]:
+    """The final ``‖∇f‖²`` of every run recorded in an experiment directory (``OUT/quadratic``,
+    ``OUT/autoencoder``), by run key."""
+    from permk.experiments.results import read_records
+
+    return {rec["key"]: rec["summary"]["final_grad_norm_sq"] for f in sorted((experiment / "runs").glob("*.jsonl"))
+            for rec in read_records(f) if rec.get("kind") == "run"}

@@ -18,7 +18,7 @@ import permk
 import permk.distributed
 from permk.experiments.autoencoder import LinearAutoencoder
 
-from conftest import MPI_DIR, MPIEXEC  # noqa: E402
+from conftest import MPI_DIR, MPIEXEC, final_grad_norms  # noqa: E402
 
 sys.path.insert(0, str(MPI_DIR))
 from autoencoder_cases import CASES as MPI_CASES  # noqa: E402
@@ -298,18 +298,6 @@ def test_mpi_runs_on_rank_local_images_equal_the_single_process_run(name: str, n
         assert meta["path"] == "fused"
 
 
-def _final_grad_norms(out: Path) -> dict[str, float]:
-    import json
-
-    res = {}
-    for f in sorted((out / "autoencoder" / "runs").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") == "run":
-                res[rec["key"]] = rec["summary"]["final_grad_norm_sq"]
-    return res
-
-
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_permk_autoencoder_cli_on_mpi_matches_single_process(tmp_path: Path) -> None:
@@ -333,7 +321,7 @@ def test_permk_autoencoder_cli_on_mpi_matches_single_process(tmp_path: Path) -> 
     seq = subprocess.run([*cli, *grid, "--out", str(tmp_path / "seq")], capture_output=True, text=True, timeout=300, env=env,
                          stdin=subprocess.DEVNULL)
     assert seq.returncode == 0, seq.stdout + seq.stderr
-    a, b = _final_grad_norms(tmp_path / "mpi"), _final_grad_norms(tmp_path / "seq")
+    a, b = final_grad_norms(tmp_path / "mpi" / "autoencoder"), final_grad_norms(tmp_path / "seq" / "autoencoder")
     assert len(a) == 6 and a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-8), k

@@ -35,7 +35,7 @@ import pytest
 
 import permk
 import permk.distributed as pd
-from conftest import MPI_DIR, MPIEXEC
+from conftest import MPI_DIR, MPIEXEC, final_grad_norms
 
 sys.path.insert(0, str(MPI_DIR))
 from mpi_cases import CASES, SEED, compressor, simulate  # noqa: E402
@@ -436,16 +436,6 @@ def test_worker_order_sums_agree(n: int, d: int) -> None:
     assert np.array_equal(permk.Identity().aggregate(C, seed=0, round=0), fold / n)
 
 
-def _final_grad_norms(root: Path) -> dict[str, float]:
-    out = {}
-    for f in sorted((root / "quadratic" / "runs").glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") == "run":
-                out[rec["key"]] = rec["summary"]["final_grad_norm_sq"]
-    return out
-
-
 @pytest.mark.slow
 @needs_mpi
 def test_permk_quadratic_cli_on_mpi_matches_single_process(tmp_path: Path) -> None:
@@ -460,7 +450,7 @@ def test_permk_quadratic_cli_on_mpi_matches_single_process(tmp_path: Path) -> No
     seq = subprocess.run([*cli, *grid, "--out", str(tmp_path / "seq")], capture_output=True, text=True, timeout=TIMEOUT,
                          env=_env(), stdin=subprocess.DEVNULL)
     assert seq.returncode == 0, seq.stdout + seq.stderr
-    a, b = _final_grad_norms(tmp_path / "mpi"), _final_grad_norms(tmp_path / "seq")
+    a, b = final_grad_norms(tmp_path / "mpi" / "quadratic"), final_grad_norms(tmp_path / "seq" / "quadratic")
     assert len(a) == 12 and a.keys() == b.keys()
     for k in a:
         assert a[k] == pytest.approx(b[k], rel=1e-8), k

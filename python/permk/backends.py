@@ -219,7 +219,7 @@ class Simulator:
                 G = self._own_G = np.array(G, dtype=np.float64, order="C")
             offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, 0)
             if not ok:  # a non-finite residual: the run has diverged (G is left as it was)
-                return np.full(self.d, np.nan), G
+                return self._diverged(), G
             return np.bincount(idx, weights=vals, minlength=self.d) / self.n, G
         with np.errstate(invalid="ignore", over="ignore"):
             D = self.local_grads(x) - G

@@ -284,7 +284,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     that says where the wall time went (imports and set-up, the grid, plotting)."""
     import importlib
 
-    from .experiments.runner import mpi_comm
+    from .experiments.runner import holds_results, mpi_comm
     from .parallel import busy_threads, use_threads
 
     exp = importlib.import_module(f"permk.experiments.{name}")
@@ -299,8 +299,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
         use_threads(threads)
         if writer:
             print(note, file=sys.stderr)
-    refused = not args.resume and any((Path(args.out) / grid.name / "runs").glob("*.jsonl"))  # run_grid refuses it
-    if comm is None and not refused:
+    if comm is None and (args.resume or not holds_results(args.out, grid.name)):  # else run_grid refuses the grid
         print(_projection(exp, name, grid, args), flush=True)
     t_grid = time.perf_counter()
     setup = seconds_since_start()

@@ -133,15 +133,12 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
         budget = "x axis up to the most bits any run sent: every run has a fixed number of rounds (the authors' protocol)."
         if opts.get("best", "budget") == "last90":
             budget += " Best step: the smallest mean log₁₀‖∇f‖² over the last 90% of the rounds."
-    elif all(reached):
-        budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
-                  "or to the end of the longest run where that comes first.")
     elif not any(reached):
         budget = f"x axis up to the most bits any run sent: no run reached {target}."
     else:
         budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
-                  "or to the end of the longest run where that comes first; in panels where none reached it, "
-                  "the most bits any run sent.")
+                  "or to the end of the longest run where that comes first"
+                  + ("." if all(reached) else "; in panels where none reached it, the most bits any run sent."))
     if _is_quadratic(rec):
         lams = sorted({float(r["cell"]["lam"]) for r in recs})
         pl = ", step sizes of the PL theorems" if str(rec["experiment"]).endswith("-pl") else ""

@@ -78,6 +78,7 @@ __all__ = [
     "cell_budget",
     "run_pool",
     "run_grid",
+    "holds_results",
     "Estimate",
     "estimate_grid",
     "format_estimate",
@@ -236,8 +237,9 @@ class SearchOptions:
         return math.inf if self.horizon == "rounds" else self.budget_factor * bits_to_target
 
     def method_options(self, spec: Spec) -> dict[str, Any]:
-        """The method's own options of a run of ``spec`` (EF21's ``init``)."""
-        return {"init": self.ef21_init} if spec.method.name == "ef21" else {}
+        """The method's own options of a run of ``spec``: an error-feedback method's start
+        ``init`` (the methods :meth:`rounds_for` gives twice the rounds)."""
+        return {"init": self.ef21_init} if spec.method.exchange == "error_feedback" else {}
 
 
 #: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the
@@ -677,7 +679,7 @@ def run_grid(
             error = comm.bcast(error, root=0)
         if error is not None:
             raise error
-        if runs.exists() and any(runs.glob("*.jsonl")):
+        if holds_results(out, name):
             if not resume:
                 raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
             if cfg_path.exists() and read_json(cfg_path) != json.loads(json.dumps(cfg)):
@@ -695,6 +697,12 @@ def run_grid(
         timing = {"seconds": time.perf_counter() - t0, "jobs": jobs, "resumed": resume, "mpi_ranks": comm.Get_size() if comm else None}
         write_json(root / "timing.json", timing)
     return root
+
+
+def holds_results(out: str | os.PathLike[str], name: str) -> bool:
+    """Whether ``out/<name>`` already holds run records (:func:`run_grid` continues it only with
+    ``resume``)."""
+    return any((Path(out) / name / "runs").glob("*.jsonl"))
 
 
 def is_writer(mpi: bool) -> bool:
@@ -829,10 +837,17 @@ def format_duration(s: float) -> str:
     return f"{s / 3600:.1f} h"
 
 
+def _cell_seconds(est: Estimate, cell: dict[str, Any]) -> tuple[float, float]:
+    """One cell's (upper bound, expected) seconds in ``est``, its set-up included."""
+    rows = [r for r in est.rows if r["cell"] == cell["cell"]]
+    setup = cell.get("setup_seconds", 0.0)
+    return setup + sum(r["seconds_max"] for r in rows), setup + sum(r["seconds_expected"] for r in rows)
+
+
 def projected_seconds(est: Estimate) -> tuple[float, float]:
     """The total (upper bound, expected) seconds of the cells in ``est`` (set-ups included)."""
-    setup = sum(c.get("setup_seconds", 0.0) for c in est.cells)
-    return setup + sum(r["seconds_max"] for r in est.rows), setup + sum(r["seconds_expected"] for r in est.rows)
+    per_cell = [_cell_seconds(est, c) for c in est.cells]
+    return sum(m for m, _ in per_cell), sum(e for _, e in per_cell)
 
 
 def format_estimate(est: Estimate, opts: SearchOptions, *, jobs: int = 1) -> str:
@@ -840,20 +855,17 @@ def format_estimate(est: Estimate, opts: SearchOptions, *, jobs: int = 1) -> str
     rounds per run and seconds per run (upper bound / expected), per cell and in total."""
     lines = [f"{'cell':<16} {'method':<16} {'runs':>4} {'s/round':>9} {'rounds/run max/exp':>19} "
              f"{'per run max/exp':>17} {'in all max/exp':>17}"]
-    setup = {c["cell"]: c.get("setup_seconds", 0.0) for c in est.cells}
-    tot_max = tot_exp = 0.0
     for c in est.cells:
-        rows = [r for r in est.rows if r["cell"] == c["cell"]]
-        for r in rows:
+        for r in (r for r in est.rows if r["cell"] == c["cell"]):
             per = r["seconds_per_round"]
             lines.append(f"{r['cell']:<16} {r['method']:<16} {r['runs']:>4} {per:>9.2e} "
                          f"{r['max_rounds']:>9} / {r['expected_rounds']:<7} "
                          f"{format_duration(r['max_rounds'] * per):>7} / {format_duration(r['expected_rounds'] * per):<7} "
                          f"{format_duration(r['seconds_max']):>7} / {format_duration(r['seconds_expected']):<7}")
-        cmax = setup[c["cell"]] + sum(r["seconds_max"] for r in rows)
-        cexp = setup[c["cell"]] + sum(r["seconds_expected"] for r in rows)
-        tot_max, tot_exp = tot_max + cmax, tot_exp + cexp
-        lines.append(f"{c['cell']:<16} cell: set-up {format_duration(setup[c['cell']])}, at most {format_duration(cmax)}, expected {format_duration(cexp)}")
+        cmax, cexp = _cell_seconds(est, c)
+        lines.append(f"{c['cell']:<16} cell: set-up {format_duration(c.get('setup_seconds', 0.0))}, at most {format_duration(cmax)}, "
+                     f"expected {format_duration(cexp)}")
+    tot_max, tot_exp = projected_seconds(est)
     par = f", about 1/{jobs} of it with --jobs {jobs}" if jobs > 1 else ""
     lines.append(f"grid: at most {format_duration(tot_max)}, expected {format_duration(tot_exp)} in one process{par}")
     if opts.horizon == "rounds":
