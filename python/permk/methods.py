@@ -40,17 +40,29 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import numpy as np
 
 from . import _core
+from . import exchanges as ex
 from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
-from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
+from .theory.steps import (
+    Constants,
+    diana_stepsize,
+    ef21_stepsize,
+    marina_variance_stepsize,
+    rand_diana_stepsize,
+    shift_step_class,
+    shifted_dcgd_stepsize,
+)
 
 __all__ = [
     "State",
     "MarinaState",
     "EF21State",
     "DCGDState",
+    "ShiftedDCGDState",
+    "DianaState",
+    "RandDianaState",
     "RoundInfo",
     "RunResult",
     "Method",
@@ -58,6 +70,8 @@ __all__ = [
     "ef21",
     "gd",
     "dcgd",
+    "diana",
+    "rand_diana",
     "run",
     "save_state",
     "load_state",
@@ -136,6 +150,43 @@ class DCGDState(State):
     """DCGD's state: the iterate ``x = x^t`` alone."""
 
     x: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class ShiftedDCGDState(DCGDState):
+    """The state of DCGD with shifts (``shifts="initial"``): the iterate ``x = x^t``, the point
+    ``y`` of the shifts ``h_i = ∇f_i(y)`` (``y = x^0``) and their mean ``h = ∇f(y)``."""
+
+    y: Array = field(kw_only=True)
+    h: Array = field(kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class DianaState(State):
+    """DIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i^{t+1}]`` of the workers this
+    process holds (all ``n`` in simulation) and the server's mirror of their mean ``h``."""
+
+    x: Array
+    g: Array
+    H: Array
+    h: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class RandDianaState(State):
+    """RandDIANA's state: ``x = x^t``, ``g = g^t``, the point ``y`` of the shifts
+    ``h_i = ∇f_i(y)`` (the last refresh) and their mean ``h = ∇f(y)``."""
+
+    x: Array
+    g: Array
+    y: Array
+    h: Array
     round: int = 0
     seed: int = 0
     bits: float = 0.0
@@ -466,33 +517,219 @@ class EF21(Method):
 
 
 class DCGD(Method):
-    """Distributed compressed gradient descent: ``x^{t+1} = x^t − γ (1/n) Σ_i C_i(∇f_i(x^t))``
-    with an unbiased compressor and the user's step ``gamma`` (there is no theory step here)."""
+    """Distributed compressed gradient descent with an unbiased compressor.
+
+    ``shifts=None`` (default): ``x^{t+1} = x^t − γ (1/n) Σ_i C_i(∇f_i(x^t))`` with the user's
+    ``gamma`` (no theory step). ``shifts="initial"``: the shifts ``h_i = ∇f_i(x^0)`` stay fixed
+    (the authors' ``dcgd_permutation``), worker ``i`` sends ``C_i(∇f_i(x^t) − h_i)`` and
+    ``x^{t+1} = x^t − γ (h̄ + (1/n) Σ_i C_i(∇f_i(x^t) − h_i))``, ``h̄ = ∇f(x^0)`` (the start's
+    exchange is not counted); a worker recomputes its ``h_i`` where it sends a value instead of
+    storing it (``C_i(∇f_i(x) − ∇f_i(x^0))``: the exchange of MARINA's differences). Its step is the
+    authors' (:func:`~permk.theory.steps.shifted_dcgd_stepsize`) for compressors in the class of
+    PermK (AB constants ``A = B ≤ 1``); other compressors need ``gamma``."""
 
     name = "dcgd"
     state_type = DCGDState
-    exchange = "compressed_mean"
+    exchange = ex.compressed_mean
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   shifts: str | None = None) -> dict[str, Any]:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DCGD needs an unbiased compressor; {compressor.name} is biased")
-        return {"bits": message_bits(compressor, n, d, float_bits)}
+        if shifts is not None:
+            check_choice(shifts, "shifts", ("initial",))
+        return {"shifts": shifts, "bits": message_bits(compressor, n, d, float_bits)}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        raise ValueError("DCGD has no theory step in permk: pass gamma=")
+        if params.get("shifts") is None:
+            raise ValueError("DCGD has no theory step in permk: pass gamma= (or shifts='initial')")
+        if constants.mu is not None:
+            raise ValueError("shifted DCGD has no PL step in permk: pass gamma= or pl=False")
+        omega = compressor.omega(n, d)
+        if _shift_class(compressor, n, d) != "permutation" or omega is None:
+            raise ValueError(f"the authors' shifted-DCGD step is for compressors in PermK's class (AB constants A = B <= 1, "
+                             f"and ω); {compressor.name} is not: pass gamma=")
+        L_mean, L_max = _worker_smoothness(problem, n, "shifted DCGD")
+        return shifted_dcgd_stepsize(omega, n, L_mean, L_max), "authors' dcgd_permutation step (algorithm.py:1867-1874)"
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         return float(compressor.floats_per_worker(n, d))
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DCGDState:
+        if params.get("shifts") == "initial":
+            return ShiftedDCGDState(x=x0, y=x0, h=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
         return DCGDState(x=x0, round=0, seed=seed)
 
     def update(self, state: DCGDState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DCGDState, RoundInfo]:
-        step = backend.compressed_mean(compressor, state.x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
+        if params.get("shifts") == "initial":
+            shifted = _shifted_state(state, ShiftedDCGDState, "shifts='initial'")
+            step = shifted.h + ex.compressed_mean_diff(backend, compressor, shifted.x, shifted.y, seed=state.seed, round=state.round)
+            x = state.x - params["gamma"] * step
+            return replace(shifted, x=x, round=state.round + 1, bits=state.bits + bits), RoundInfo(bits)
+        step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         x = state.x - params["gamma"] * step
         return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+
+class Diana(Method):
+    """DIANA (Mishchenko et al., "Distributed learning with compressed gradient differences";
+    nonconvex theory: Horváth et al., "Stochastic distributed learning with gradient quantization
+    and double-variance reduction").
+
+    ``h_i^0 = ∇f_i(x^0)`` and ``g^0 = ∇f(x^0)`` (the start's exchange is not counted);
+    ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends ``m_i = C_i(∇f_i(x^{t+1}) − h_i)``;
+    ``g^{t+1} = h̄ + (1/n) Σ m_i`` with ``h̄ = (1/n) Σ h_i``; then ``h_i ← h_i + α m_i`` and the
+    server mirrors ``h̄ ← h̄ + α (1/n) Σ m_i``. Needs an unbiased compressor; ``alpha`` defaults
+    to ``1/(ω + 1)`` and lies in ``(0, 1]``. The step (:func:`~permk.theory.steps.diana_stepsize`)
+    ``min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}`` gives
+    ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)`` for ``α ≤ 1/(ω + 1)``.
+
+    >>> import permk
+    >>> q = permk.Quadratic.synthetic(n=10, d=100, lam=1e-3, noise_scale=0.0, seed=0)
+    >>> res = permk.diana(q, permk.PermK(), rounds=300, seed=1)
+    >>> res.params["alpha"], bool(res.grad_norm_sq[-1] < 1e-2 * res.grad_norm_sq[0])
+    (0.1, True)
+    """
+
+    name = "diana"
+    state_type = DianaState
+    exchange = ex.shifted
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   alpha: Any = None) -> dict[str, Any]:
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"DIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        omega = compressor.omega(n, d)
+        if alpha is None:
+            if omega is None:
+                raise ValueError(f"{compressor.name} states no ω: pass DIANA's alpha= (in (0, 1])")
+            alpha = 1.0 / (omega + 1.0)
+        else:
+            alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
+        ab = compressor.ab_constants(n, d)
+        return {"alpha": alpha, "omega": omega, "A": None if ab is None else float(ab[0]),
+                "B": None if ab is None else float(ab[1]), "bits": message_bits(compressor, n, d, float_bits)}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError("DIANA has no PL step in permk: pass gamma= or pl=False")
+        if params["A"] is None or params["omega"] is None:
+            raise ValueError(f"DIANA's step needs the compressor's ω and AB constants; {compressor.name} states none: pass gamma=")
+        gamma = diana_stepsize(params["alpha"], params["omega"], params["A"], constants.L_minus, constants.L_plus)
+        return gamma, "DIANA nonconvex theorem (Horváth et al. 2019, with the AB inequality)"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(compressor.expected_floats_per_worker(n, d))
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DianaState:
+        H = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        h = np.array(ex.mean_rows(backend, H), dtype=np.float64)
+        return DianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
+
+    def update(self, state: DianaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DianaState, RoundInfo]:
+        x = state.x - params["gamma"] * state.g
+        mean, H = ex.shifted(backend, compressor, state.H, x, alpha=params["alpha"], seed=state.seed, round=state.round)
+        bits = params["bits"]["compressed"]
+        return DianaState(x=x, g=state.h + mean, H=H, h=state.h + params["alpha"] * mean, round=state.round + 1,
+                          seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
+        return (n, d)  # the workers' shifts H
+
+
+class RandDiana(Method):
+    """RandDIANA: DIANA whose shifts are refreshed, not learned: ``h_i = ∇f_i(y)`` with ``y``
+    set to the iterate by a shared coin ``θ_t ~ Be(p)`` (a pure function of ``(seed, t)``).
+
+    ``y = x^0``, ``g^0 = ∇f(x^0)`` (not counted); ``x^{t+1} = x^t − γ g^t``; on heads the workers
+    send their full gradients at ``x^t`` and ``y ← x^t``, ``h̄ ← ∇f(x^t)``; every round
+    ``g^{t+1} = h̄ + (1/n) Σ C_i(∇f_i(x^{t+1}) − h_i)`` (the order of the authors'
+    ``rand_diana``: the message at ``x^{t+1}`` uses the refreshed shifts). A worker recomputes
+    ``h_i = ∇f_i(y)`` where it sends a value instead of storing it. Needs an unbiased compressor;
+    ``p`` defaults to ``ζ/d`` (the expected message over a full gradient, the authors'
+    ``_estimate_prob``). The step is the authors' (:func:`~permk.theory.steps.rand_diana_stepsize`):
+    their ``rand_diana_permutation`` step for compressors in PermK's class (AB constants
+    ``A = B ≤ 1``), their ``rand_diana`` step for ``A ≤ (n − 1)/n`` (independent compressors with
+    ``ω + 1 ≤ n``); ``pl=True`` takes their strongly convex step. It reads the workers' ``L_i``.
+    """
+
+    name = "rand_diana"
+    state_type = RandDianaState
+    exchange = ex.compressed_mean_diff
+    has_coin = True
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   p: Any = None) -> dict[str, Any]:
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"RandDIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        sizes = message_bits(compressor, n, d, float_bits)
+        full = float(d * float_bits)
+        p = min(1.0, sizes["expected"] / full) if p is None else check_probability(p)
+        return {"p": p, "bits": {"full": full, "compressed": sizes["compressed"],
+                                 "expected": sizes["expected"] + p * full}}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        kind = _shift_class(compressor, n, d)
+        if kind is None:
+            raise ValueError(f"the authors' RandDIANA steps are for AB constants A = B <= 1 (permutation) or A <= (n-1)/n "
+                             f"(independent); {compressor.name} has neither: pass gamma=")
+        L_mean, L_max = _worker_smoothness(problem, n, "RandDIANA")
+        gamma = rand_diana_stepsize(params["p"], L_mean, L_max, constants.L_pm, kind=kind, mu=constants.mu)
+        lines = {"permutation": "1762-1775", "independent": "1692-1706"}[kind]
+        regime = "" if constants.mu is None else " (strongly convex)"
+        return gamma, f"authors' {'rand_diana_permutation' if kind == 'permutation' else 'rand_diana'} step{regime} (algorithm.py:{lines})"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(compressor.expected_floats_per_worker(n, d) + params["p"] * d)
+
+    def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
+        return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> RandDianaState:
+        h = np.array(ex.mean_grad(backend, x0), dtype=np.float64)
+        return RandDianaState(x=x0, g=h.copy(), y=x0, h=h, round=0, seed=seed)
+
+    def update(self, state: RandDianaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[RandDianaState, RoundInfo]:
+        x = state.x - params["gamma"] * state.g
+        heads = bool(_core.coin(state.seed, state.round, params["p"]))
+        bits = params["bits"]["compressed"]
+        y, h = state.y, state.h
+        if heads:
+            y, h = state.x, ex.mean_grad(backend, state.x)
+            bits += params["bits"]["full"]
+        g = h + ex.compressed_mean_diff(backend, compressor, x, y, seed=state.seed, round=state.round)
+        return RandDianaState(x=x, g=g, y=y, h=h, round=state.round + 1, seed=state.seed,
+                              bits=state.bits + bits), RoundInfo(bits, heads)
+
+
+def _shift_class(compressor: Compressor, n: int, d: int) -> str | None:
+    """Which of the authors' shifted steps the compressor has, from its AB constants
+    (:func:`~permk.theory.steps.shift_step_class`), or None without them."""
+    ab = compressor.ab_constants(n, d)
+    return None if ab is None else shift_step_class(float(ab[0]), float(ab[1]), n)
+
+
+def _worker_smoothness(problem: Any, n: int, method: str) -> tuple[float, float]:
+    """The mean and the largest of the problem's ``L_i`` (the authors' ``L`` and their default
+    Bregman smoothness variance)."""
+    L_i = getattr(problem, "L_i", None)
+    if L_i is None:
+        raise ValueError(f"the authors' {method} step reads the workers' smoothness constants L_i; the problem has none: pass gamma=")
+    L_i = np.asarray(L_i, dtype=np.float64)
+    if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
+        raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
+    return float(L_i.mean()), float(L_i.max())
+
+
+def _shifted_state(state: Any, kind: type[State], option: str) -> Any:
+    """``state`` if it is of ``kind`` (a resumed state must carry the shifts the run uses)."""
+    if not isinstance(state, kind):
+        raise TypeError(f"a run with {option} continues a {kind.__name__}, got a {type(state).__name__}")
+    return state
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -673,6 +910,8 @@ marina = Marina()
 ef21 = EF21()
 gd = GD()
 dcgd = DCGD()
+diana = Diana()
+rand_diana = RandDiana()
 
 
 def catalog() -> dict[str, Method]:
