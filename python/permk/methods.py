@@ -686,9 +686,6 @@ class RandDiana(Method):
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         return float(compressor.expected_floats_per_worker(n, d) + params["p"] * d)
 
-    def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
-        return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
-
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> RandDianaState:
         h = np.array(ex.mean_grad(backend, x0), dtype=np.float64)
         return RandDianaState(x=x0, g=h.copy(), y=x0, h=h, round=0, seed=seed)
