@@ -43,6 +43,7 @@ from . import _core
 from . import exchanges as ex
 from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
+from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
 from .theory.steps import (
@@ -95,6 +96,9 @@ class State:
     seed: int
     bits: float
 
+    #: The fields holding one row per worker (of the workers a process holds).
+    per_worker: ClassVar[tuple[str, ...]] = ()
+
     _kinds: ClassVar[dict[str, type[State]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -137,6 +141,8 @@ class EF21State(State):
     """EF21's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the local estimators
     ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation)."""
 
+    per_worker = ("G",)
+
     x: Array
     g: Array
     G: Array
@@ -168,6 +174,8 @@ class ShiftedDCGDState(DCGDState):
 class DianaState(State):
     """DIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i^{t+1}]`` of the workers this
     process holds (all ``n`` in simulation) and the server's mirror of their mean ``h``."""
+
+    per_worker = ("H",)
 
     x: Array
     g: Array
@@ -286,9 +294,9 @@ class RunResult:
 class Method(abc.ABC):
     """One distributed method, defined once (see the module docstring).
 
-    A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the backend
-    exchange its rounds are made of: ``"compressed_mean_diff"``, ``"compressed_mean"``,
-    ``"error_feedback"`` or ``"mean_grad"``; it names the path in ``params["path"]``),
+    A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the exchange
+    object of :mod:`permk.exchanges` its compressed rounds are made of, e.g.
+    ``exchanges.compressed_mean_diff``; its path is the run's ``params["path"]``),
     ``has_coin``, and implements:
 
     * ``parameters(compressor, n, d, *, float_bits, **options)`` — validate that the compressor
@@ -306,7 +314,7 @@ class Method(abc.ABC):
 
     name: ClassVar[str]
     state_type: ClassVar[type[State]]
-    exchange: ClassVar[str]
+    exchange: ClassVar[ex.Exchange]
     has_coin: ClassVar[bool] = False
 
     @abc.abstractmethod
@@ -341,11 +349,24 @@ class Method(abc.ABC):
         return (d,)
 
     def resume(self, state: Any, backend: Backend) -> State:
-        """A state given to continue a run, checked against the backend (shapes)."""
-        x = np.asarray(state.x)
-        if x.shape != (backend.d,):
-            raise ValueError(f"state.x must have shape ({backend.d},), got {x.shape}")
-        return state  # type: ignore[no-any-return]
+        """A state given to continue a run, checked against the backend: ``x`` and every other
+        array has shape ``(d,)``, except the per-worker ones (:attr:`State.per_worker`), which
+        hold all ``n`` rows (e.g. the simulator's state, cut here to the rows this process holds)
+        or this process's."""
+        n, d, ws = backend.n, backend.d, backend.workers
+        rows: dict[str, Array] = {}
+        for name in state.field_names():
+            value = getattr(state, name)
+            if name in state.per_worker:
+                held = np.asarray(value)
+                if held.shape == (n, d) and len(ws) != n:
+                    held = held[ws.start : ws.stop]
+                elif held.shape != (len(ws), d):
+                    raise ValueError(f"state.{name} must hold all {n} rows or this process's {len(ws)}, got shape {held.shape}")
+                rows[name] = np.array(held, dtype=np.float64)
+            elif (name == "x" or isinstance(value, np.ndarray)) and np.shape(value) != (d,):
+                raise ValueError(f"state.{name} must have shape ({d},), got {np.shape(value)}")
+        return replace(state, **rows) if rows else state  # type: ignore[no-any-return]
 
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
@@ -377,7 +398,7 @@ class Marina(Method):
 
     name = "marina"
     state_type = MarinaState
-    exchange = "compressed_mean_diff"
+    exchange: ClassVar[ex.Exchange] = ex.compressed_mean_diff
     has_coin = True
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
@@ -406,23 +427,17 @@ class Marina(Method):
         return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> MarinaState:
-        return MarinaState(x=x0, g=np.array(backend.mean_grad(x0), dtype=np.float64), round=0, seed=seed)
+        return MarinaState(x=x0, g=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
 
     def update(self, state: MarinaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[MarinaState, RoundInfo]:
         x = state.x - params["gamma"] * state.g
         heads = bool(_core.coin(state.seed, state.round, params["p"]))
         if heads:
-            g, bits = backend.mean_grad(x), params["bits"]["full"]
+            g, bits = ex.mean_grad(backend, x), params["bits"]["full"]
         else:
-            g = state.g + backend.compressed_mean_diff(compressor, x, state.x, seed=state.seed, round=state.round)
+            g = state.g + ex.compressed_mean_diff(backend, compressor, x, state.x, seed=state.seed, round=state.round)
             bits = params["bits"]["compressed"]
         return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads)
-
-    def resume(self, state: MarinaState, backend: Backend) -> MarinaState:
-        super().resume(state, backend)
-        if np.shape(state.g) != (backend.d,):
-            raise ValueError(f"state.g must have shape ({backend.d},), got {np.shape(state.g)}")
-        return state
 
 
 class GD(Marina):
@@ -431,7 +446,7 @@ class GD(Marina):
     a compressor: ``permk.gd(problem, rounds=…, seed=…)``."""
 
     name = "gd"
-    exchange = "mean_grad"
+    exchange = ex.mean_grad
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
         if not isinstance(compressor, Identity):
@@ -465,7 +480,7 @@ class EF21(Method):
 
     name = "ef21"
     state_type = EF21State
-    exchange = "error_feedback"
+    exchange = ex.error_feedback
 
     #: The round index of the compressed start's message (``init="compressed"``).
     INIT_ROUND = 2**64 - 1
@@ -490,30 +505,19 @@ class EF21(Method):
         if params.get("init", "full") == "compressed":
             # C(∇f_i(x⁰) − 0): EF21's own exchange from zero estimators, on every backend
             zero = np.zeros((len(backend.workers), backend.d))
-            g, G = backend.error_feedback(compressor, x0, zero, seed=seed, round=self.INIT_ROUND)
-            return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=np.array(G, dtype=np.float64), round=0, seed=seed)
-        G = np.array(backend.local_grads(x0), dtype=np.float64)
-        return EF21State(x=x0, g=backend.mean_rows(G), G=G, round=0, seed=seed)
+            g, G = ex.error_feedback(backend, compressor, zero, x0, seed=seed, round=self.INIT_ROUND)
+            return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=G, round=0, seed=seed)
+        G = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        return EF21State(x=x0, g=ex.mean_rows(backend, G), G=G, round=0, seed=seed)
 
     def update(self, state: EF21State, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[EF21State, RoundInfo]:
         x = state.x - params["gamma"] * state.g
-        mean, G = backend.error_feedback(compressor, x, state.G, seed=state.seed, round=state.round)
+        mean, G = ex.error_feedback(backend, compressor, state.G, x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         return (n, d)  # the workers' estimators G
-
-    def resume(self, state: EF21State, backend: Backend) -> EF21State:
-        """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""
-        super().resume(state, backend)
-        n, d, ws = backend.n, backend.d, backend.workers
-        G = np.asarray(state.G)
-        if G.shape == (n, d) and len(ws) != n:
-            G = G[ws.start : ws.stop]
-        elif G.shape != (len(ws), d):
-            raise ValueError(f"state.G must hold all {n} rows or this process's {len(ws)}, got shape {G.shape}")
-        return replace(state, G=np.array(G, dtype=np.float64))
 
 
 class DCGD(Method):
@@ -897,7 +901,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
-    params["path"] = backend.path(compressor, method.exchange)
+    params["path"] = method.exchange.path(backend, compressor)
     first = start(method, problem, backend, compressor, params, state, x0, seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
 
