@@ -236,3 +236,27 @@ def test_complexity_of_diana_follows_its_theorem() -> None:
     assert c.gamma == pytest.approx(gamma, rel=1e-15)
     assert c.rounds == math.ceil(2 / (gamma * 1e-3))
     assert c.floats_per_round == 10
+
+
+SHIFTED = [(permk.diana, {}), (permk.rand_diana, {"p": 0.2}), (permk.dcgd, {"shifts": "initial"})]
+
+
+@pytest.mark.parametrize("n,d", [(8, 40), (40, 8), (7, 30)])
+@pytest.mark.parametrize("comp", [permk.PermK(), permk.RandK(3), permk.BlockPermK(4)], ids=lambda c: c.name)
+@pytest.mark.parametrize("method,options", SHIFTED, ids=["diana", "rand_diana", "dcgd_shifted"])
+def test_paths_agree_bit_for_bit(n: int, d: int, comp: permk.Compressor, method: permk.Method, options: dict) -> None:
+    q = synthetic(n, d, s=0.3, lam=1e-2)
+    runs = {}
+    for path in ("rust", "fused", "dense"):
+        try:
+            runs[path] = method(q, comp, rounds=60, seed=5, gamma=0.05, path=path, **options)
+        except ValueError as e:
+            assert f"path={path!r} is not available" in str(e)
+    assert {"fused", "dense"} <= set(runs)
+    ref = runs["dense"]
+    for path, r in runs.items():
+        assert r.params["path"] == path
+        np.testing.assert_array_equal(r.x, ref.x)
+        np.testing.assert_array_equal(r.grad_norm_sq, ref.grad_norm_sq)
+        np.testing.assert_array_equal(r.bits_per_worker, ref.bits_per_worker)
+        assert r.state == ref.state
