@@ -260,3 +260,12 @@ def test_paths_agree_bit_for_bit(n: int, d: int, comp: permk.Compressor, method:
         np.testing.assert_array_equal(r.grad_norm_sq, ref.grad_norm_sq)
         np.testing.assert_array_equal(r.bits_per_worker, ref.bits_per_worker)
         assert r.state == ref.state
+
+
+def test_dcgd_shifted_is_dcgd_with_initial_shifts() -> None:
+    q = synthetic(8, 40)
+    a = permk.dcgd_shifted(q, permk.PermK(), rounds=20, seed=1)
+    b = permk.dcgd(q, permk.PermK(), rounds=20, seed=1, shifts="initial")
+    assert a.state == b.state and a.params["gamma"] == b.params["gamma"] and a.method == "dcgd_shifted"
+    with pytest.raises(TypeError, match="does not take"):
+        permk.dcgd_shifted(q, permk.PermK(), rounds=2, seed=1, shifts=None)

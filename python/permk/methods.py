@@ -71,6 +71,7 @@ __all__ = [
     "ef21",
     "gd",
     "dcgd",
+    "dcgd_shifted",
     "diana",
     "rand_diana",
     "run",
@@ -577,6 +578,18 @@ class DCGD(Method):
         return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
 
+class ShiftedDCGD(DCGD):
+    """:class:`DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
+    ``METHOD-COMPRESSOR`` (``dcgd_shifted-permk``) selects it. ``permk.dcgd_shifted(...)`` is
+    ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
+
+    name = "dcgd_shifted"
+    state_type = ShiftedDCGDState
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
+        return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
+
+
 class Diana(Method):
     """DIANA (Mishchenko et al., "Distributed learning with compressed gradient differences";
     nonconvex theory: Horváth et al., "Stochastic distributed learning with gradient quantization
@@ -911,6 +924,7 @@ marina = Marina()
 ef21 = EF21()
 gd = GD()
 dcgd = DCGD()
+dcgd_shifted = ShiftedDCGD()
 diana = Diana()
 rand_diana = RandDiana()
 
