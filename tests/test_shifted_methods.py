@@ -196,6 +196,24 @@ def test_resume_equals_an_uninterrupted_run(method: permk.Method, options: dict,
     np.testing.assert_array_equal(first.state.x, permk.load_state(tmp_path / "s.npz").x)  # the run did not touch it
 
 
+class NoWorkerConstants:
+    """A problem that states L−, L+ and L± but not the workers' L_i."""
+
+    def __init__(self, q: permk.SyntheticQuadratic) -> None:
+        self.q = q
+        self.n, self.d, self.x0 = q.n, q.d, q.x0
+        self.L_minus, self.L_plus, self.L_pm = q.L_minus, q.L_plus, q.L_pm
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return self.q.local_grads(x)
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        return self.q.grad(x)
+
+    def loss(self, x: np.ndarray) -> float:
+        return self.q.loss(x)
+
+
 def test_bad_options_raise_clear_errors() -> None:
     q = synthetic(4, 20)
     for alpha in (0.0, -0.5, 1.5, float("nan")):
@@ -209,10 +227,12 @@ def test_bad_options_raise_clear_errors() -> None:
     for method in (permk.diana, permk.rand_diana):
         with pytest.raises(ValueError, match="unbiased compressor; TopK"):
             method(q, permk.TopK(2), rounds=2, seed=0, gamma=0.1)
-    with pytest.raises(ValueError, match="shifts must be one of 'initial'"):
+    with pytest.raises(ValueError, match="shifts must be None or 'initial'"):
         permk.dcgd(q, permk.PermK(), rounds=2, seed=0, gamma=0.1, shifts="final")
-    with pytest.raises(ValueError, match="no theory step"):
+    with pytest.raises(ValueError, match="theory step only with shifts='initial'"):
         permk.dcgd(q, permk.PermK(), rounds=2, seed=0)
+    with pytest.raises(ValueError, match="states none: pass gamma="):
+        permk.rand_diana(NoWorkerConstants(q), permk.PermK(), rounds=2, seed=0)
     with pytest.raises(ValueError, match="PermK's class"):
         permk.dcgd(q, permk.RandK(5), rounds=2, seed=0, shifts="initial")
     with pytest.raises(ValueError, match="pass gamma="):

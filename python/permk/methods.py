@@ -54,6 +54,7 @@ from .theory.steps import (
     rand_diana_stepsize,
     shift_step_class,
     shifted_dcgd_stepsize,
+    worker_constants,
 )
 
 __all__ = [
@@ -541,41 +542,40 @@ class DCGD(Method):
                    shifts: str | None = None) -> dict[str, Any]:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DCGD needs an unbiased compressor; {compressor.name} is biased")
-        if shifts is not None:
-            check_choice(shifts, "shifts", ("initial",))
+        if shifts not in (None, "initial"):
+            raise ValueError(f"shifts must be None or 'initial', got {shifts!r}")
         return {"shifts": shifts, "bits": message_bits(compressor, n, d, float_bits)}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        if params.get("shifts") is None:
-            raise ValueError("DCGD has no theory step in permk: pass gamma= (or shifts='initial')")
-        if constants.mu is not None:
-            raise ValueError("shifted DCGD has no PL step in permk: pass gamma= or pl=False")
-        omega = compressor.omega(n, d)
-        if _shift_class(compressor, n, d) != "permutation" or omega is None:
-            raise ValueError(f"the authors' shifted-DCGD step is for compressors in PermK's class (AB constants A = B <= 1, "
-                             f"and ω); {compressor.name} is not: pass gamma=")
-        L_mean, L_max = _worker_smoothness(problem, n, "shifted DCGD")
+        ab, omega = compressor.ab_constants(n, d), compressor.omega(n, d)
+        if params["shifts"] is None or constants.mu is not None:
+            raise ValueError("DCGD has a theory step only with shifts='initial' and pl=False: pass gamma=")
+        if ab is None or omega is None or shift_step_class(ab[0], ab[1], n) != "permutation":
+            raise ValueError(f"the authors' shifted-DCGD step is for compressors in PermK's class (AB constants "
+                             f"A = B <= 1, and ω); {compressor.name} is not: pass gamma=")
+        L_mean, L_max = worker_constants(problem, n)
         return shifted_dcgd_stepsize(omega, n, L_mean, L_max), "authors' dcgd_permutation step (algorithm.py:1867-1874)"
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         return float(compressor.floats_per_worker(n, d))
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DCGDState:
-        if params.get("shifts") == "initial":
+        if params["shifts"] == "initial":
             return ShiftedDCGDState(x=x0, y=x0, h=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
         return DCGDState(x=x0, round=0, seed=seed)
 
     def update(self, state: DCGDState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DCGDState, RoundInfo]:
+        if params["shifts"] == "initial":
+            if not isinstance(state, ShiftedDCGDState):
+                raise TypeError(f"a run with shifts='initial' continues a ShiftedDCGDState, got a {type(state).__name__}")
+            diff = ex.compressed_mean_diff(backend, compressor, state.x, state.y, seed=state.seed, round=state.round)
+            step = state.h + diff
+        else:
+            step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
-        if params.get("shifts") == "initial":
-            shifted = _shifted_state(state, ShiftedDCGDState, "shifts='initial'")
-            step = shifted.h + ex.compressed_mean_diff(backend, compressor, shifted.x, shifted.y, seed=state.seed, round=state.round)
-            x = state.x - params["gamma"] * step
-            return replace(shifted, x=x, round=state.round + 1, bits=state.bits + bits), RoundInfo(bits)
-        step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         x = state.x - params["gamma"] * step
-        return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+        return replace(state, x=x, round=state.round + 1, bits=state.bits + bits), RoundInfo(bits)
 
 
 class ShiftedDCGD(DCGD):
@@ -584,7 +584,6 @@ class ShiftedDCGD(DCGD):
     ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
 
     name = "dcgd_shifted"
-    state_type = ShiftedDCGDState
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
         return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
@@ -690,11 +689,12 @@ class RandDiana(Method):
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        kind = _shift_class(compressor, n, d)
+        ab = compressor.ab_constants(n, d)
+        kind = None if ab is None else shift_step_class(ab[0], ab[1], n)
         if kind is None:
             raise ValueError(f"the authors' RandDIANA steps are for AB constants A = B <= 1 (permutation) or A <= (n-1)/n "
                              f"(independent); {compressor.name} has neither: pass gamma=")
-        L_mean, L_max = _worker_smoothness(problem, n, "RandDIANA")
+        L_mean, L_max = worker_constants(problem, n)
         gamma = rand_diana_stepsize(params["p"], L_mean, L_max, constants.L_pm, kind=kind, mu=constants.mu)
         lines = {"permutation": "1762-1775", "independent": "1692-1706"}[kind]
         regime = "" if constants.mu is None else " (strongly convex)"
@@ -718,32 +718,6 @@ class RandDiana(Method):
         g = h + ex.compressed_mean_diff(backend, compressor, x, y, seed=state.seed, round=state.round)
         return RandDianaState(x=x, g=g, y=y, h=h, round=state.round + 1, seed=state.seed,
                               bits=state.bits + bits), RoundInfo(bits, heads)
-
-
-def _shift_class(compressor: Compressor, n: int, d: int) -> str | None:
-    """Which of the authors' shifted steps the compressor has, from its AB constants
-    (:func:`~permk.theory.steps.shift_step_class`), or None without them."""
-    ab = compressor.ab_constants(n, d)
-    return None if ab is None else shift_step_class(float(ab[0]), float(ab[1]), n)
-
-
-def _worker_smoothness(problem: Any, n: int, method: str) -> tuple[float, float]:
-    """The mean and the largest of the problem's ``L_i`` (the authors' ``L`` and their default
-    Bregman smoothness variance)."""
-    L_i = getattr(problem, "L_i", None)
-    if L_i is None:
-        raise ValueError(f"the authors' {method} step reads the workers' smoothness constants L_i; the problem has none: pass gamma=")
-    L_i = np.asarray(L_i, dtype=np.float64)
-    if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
-        raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
-    return float(L_i.mean()), float(L_i.max())
-
-
-def _shifted_state(state: Any, kind: type[State], option: str) -> Any:
-    """``state`` if it is of ``kind`` (a resumed state must carry the shifts the run uses)."""
-    if not isinstance(state, kind):
-        raise TypeError(f"a run with {option} continues a {kind.__name__}, got a {type(state).__name__}")
-    return state
 
 
 def _flag(value: Any, name: str) -> bool:

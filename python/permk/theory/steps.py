@@ -35,7 +35,7 @@ import numpy as np
 from .._validate import check_choice, check_int, check_probability, check_real
 
 __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
-           "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize"]
+           "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants"]
 
 
 def _mu(mu: Any) -> float | None:
@@ -260,3 +260,21 @@ def shifted_dcgd_stepsize(omega: float, n: int, L_mean: float, L_max: float) -> 
     if M <= 0:
         raise ValueError("the smoothness constants give no bound on the step (L_mean = L_max = 0): f is constant")
     return 1.0 / M
+
+
+def worker_constants(problem: Any, n: int) -> tuple[float, float]:
+    """The mean and the largest of the problem's ``L_i`` (the smoothness constants of the
+    ``f_i``): the authors' ``L`` of RandDIANA and shifted DCGD, and their default Bregman
+    smoothness variance. A ValueError (pass ``gamma=``) when the problem states none.
+
+    >>> class P: L_i = [1.0, 3.0]
+    >>> worker_constants(P(), 2)
+    (2.0, 3.0)
+    """
+    L_i = getattr(problem, "L_i", None)
+    if L_i is None:
+        raise ValueError("this step reads the workers' smoothness constants L_i; the problem states none: pass gamma=")
+    L_i = np.asarray(L_i, dtype=np.float64)
+    if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
+        raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
+    return float(L_i.mean()), float(L_i.max())
