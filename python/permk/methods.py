@@ -1,4 +1,5 @@
-"""Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes.
+"""Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes,
+DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps).
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -10,8 +11,9 @@ backend for one of the exchanges of :mod:`permk.backends`, so the same definitio
 single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 (:mod:`permk.distributed`), through the one driver loop :func:`drive`.
 
-``permk.marina``, ``permk.ef21``, ``permk.gd`` and ``permk.dcgd`` are the method objects
-themselves; calling one runs it in the simulator::
+``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` (``permk.dcgd_shifted``),
+``permk.diana`` and ``permk.rand_diana`` are the method objects themselves; calling one runs it
+in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)
 
@@ -40,7 +42,6 @@ from typing import Any, Callable, ClassVar, NamedTuple
 import numpy as np
 
 from . import _core
-from . import exchanges as ex
 from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from . import exchanges as ex
