@@ -87,7 +87,7 @@ from ._validate import check_choice, check_int, check_output, check_real, start_
 from .backends import EXCHANGES, PATHS, choose_path, finite, native_pair
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
-from .methods import setup as method_setup
+from .methods import check_start, setup as method_setup, start
 from .problems import index_array
 
 __all__ = [
@@ -892,6 +892,11 @@ def _guarded(comm: Any, abort_on_error: bool, fn: Callable[[], Any]) -> Any:
         raise  # pragma: no cover - Abort does not return
 
 
+def _shared_digest(state: State) -> str:
+    """A digest of the state's shared arrays, its round and seed: the same on every rank."""
+    return _digest(*(getattr(state, name) for name in state.shared_arrays()), [state.round, state.seed % 2**52])
+
+
 def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int, int, int]]) -> DistributedRunResult:
     comm, MPI = backend.comm, backend.MPI
     arr = np.array(per_round, dtype=np.int64).reshape(-1, 4)
@@ -902,7 +907,7 @@ def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int,
     comm.Bcast(down, root=0)
     wmax = np.empty(up.size, dtype=np.int64)
     comm.Allreduce(np.ascontiguousarray(arr[:, 2]), wmax, op=MPI.MAX)
-    digests = comm.allgather(_digest(res.x, getattr(res.state, "g", res.x)))
+    digests = comm.allgather(_shared_digest(res.state))
     if len(set(digests)) != 1:
         raise RuntimeError(
             "the ranks ended with different iterates: the MPI library's reductions are not identical on "
@@ -941,18 +946,9 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
                               record_every=record_every, step=rank == 0, **options)
         params.update(path=backend.path(compressor, method.exchange), backend="mpi", mode=mode, reduce=reduce,
                       n_procs=comm.Get_size())
-        if state is not None:
-            if not isinstance(state, method.state_type):
-                raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
-            if state.seed != seed:
-                raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
-            resumed = method.resume(state, backend)
-            start_digest = _digest(resumed.x, getattr(resumed, "g", resumed.x), [resumed.round, resumed.seed % 2**52])
-        else:
-            resumed = None
-            holder["x_init"] = start_point(local.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
-            start_digest = _digest(holder["x_init"])
-        holder.update(backend=backend, resumed=resumed, params=params)
+        begin = check_start(method, local, backend, state, x0, seed)
+        start_digest = _shared_digest(begin) if isinstance(begin, State) else _digest(begin)
+        holder.update(backend=backend, begin=begin, params=params)
         theory_keys = ("gamma", "gamma_source", "L_minus", "L_plus", "L_pm", "mu", "constants")
         shared = {k: v for k, v in params.items() if k not in theory_keys or params["gamma_source"] == "user"}
         return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),
@@ -966,10 +962,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
 
     def go() -> DistributedRunResult:
         backend.counting = False  # the initial exchanges are not counted
-        if holder["resumed"] is None:
-            first = method.init(holder["x_init"], backend, compressor, params, seed=seed)
-        else:
-            first = holder["resumed"]
+        first = start(method, backend, compressor, params, holder["begin"], seed)
         backend.counting = True
         backend.take()
         per_round: list[tuple[int, int, int, int]] = []

@@ -70,27 +70,85 @@ Array = np.ndarray
 # ---------------------------------------------------------------------------------------------
 # states
 # ---------------------------------------------------------------------------------------------
+#: The kinds of a state's arrays (:attr:`State.arrays`).
+ARRAY_KINDS = ("shared", "per_worker")
+
+
 class State:
     """A method's explicit state after ``round`` rounds: the iterate ``x``, the shared ``seed`` and
     the bits one worker has sent so far (``bits``), plus the method's own fields (each state is a
     frozen dataclass). States compare field by field (arrays by value) and can be saved with
-    :func:`save_state`."""
+    :func:`save_state`.
+
+    A state lists its arrays in ``arrays``, each ``"shared"`` (a vector of length ``d``, the same
+    on every process: the iterate, an aggregate) or ``"per_worker"`` (one row of length ``d`` per
+    worker: all ``n`` in the simulator, the rows of the workers a process holds on MPI). The
+    shared code reads that list, and nothing else of a method's state: the driver stops a run
+    whose shared arrays are not finite (a per-worker array feeds a shared aggregate, and only
+    shared arrays are the same on every process, so every MPI rank stops at the same round), a
+    resumed state is checked and cut to the held rows (:meth:`held_by`), MPI ranks compare digests
+    of the shared arrays, and :func:`load_state` checks the shapes."""
 
     x: Array
     round: int
     seed: int
     bits: float
 
+    #: The state's arrays by field name: ``"shared"`` or ``"per_worker"``.
+    arrays: ClassVar[dict[str, str]] = {"x": "shared"}
+
     _kinds: ClassVar[dict[str, type[State]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        declared = {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
+        for name, kind in cls.arrays.items():
+            if kind not in ARRAY_KINDS:
+                raise TypeError(f"{cls.__name__}.arrays[{name!r}] must be one of {ARRAY_KINDS}, got {kind!r}")
+            if name not in declared:
+                raise TypeError(f"{cls.__name__}.arrays names {name!r}, which is not a field of the state")
+        if cls.arrays.get("x") != "shared":
+            raise TypeError(f"{cls.__name__}.arrays must list the iterate: 'x': 'shared'")
         State._kinds[cls.__name__] = cls
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """The state's fields (every State is a frozen dataclass)."""
         return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    @classmethod
+    def shared_arrays(cls) -> tuple[str, ...]:
+        """The names of the state's shared arrays (``x`` first)."""
+        return tuple(name for name, kind in cls.arrays.items() if kind == "shared")
+
+    @classmethod
+    def per_worker_arrays(cls) -> tuple[str, ...]:
+        """The names of the state's per-worker arrays."""
+        return tuple(name for name, kind in cls.arrays.items() if kind == "per_worker")
+
+    def finite(self) -> bool:
+        """Whether every shared array is finite (the driver's divergence check)."""
+        return all(bool(np.isfinite(getattr(self, name)).all()) for name in self.shared_arrays())
+
+    def held_by(self, backend: Backend) -> State:
+        """This state to continue a run on ``backend``, checked: every shared array of shape
+        ``(d,)``; every per-worker array with the rows of all ``backend.n`` workers (e.g. a
+        simulator's state, then cut to the rows of ``backend.workers``) or those of the held
+        workers alone. The arrays are float64 copies, so the run never writes into the caller's."""
+        n, d, ws = backend.n, backend.d, backend.workers
+        held = len(ws)
+        new: dict[str, Array] = {}
+        for name, kind in self.arrays.items():
+            a = np.asarray(getattr(self, name))
+            if kind == "shared":
+                if a.shape != (d,):
+                    raise ValueError(f"state.{name} must have shape ({d},), got {a.shape}")
+            elif a.shape == (n, d) and held != n:
+                a = a[ws.start : ws.stop]
+            elif a.shape != (held, d):
+                raise ValueError(f"state.{name} must hold all {n} rows or this process's {held} (of length {d}), got shape {a.shape}")
+            new[name] = np.array(a, dtype=np.float64)
+        return replace(self, **new)  # type: ignore[type-var]
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -117,6 +175,8 @@ class MarinaState(State):
     seed: int = 0
     bits: float = 0.0
 
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared"}
+
 
 @dataclass(frozen=True, eq=False)
 class EF21State(State):
@@ -129,6 +189,8 @@ class EF21State(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,7 +223,9 @@ def save_state(state: State, path: Any) -> None:
 
 
 def load_state(path: Any) -> State:
-    """Read a state written by :func:`save_state`."""
+    """Read a state written by :func:`save_state`, checking its arrays' shapes: every shared
+    array of the iterate's length ``d``, every per-worker array a matrix of ``d`` columns (one
+    row per worker; :meth:`State.held_by` checks their count when a run resumes it)."""
     try:
         z = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
@@ -178,8 +242,15 @@ def load_state(path: Any) -> State:
             if name not in z.files:
                 raise ValueError(f"{path}: the {kind} has no field {name!r}")
             v = z[name]
-            vals[name] = v.copy() if v.ndim else v.item()
-        return cls(**vals)
+            vals[name] = v.copy() if v.ndim or name in cls.arrays else v.item()
+    d = vals["x"].shape[0] if vals["x"].ndim == 1 else None
+    for name, array_kind in cls.arrays.items():
+        shape = vals[name].shape
+        if d is None or (shape != (d,) if array_kind == "shared" else (len(shape) != 2 or shape[1] != d)):
+            want = "(d,)" if array_kind == "shared" else "(workers, d)"
+            raise ValueError(f"{path}: the {kind}'s {array_kind} array {name!r} must have shape {want} with d the length of x, "
+                             f"got {shape} (x: {vals['x'].shape})")
+    return cls(**vals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,15 +357,9 @@ class Method(abc.ABC):
 
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         """The shape of the largest array of the state for ``n`` workers (held by one process) in
-        dimension ``d``: what a grid checks against the memory before it starts."""
-        return (d,)
-
-    def resume(self, state: Any, backend: Backend) -> State:
-        """A state given to continue a run, checked against the backend (shapes)."""
-        x = np.asarray(state.x)
-        if x.shape != (backend.d,):
-            raise ValueError(f"state.x must have shape ({backend.d},), got {x.shape}")
-        return state  # type: ignore[no-any-return]
+        dimension ``d`` (from :attr:`State.arrays`): what a grid checks against the memory
+        before it starts."""
+        return (n, d) if self.state_type.per_worker_arrays() else (d,)
 
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
@@ -366,12 +431,6 @@ class Marina(Method):
             g = state.g + backend.compressed_mean_diff(compressor, x, state.x, seed=state.seed, round=state.round)
             bits = params["bits"]["compressed"]
         return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads)
-
-    def resume(self, state: MarinaState, backend: Backend) -> MarinaState:
-        super().resume(state, backend)
-        if np.shape(state.g) != (backend.d,):
-            raise ValueError(f"state.g must have shape ({backend.d},), got {np.shape(state.g)}")
-        return state
 
 
 class GD(Marina):
@@ -449,20 +508,6 @@ class EF21(Method):
         mean, G = backend.error_feedback(compressor, x, state.G, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
-
-    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
-        return (n, d)  # the workers' estimators G
-
-    def resume(self, state: EF21State, backend: Backend) -> EF21State:
-        """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""
-        super().resume(state, backend)
-        n, d, ws = backend.n, backend.d, backend.workers
-        G = np.asarray(state.G)
-        if G.shape == (n, d) and len(ws) != n:
-            G = G[ws.start : ws.stop]
-        elif G.shape != (len(ws), d):
-            raise ValueError(f"state.G must hold all {n} rows or this process's {len(ws)}, got shape {G.shape}")
-        return replace(state, G=np.array(G, dtype=np.float64))
 
 
 class DCGD(Method):
@@ -544,26 +589,34 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
     return params
 
 
-def start(method: Method, problem: Any, backend: Backend, compressor: Compressor, params: dict[str, Any],
-          state: Any, x0: Any, seed: int) -> State:
-    """The run's first state: ``method.init`` at ``x0`` (default ``problem.x0``), or ``state``
-    to resume (of the method's kind, with the run's seed)."""
+def check_start(method: Method, problem: Any, backend: Backend, state: Any, x0: Any, seed: int) -> State | Array:
+    """What a run starts from, checked before any exchange: the starting point ``x0`` (default
+    ``problem.x0``), or the given ``state`` to resume (of the method's kind, with the run's seed)
+    as the backend holds it (:meth:`State.held_by`)."""
+    seed = check_seed(seed)
     if state is None:
-        x = start_point(problem.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
-        return method.init(x, backend, compressor, params, seed=check_seed(seed))
+        return start_point(problem.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
     if not isinstance(state, method.state_type):
         raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
-    if state.seed != check_seed(seed):
+    if state.seed != seed:
         raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
-    return method.resume(state, backend)
+    return state.held_by(backend)
+
+
+def start(method: Method, backend: Backend, compressor: Compressor, params: dict[str, Any], begin: State | Array, seed: int) -> State:
+    """The run's first state from what :func:`check_start` returned: the resumed state, or
+    ``method.init`` at the starting point (its exchanges)."""
+    if isinstance(begin, State):
+        return begin
+    return method.init(begin, backend, compressor, params, seed=check_seed(seed))
 
 
 def drive(method: Method, backend: Backend, compressor: Compressor, params: dict[str, Any], state: State, *,
           rounds: int, record_every: int, progress: bool = False, on_round: Callable[[RoundInfo], None] | None = None) -> RunResult:
     """The loop shared by every method and backend: update, record, stop on divergence.
 
-    Metrics are recorded every ``record_every`` rounds (and at the end); a non-finite iterate (or
-    estimator) stops the run at once and is reported in ``diverged_at``. ``on_round`` sees every
+    Metrics are recorded every ``record_every`` rounds (and at the end); a state whose shared arrays are
+    not finite (:meth:`State.finite`: the same on every process) stops the run at once and is reported in ``diverged_at``. ``on_round`` sees every
     round's :class:`RoundInfo` (the MPI backend counts its bytes there). Whether a round is
     recorded is computed from its number, so the record costs memory in the points recorded,
     not in ``rounds``."""
@@ -614,9 +667,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
             coins.append(bool(info.coin))
         if on_round is not None:
             on_round(info)
-        g = getattr(state, "g", None)
-        finite = bool(np.isfinite(state.x).all() and (g is None or np.isfinite(g).all()))
-        if not finite or (recorded(state.round) and not record(state)):
+        if not state.finite() or (recorded(state.round) and not record(state)):
             diverged_at = state.round
             break
         if bar is not None:
@@ -664,7 +715,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
     params["path"] = backend.path(compressor, method.exchange)
-    first = start(method, problem, backend, compressor, params, state, x0, seed)
+    first = start(method, backend, compressor, params, check_start(method, problem, backend, state, x0, seed), seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
 
 
