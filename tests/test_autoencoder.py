@@ -16,7 +16,7 @@ import pytest
 
 import permk
 import permk.distributed
-from permk.experiments.autoencoder import LinearAutoencoder
+from permk.experiments.autoencoder import GroupedAutoencoder, LinearAutoencoder
 
 from conftest import MPI_DIR, MPIEXEC, final_grad_norms  # noqa: E402
 
@@ -243,6 +243,15 @@ def test_a_block_of_workers_holds_their_images_only_and_answers_as_the_whole_pro
     assert held >= whole.n_splits
     with pytest.raises(ValueError, match="cannot be grouped"):
         _ae(0.5, workers=range(0, 3)).grouped()
+
+
+def test_local_says_whether_the_problem_holds_a_block_of_workers() -> None:
+    whole, part = _ae(0.5), _ae(0.5, workers=range(3, 6))
+    assert not whole.local and whole.held_workers == range(whole.n) and "workers=" not in repr(whole)
+    assert not isinstance(whole, permk.distributed.LocalProblem)  # run views it through LocalView
+    assert isinstance(whole.grouped(), GroupedAutoencoder)
+    assert part.local and part.held_workers == part.workers == range(3, 6) and "workers=range(3, 6)" in repr(part)
+    assert part.local_grads(_point(part)).shape == (3, part.d)
 
 
 def _mpi_runs(tmp_path_factory: pytest.TempPathFactory, nprocs: int) -> Path:
