@@ -35,7 +35,7 @@ import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import numpy as np
 
@@ -43,7 +43,8 @@ from . import _core
 from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from .backends import Backend, Simulator, check_problem
-from .compressors import Compressor, Identity
+from .compressors import Compressor, Identity, PermK, RandK, TopK
+from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
 
 __all__ = [
@@ -309,7 +310,8 @@ class Method(abc.ABC):
     A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the backend
     exchange its rounds are made of: ``"compressed_mean_diff"``, ``"compressed_mean"``,
     ``"error_feedback"`` or ``"mean_grad"``; it names the path in ``params["path"]``),
-    ``has_coin``, and implements:
+    ``has_coin``, ``label`` (its name in legends and tables: ``"MARINA"``), and the attributes
+    below where it differs from their defaults; and implements:
 
     * ``parameters(compressor, n, d, *, float_bits, **options)`` — validate that the compressor
       suits the method and choose the method's own parameters (theory defaults), including
@@ -322,12 +324,34 @@ class Method(abc.ABC):
       compressor, params) -> (state, RoundInfo)``.
 
     Calling the method object runs it in the simulator (:func:`run`).
+
+    What the experiments, the theory and the generic tests read of a method, rather than its name:
+
+    * ``takes_compressor`` — False for a method whose rounds send full gradients (GD): it runs
+      with the identity and is called without a compressor (``permk.gd(problem, …)``,
+      ``permk.distributed.gd``), and the experiments pair it with no compressor;
+    * ``starts`` — the values of the method's ``init`` option (EF21's ``"full"`` and
+      ``"compressed"`` start), which the experiments' ``ef21_init`` sets;
+    * ``collapses_identical_workers`` — with a deterministic compressor
+      (``capabilities.deterministic``) workers that are the same function stay identical and the
+      iterates depend on their mean alone (no per-worker randomness), so the experiments may run
+      a group of identical workers as one weighted worker;
+    * ``authors_rounds_factor`` — how many times the base number of rounds the authors' configs
+      run the method (EF21: twice; ``horizon="rounds"``);
+    * ``table_rows`` — the rows of the paper's communication-complexity Tables for this method,
+      by compressor class (:func:`permk.theory.table_complexity`).
     """
 
     name: ClassVar[str]
+    label: ClassVar[str]
     state_type: ClassVar[type[State]]
     exchange: ClassVar[str]
     has_coin: ClassVar[bool] = False
+    takes_compressor: ClassVar[bool] = True
+    starts: ClassVar[tuple[str, ...]] = ()
+    collapses_identical_workers: ClassVar[bool] = False
+    authors_rounds_factor: ClassVar[int] = 1
+    table_rows: ClassVar[Mapping[type[Compressor], TableRow]] = {}
 
     @abc.abstractmethod
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, **options: Any) -> dict[str, Any]:
@@ -390,9 +414,11 @@ class Marina(Method):
     """
 
     name = "marina"
+    label = "MARINA"
     state_type = MarinaState
     exchange = "compressed_mean_diff"
     has_coin = True
+    table_rows = {PermK: MARINA_PERMK, RandK: MARINA_RANDK}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
         ab = compressor.ab_constants(n, d)
@@ -439,10 +465,13 @@ class GD(Marina):
     a compressor: ``permk.gd(problem, rounds=…, seed=…)``."""
 
     name = "gd"
+    label = "GD"
     exchange = "mean_grad"
+    takes_compressor = False
+    table_rows = {}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
-        if not isinstance(compressor, Identity):
+        if not compressor.capabilities.lossless:
             raise ValueError(f"gd sends full gradients: its compressor must be None or Identity, got {compressor.name} "
                              "(use marina, dcgd or ef21 to compress)")
         return super().parameters(compressor, n, d, float_bits=float_bits, p=1.0)
@@ -472,8 +501,13 @@ class EF21(Method):
     """
 
     name = "ef21"
+    label = "EF21"
     state_type = EF21State
     exchange = "error_feedback"
+    starts = ("full", "compressed")
+    collapses_identical_workers = True
+    authors_rounds_factor = 2
+    table_rows = {TopK: EF21_TOPK}
 
     #: The round index of the compressed start's message (``init="compressed"``).
     INIT_ROUND = 2**64 - 1
@@ -484,7 +518,7 @@ class EF21(Method):
         if alpha is None:
             raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
         return {"alpha": alpha, "bits": message_bits(compressor, n, d, float_bits, indices=_flag(count_indices, "count_indices")),
-                "init": check_choice(init, "init", ("full", "compressed"))}
+                "init": check_choice(init, "init", self.starts)}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
@@ -515,6 +549,7 @@ class DCGD(Method):
     with an unbiased compressor and the user's step ``gamma`` (there is no theory step here)."""
 
     name = "dcgd"
+    label = "DCGD"
     state_type = DCGDState
     exchange = "compressed_mean"
 
