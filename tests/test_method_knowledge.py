@@ -241,3 +241,39 @@ def test_a_state_of_the_simulator_runs_on_a_backend_of_fewer_rows() -> None:
     s = permk.ef21(q, permk.TopK(2), rounds=4, seed=0).state
     cut = s.held_by(Simulator(q))
     assert np.array_equal(cut.G, s.G) and cut.G is not s.G
+
+
+# ---------------------------------------------------------------------------------------------
+# the permk.distributed shorthands
+# ---------------------------------------------------------------------------------------------
+def test_every_catalog_method_has_its_distributed_shorthand() -> None:
+    import inspect
+
+    import permk.distributed as pd
+
+    for name, method in method_catalog().items():
+        fn = getattr(pd, name)
+        assert name in pd.__all__ and name in dir(pd) and fn.__name__ == name
+        assert fn.__doc__.startswith(f"{method.label} on MPI") and f"``permk.{name}``" in fn.__doc__
+        params = list(inspect.signature(fn).parameters)
+        assert params[:2] == (["problem", "compressor"] if method.takes_compressor else ["problem", "rounds"])
+    assert "compressor" not in inspect.signature(pd.gd).parameters
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        pd.nope  # noqa: B018
+
+
+def test_a_method_added_to_the_catalog_gets_a_shorthand(monkeypatch: pytest.MonkeyPatch) -> None:
+    import permk.distributed as pd
+
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(permk.methods, "local_momentum", local_momentum, raising=False)
+    monkeypatch.setattr(pd, "run", lambda *a, **kw: calls.append((*a, kw)))
+    try:
+        q = _quadratic()
+        pd.local_momentum(q, rounds=3, seed=1, gamma=0.1)  # takes no compressor: runs with the identity
+        pd.ef21(q, permk.TopK(2), rounds=2, seed=0)
+        (m1, p1, c1, kw1), (m2, p2, c2, kw2) = calls
+        assert m1 is local_momentum and p1 is q and isinstance(c1, permk.Identity) and kw1 == dict(rounds=3, seed=1, gamma=0.1)
+        assert m2 is permk.ef21 and isinstance(c2, permk.TopK) and kw2 == dict(rounds=2, seed=0)
+    finally:
+        vars(pd).pop("local_momentum", None)
