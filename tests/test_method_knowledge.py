@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import permk
+import permk.exchanges as ex
 from permk.backends import Simulator
 from permk.compressors import Capabilities
 from permk.methods import catalog as method_catalog
@@ -121,10 +122,10 @@ class BlowsUp(LocalMomentum):
     state_type = ShiftState
 
     def init(self, x0: np.ndarray, backend: Any, compressor: Any, params: dict[str, Any], *, seed: int) -> ShiftState:
-        return ShiftState(x=x0, v=backend.mean_grad(x0), seed=seed)
+        return ShiftState(x=x0, v=ex.mean_grad(backend, x0), seed=seed)
 
     def update(self, state: Any, backend: Any, compressor: Any, params: dict[str, Any]) -> tuple[ShiftState, permk.RoundInfo]:
-        v = backend.mean_grad(state.x)
+        v = ex.mean_grad(backend, state.x)
         x = state.x - 1e-3 * v
         if state.round == 2:
             x, v = state.x, np.full_like(v, np.inf)

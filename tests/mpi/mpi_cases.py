@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 import permk
+import permk.exchanges as ex
 
 CASES: dict[str, dict[str, Any]] = {
     # bit for bit (reduce="ordered": every sum of the run in worker order)
@@ -129,7 +130,7 @@ class LocalMomentum(permk.Method):
     name = "local_momentum"
     label = "Local momentum"
     state_type = MomentumState
-    exchange = "mean_grad"
+    exchange = permk.exchanges.mean_grad
     takes_compressor = False
 
     def parameters(self, compressor: permk.Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
@@ -147,15 +148,15 @@ class LocalMomentum(permk.Method):
         return float(d)
 
     def init(self, x0: np.ndarray, backend: Any, compressor: permk.Compressor, params: dict[str, Any], *, seed: int) -> MomentumState:
-        M = np.array(backend.local_grads(x0), dtype=np.float64)
-        return MomentumState(x=x0, m=backend.mean_rows(M), M=M, seed=seed)
+        M = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        return MomentumState(x=x0, m=ex.mean_rows(backend, M), M=M, seed=seed)
 
     def update(self, state: MomentumState, backend: Any, compressor: permk.Compressor,
                params: dict[str, Any]) -> tuple[MomentumState, permk.RoundInfo]:
         x = state.x - params["gamma"] * state.m
-        M = params["beta"] * state.M + backend.local_grads(x)
+        M = params["beta"] * state.M + ex.local_grads(backend, x)
         bits = params["bits"]["compressed"]
-        return (MomentumState(x=x, m=backend.mean_rows(M), M=M, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
+        return (MomentumState(x=x, m=ex.mean_rows(backend, M), M=M, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
                 permk.RoundInfo(bits))
 
 
