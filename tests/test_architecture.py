@@ -174,3 +174,13 @@ def test_conventions() -> None:
             call()  # type: ignore[call-arg]
     params = inspect.signature(permk.theory.complexity).parameters
     assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("n", "d", "L_minus", "L_plus", "L_pm", "eps", "delta0", "mu"))
+
+
+def test_the_problem_kernel_exports_oracles_and_exchanges_not_method_rounds() -> None:
+    """The methods are defined once, in Python; the native problem kernel exports the oracles and
+    the exchanges' arithmetic (whole MARINA and EF21 rounds live in its Rust tests only)."""
+    from permk import _core
+
+    public = {m for m in dir(_core.Tridiagonal) if not m.startswith("_")}
+    assert not {m for m in public if m.endswith("_round")}, public
+    assert {"loss", "grad", "local_grads", "local_grad_coords", "compressed_mean_diff", "error_feedback", "round_values"} <= public
