@@ -118,7 +118,8 @@ def _multiclass_curvature() -> float:
         # 4q·sign(2q − 1)(1 − q)² + q(1 − q)
         poly = np.polynomial.Polynomial([0, 4]) * np.polynomial.Polynomial([-sign, 2 * sign]) * np.polynomial.Polynomial([1, -1]) ** 2
         poly = poly + np.polynomial.Polynomial([0, 1, -1])
-        cands = [lo, hi] + [r.real for r in poly.deriv().roots() if abs(r.imag) < 1e-12 and lo <= r.real <= hi]
+        roots = [complex(r) for r in poly.deriv().roots()]
+        cands = [lo, hi] + [r.real for r in roots if abs(r.imag) < 1e-12 and lo <= r.real <= hi]
         best = max(best, max(float(poly(q)) for q in cands))
     return best
 
