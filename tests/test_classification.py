@@ -68,6 +68,7 @@ def test_gradients_match_finite_differences(name: str, sparse: bool) -> None:
             np.testing.assert_allclose(G[i], _fd_grad(lambda z: p.local_losses(z)[i], x), atol=1e-8)
             np.testing.assert_array_equal(p.local_grad(i, x), G[i])
         assert p.local_losses(x).mean() == pytest.approx(p.loss(x), rel=1e-13)
+        assert p.local_loss(1, x) == pytest.approx(p.local_losses(x)[1], rel=1e-13)
 
 
 def test_losses_are_the_authors_definitions() -> None:
@@ -322,3 +323,16 @@ def test_bad_input() -> None:
         p.minibatch_grads(p.x0, 0, seed=0, round=0)
     with pytest.raises(ValueError, match="lam"):
         NonconvexLogistic(X, y, n=2, lam=-1.0)
+
+
+@pytest.mark.mpi
+def test_on_mpi_the_methods_match_the_simulator_and_every_rank_draws_the_same_minibatches() -> None:
+    import subprocess
+    import sys
+
+    from conftest import MPI_DIR, MPIEXEC
+
+    out = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(MPI_DIR / "classification_run.py")],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "ok"

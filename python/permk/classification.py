@@ -405,6 +405,12 @@ class _LinearFiniteSum:
         h = self._head(self._data.forward(self._weights(x)), self._data.Y)[0]
         return float(np.sum(h * self._data.wt) / self.n + self._reg(x)[0])
 
+    def local_loss(self, i: int, x: Any) -> float:
+        """``f_i(x)``."""
+        x = as_vector(x, self.d)
+        block = self._data.take(np.array([check_int(i, "i", high=self.n)]))
+        return float(np.sum(self._head(block.forward(self._weights(x)), block.Y)[0] * block.wt) + self._reg(x)[0])
+
     def local_losses(self, x: Any) -> np.ndarray:
         """``[f_1(x), …, f_n(x)]``."""
         x = as_vector(x, self.d)
