@@ -129,6 +129,15 @@ def test_p_hat_shards_are_the_authors_split() -> None:
         np.testing.assert_array_equal(s, parts[0][: s.size])
     with pytest.raises(ValueError, match="p_hat"):
         shard_indices(23, 4, seed=5, p_hat=1.5)
+    # a Generator is advanced by exactly the draws of the split
+    rng = np.random.default_rng(5)
+    from_rng = shard_indices(23, 4, seed=rng, p_hat=0.3)
+    assert [s.tolist() for s in from_rng] == [s.tolist() for s in shard_indices(23, 4, seed=5, p_hat=0.3)]
+    ref = np.random.default_rng(5)
+    ref.permutation(23)
+    for part in np.array_split(np.arange(23), 5)[1:]:
+        ref.random(part.size)
+    assert rng.random() == ref.random()
 
 
 @pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")

@@ -245,7 +245,8 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *, classe
     return LabelledData(X=np.ascontiguousarray(X), y=out_y, source=f"{fi} ({what})")
 
 
-def shard_indices(N: int, n: int, *, seed: int, p_hat: float | None = None, shuffle: bool = True) -> list[np.ndarray]:
+def shard_indices(N: int, n: int, *, seed: int | np.random.Generator, p_hat: float | None = None,
+                  shuffle: bool = True) -> list[np.ndarray]:
     """The sample indices of each of ``n`` workers' shards, from ``N`` samples.
 
     ``p_hat=None``: ``n`` equal shards (sizes differ by at most one, ``numpy.array_split``) of
@@ -255,10 +256,12 @@ def shard_indices(N: int, n: int, *, seed: int, p_hat: float | None = None, shuf
     ``D_0 … D_n``, ``D_0`` held out, and each sample of worker ``i``'s part ``D_{i+1}`` is
     replaced by the held-out sample at the same position with probability p̂ (p̂ = 1: identical
     workers; p̂ = 0: disjoint shards of ``N·n/(n+1)`` samples). All draws come from one
-    ``numpy.random.default_rng(seed)``, in the order of the autoencoder's ``split="per-sample"``.
+    ``numpy.random.default_rng(seed)``, in the order of the autoencoder's ``split="per-sample"``;
+    ``seed`` may be a ``numpy.random.Generator``, which the draws then advance (a caller that
+    draws more from the same stream, as the autoencoder draws its initial point).
     """
-    N, n, seed = check_int(N, "N", low=1), check_int(n, "n", low=1), check_seed(seed)
-    rng = np.random.default_rng(seed)
+    N, n = check_int(N, "N", low=1), check_int(n, "n", low=1)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(check_seed(seed))
     if p_hat is None:
         if N < n:
             raise ValueError(f"{N} samples cannot be split into n = {n} non-empty shards")
