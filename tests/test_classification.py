@@ -336,3 +336,20 @@ def test_on_mpi_the_methods_match_the_simulator_and_every_rank_draws_the_same_mi
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_constants_by_lanczos_equal_the_direct_ones(sparse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ``_DIRECT`` features the constants come from the weighted rows (the smaller Gram
+    matrix, or Lanczos when both sides are large): the same numbers."""
+    import permk.classification as pc
+
+    X, y = _data(N=60, f=9, density=0.6)
+    X = sp.csr_array(X) if sparse else X
+    direct = NonconvexSigmoid(X, y, n=3, seed=0)
+    ref = (direct.L_i.copy(), direct.L_minus)
+    for limit in (12, 4):  # 12: the rows' smaller Gram matrix; 4: Lanczos
+        monkeypatch.setattr(pc, "_DIRECT", limit)
+        p = NonconvexSigmoid(X, y, n=3, seed=0)
+        np.testing.assert_allclose(p.L_i, ref[0], rtol=1e-9)
+        assert p.L_minus == pytest.approx(ref[1], rel=1e-9)

@@ -197,6 +197,15 @@ class _DenseBlock:
         valid = np.flatnonzero(self.wt.ravel() > 0)
         return self.A.reshape(-1, self.A.shape[2])[valid[rows]].astype(np.float64) * scale[:, None]
 
+    def weighted_gram(self, workers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """``Σ_k weights[k] A_kᵀA_k`` over the block's workers ``workers`` (float64, ``D × D``)."""
+        D = self.A.shape[2]
+        gram = np.zeros((D, D))
+        for i, w in zip(workers, weights):
+            Ai = self.A[i, self.wt[i] > 0].astype(np.float64)
+            gram += w * (Ai.T @ Ai)
+        return gram
+
     def take(self, workers: np.ndarray) -> _DenseBlock:
         return _DenseBlock(self.A[workers], self.Y[workers], self.wt[workers])
 
@@ -246,6 +255,12 @@ class _SparseBlock:
 
     def _rows(self, rows: np.ndarray, offsets: np.ndarray, wt: np.ndarray) -> _SparseBlock:
         return _SparseBlock(self.A[rows], self.Y[rows], wt, offsets)
+
+    def weighted_gram(self, workers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """``Σ_k weights[k] A_kᵀA_k`` over the block's workers ``workers`` (float64, ``D × D``)."""
+        rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in workers])
+        B = self.scaled_rows(rows, np.sqrt(np.repeat(weights, np.diff(self.offsets)[workers])))
+        return np.asarray((B.T @ B).toarray())
 
     def take(self, workers: np.ndarray) -> _SparseBlock:
         lens = np.diff(self.offsets)[workers]
@@ -465,9 +480,14 @@ class _LinearFiniteSum:
         return self._data.coords(r, c // C, c % C, G) + self._reg(x)[1][c]
 
     # -- the smoothness constants (module docstring) -----------------------------------------------
-    def _gram_max(self, rows: np.ndarray, weights: np.ndarray) -> float:
-        """``λ_max(Σ_j weights_j a_j a_jᵀ)`` over the held samples ``rows`` (stacked order)."""
-        return _lambda_max_gram(self._data.scaled_rows(rows, np.sqrt(weights)))
+    def _gram_max(self, workers: np.ndarray, weights: np.ndarray) -> float:
+        """``λ_max(Σ_{i ∈ workers} weights_i A_iᵀA_i)`` in float64: the ``D × D`` Gram matrix
+        accumulated worker by worker when ``D ≤ 2000``, else from the weighted rows
+        (:func:`_lambda_max_gram`)."""
+        if self.D <= _DIRECT:
+            return float(np.linalg.eigvalsh(self._data.weighted_gram(workers, weights))[-1])
+        rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in workers])
+        return _lambda_max_gram(self._data.scaled_rows(rows, np.sqrt(np.repeat(weights, self.sample_counts[workers]))))
 
     @property
     def L_ij(self) -> np.ndarray:
@@ -487,16 +507,12 @@ class _LinearFiniteSum:
     @cached_property
     def L_i(self) -> np.ndarray:
         """``c λ_max(A_iᵀA_i)/m_i + ρ`` per worker (computed when first read)."""
-        return np.array([
-            self._c * self._gram_max(np.arange(self.offsets[i], self.offsets[i + 1]), np.full(m, 1.0 / m)) + self._rho
-            for i, m in enumerate(self.sample_counts)
-        ])  # fmt: skip
+        return np.array([self._c * self._gram_max(np.array([i]), 1.0 / self.sample_counts[[i]]) + self._rho for i in range(self.n)])
 
     @cached_property
     def L_minus(self) -> float:
         """A bound on ``L_−``: ``c λ_max(Σ_i A_iᵀA_i/(n m_i)) + ρ`` (computed when first read)."""
-        w = np.repeat(1.0 / (self.n * self.sample_counts), self.sample_counts)
-        return self._c * self._gram_max(np.arange(self.offsets[-1]), w) + self._rho
+        return self._c * self._gram_max(np.arange(self.n), 1.0 / (self.n * self.sample_counts)) + self._rho
 
     @property
     def L_sq_mean(self) -> float:
@@ -517,12 +533,16 @@ class _LinearFiniteSum:
         return f"{type(self).__name__}(n={self.n}, d={self.d}, samples={int(self.offsets[-1])}, {self._data.kind}, {self.dtype.name})"
 
 
+#: The largest Gram matrix side whose eigenvalues are computed directly (else Lanczos).
+_DIRECT = 2000
+
+
 def _lambda_max_gram(B: Any) -> float:
-    """``λ_max(BᵀB)`` (float64): from the smaller Gram matrix when one side is at most 2,000,
-    else by Lanczos (``eigsh``, tolerance 1e-10, seeded start)."""
+    """``λ_max(BᵀB)`` (float64): from the smaller Gram matrix when one side is at most
+    ``_DIRECT``, else by Lanczos (``eigsh``, tolerance 1e-10, seeded start)."""
     import scipy.sparse as sp
 
-    if min(B.shape) > 2000:
+    if min(B.shape) > _DIRECT:
         import scipy.sparse.linalg as sla
 
         op = sla.LinearOperator((B.shape[1],) * 2, matvec=lambda v: B.T @ (B @ v), dtype=np.float64)
