@@ -15,8 +15,14 @@ evaluates the held workers' oracles and moves numbers between them:
   EF21 is ``β = α = 1`` with a contractive compressor (:data:`error_feedback`, the same class
   restricted to that form), DIANA ``α ≤ 1/(ω+1)``, DASHA ``v_i = ∇f_i(x⁺) − (1−a)∇f_i(x)``,
   ``β = a``;
+* :data:`compressed_mean_rows` ``(backend, c, rows)`` — ``(1/n) Σ_i C_i(v_i)`` of rows the
+  method computed for the held workers (VR-MARINA's minibatch differences, from
+  :func:`minibatch_grads_pair`): the dense path alone, as the inputs are given whole;
 * :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
-  rows (the methods' initial exchanges).
+  rows (the methods' initial exchanges, SGD's round);
+* :func:`minibatch_grads`, :func:`minibatch_grads_pair` — the held workers' minibatch gradients
+  from a finite-sum problem's oracle (:class:`permk.classification.FiniteSumProblem`): each process
+  evaluates only the workers it holds.
 
 ``H`` holds the rows of the workers the backend holds (all ``n`` in the simulator). The new
 ``H`` is the given one updated in place when the backend handed it out itself (the last
@@ -63,7 +69,11 @@ __all__ = [
     "compressed_mean_diff",
     "shifted",
     "error_feedback",
+    "CompressedMeanRows",
+    "compressed_mean_rows",
     "local_grads",
+    "minibatch_grads",
+    "minibatch_grads_pair",
     "mean_rows",
     "choose_path",
 ]
@@ -301,12 +311,32 @@ class Shifted(_Compressed):
         return mean, new
 
 
+class CompressedMeanRows(_Compressed):
+    """``(1/n) Σ_i C_i(v_i)`` of the rows ``v_i`` the method computed for the held workers
+    (VR-MARINA's ``∇f_{iB}(x⁺) − ∇f_{iB}(x)``). The inputs are given whole: the dense path."""
+
+    name = "compressed_mean_rows"
+
+    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
+        return {"dense": True}
+
+    def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
+        return x  # the given rows (see __call__)
+
+    def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.shape != (len(backend.workers), backend.d):
+            raise ValueError(f"rows must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {rows.shape}")
+        return self._mean(backend, compressor, rows, None, 1.0, None, 1.0, None, seed, round)[0]
+
+
 #: The exchange objects the methods call.
 mean_grad = MeanGrad()
 compressed_mean = CompressedMean()
 compressed_mean_diff = CompressedMeanDiff()
 shifted = Shifted()
 error_feedback = Shifted(unit=True)
+compressed_mean_rows = CompressedMeanRows()
 
 
 def local_grads(backend: Transport, x: Array) -> Array:
@@ -317,3 +347,30 @@ def local_grads(backend: Transport, x: Array) -> Array:
 def mean_rows(backend: Transport, rows: Array) -> Array:
     """``(1/n) Σ_i v_i`` over all workers from the held rows (a method's initial exchange)."""
     return backend.mean_rows(rows)
+
+
+def _minibatch_oracle(backend: Transport, name: str) -> Callable[..., Any]:
+    oracle = getattr(backend.problem, name, None)  # type: ignore[attr-defined]
+    if oracle is None:
+        raise TypeError(f"this method needs a finite-sum problem with a minibatch oracle ({name}: "
+                        "see permk.classification.FiniteSumProblem)")
+    return oracle  # type: ignore[no-any-return]
+
+
+def _held(a: Any, backend: Transport, what: str) -> Array:
+    a = np.asarray(a, dtype=np.float64)
+    if a.shape != (len(backend.workers), backend.d):
+        raise ValueError(f"{what} must return shape {(len(backend.workers), backend.d)} for the held workers, got {a.shape}")
+    return a
+
+
+def minibatch_grads(backend: Transport, x: Array, batch_size: int, *, seed: int, round: int) -> Array:
+    """The held workers' minibatch gradients ``∇f_{iB_i}(x)`` (``B_i`` drawn from ``(seed, round, i)``)."""
+    g = _minibatch_oracle(backend, "minibatch_grads")(x, batch_size, seed=seed, round=round, workers=backend.workers)
+    return _held(g, backend, "problem.minibatch_grads")
+
+
+def minibatch_grads_pair(backend: Transport, x: Array, y: Array, batch_size: int, *, seed: int, round: int) -> tuple[Array, Array]:
+    """The held workers' ``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` with the same minibatch at both points."""
+    gx, gy = _minibatch_oracle(backend, "minibatch_grads_pair")(x, y, batch_size, seed=seed, round=round, workers=backend.workers)
+    return _held(gx, backend, "problem.minibatch_grads_pair"), _held(gy, backend, "problem.minibatch_grads_pair")

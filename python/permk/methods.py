@@ -77,6 +77,9 @@ __all__ = [
     "dcgd_shifted",
     "diana",
     "rand_diana",
+    "vr_marina",
+    "marina_stochastic",
+    "sgd",
     "run",
     "save_state",
     "load_state",
@@ -96,7 +99,9 @@ ARRAY_KINDS = ("shared", "per_worker")
 class State:
     """A method's explicit state after ``round`` rounds: the iterate ``x``, the shared ``seed`` and
     the bits one worker has sent so far (``bits``), plus the method's own fields (each state is a
-    frozen dataclass). States compare field by field (arrays by value) and can be saved with
+    frozen dataclass). The package's states also carry the gradient-oracle calls of one worker so
+    far (``oracle_calls``, set by the driver: see :class:`RoundInfo`), so a resumed run continues
+    that count; a state without the field counts from zero when it is resumed. States compare field by field (arrays by value) and can be saved with
     :func:`save_state`.
 
     A state lists its arrays in ``arrays``, each ``"shared"`` (a vector of length ``d``, the same
@@ -193,6 +198,7 @@ class MarinaState(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared"}
 
@@ -208,18 +214,20 @@ class EF21State(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker"}
 
 
 @dataclass(frozen=True, eq=False)
 class DCGDState(State):
-    """DCGD's state: the iterate ``x = x^t`` alone."""
+    """DCGD's state (and SGD's): the iterate ``x = x^t`` alone."""
 
     x: Array
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+    oracle_calls: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -245,6 +253,7 @@ class DianaState(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "H": "per_worker", "h": "shared"}
 
@@ -261,6 +270,7 @@ class RandDianaState(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "y": "shared", "h": "shared"}
 
@@ -301,6 +311,9 @@ def load_state(path: Any) -> State:
             raise ValueError(f"{path} does not hold a permk state")
         vals: dict[str, Any] = {}
         for name in cls.field_names():
+            if name not in z.files and name == "oracle_calls":
+                vals[name] = 0.0  # a file written before states counted oracle calls
+                continue
             if name not in z.files:
                 raise ValueError(f"{path}: the {kind} has no field {name!r}")
             v = z[name]
@@ -319,11 +332,18 @@ def load_state(path: Any) -> State:
 # results
 # ---------------------------------------------------------------------------------------------
 class RoundInfo(NamedTuple):
-    """What an update reports of its round: the bits one worker sent (its largest message), and
-    MARINA's coin (True: full gradients; None for methods without one)."""
+    """What an update reports of its round: the bits one worker sent (its largest message),
+    MARINA's coin (True: full gradients; None for methods without one), and the gradient-oracle
+    calls of one worker (``oracle_calls``: sample gradients computed — ``b`` per minibatch
+    gradient; the largest worker's count when the workers differ). ``None`` (the default, for
+    full-gradient methods) is one full local gradient: ``params["oracle"]["full"]`` calls, i.e.
+    ``max_i m_i`` on a finite-sum problem (``sample_counts``), else 1. A full-gradient method is
+    counted one full gradient per round, at the new point: the gradients at earlier points
+    (MARINA's ``∇f_i(x^t)``, the shifts' points) can be kept from the round that computed them."""
 
     bits: float
     coin: bool | None = None
+    oracle_calls: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -338,6 +358,8 @@ class RunResult:
     bits_per_worker : bits one worker has sent after round t (cumulative, actual: the largest
         message of the round; the initial exchange of ``∇f_i(x^0)`` is not counted, as in the paper).
     expected_bits_per_worker : the same in expectation over the coins.
+    oracle_calls : gradient-oracle calls (sample gradients) one worker has made after round t
+        (cumulative, as :class:`RoundInfo` counts them; the start's gradients are not counted).
     coins : MARINA's coin of every round run (True = full gradients); None for methods without one.
     x, x_hat : the last iterate and ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the
         theorems bound).
@@ -360,6 +382,7 @@ class RunResult:
     wall_time: float
     diverged_at: int | None
     state: State = field(repr=False)
+    oracle_calls: Array | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +423,9 @@ class Method(abc.ABC):
     * ``authors_rounds_factor`` — how many times the base number of rounds the authors' configs
       run the method (EF21: twice; ``horizon="rounds"``);
     * ``table_rows`` — the rows of the paper's communication-complexity Tables for this method,
-      by compressor class (:func:`permk.theory.table_complexity`).
+      by compressor class (:func:`permk.theory.table_complexity`);
+    * ``parameters_read_problem`` — ``parameters`` also takes ``problem=`` (VR-MARINA's ``p``
+      reads the sample counts).
     """
 
     name: ClassVar[str]
@@ -413,6 +438,7 @@ class Method(abc.ABC):
     collapses_identical_workers: ClassVar[bool] = False
     authors_rounds_factor: ClassVar[int] = 1
     table_rows: ClassVar[Mapping[type[Compressor], TableRow]] = {}
+    parameters_read_problem: ClassVar[bool] = False
 
     @abc.abstractmethod
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, **options: Any) -> dict[str, Any]:
@@ -482,14 +508,18 @@ class Marina(Method):
     table_rows = {PermK: MARINA_PERMK, RandK: MARINA_RANDK}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
+        return self._parameters(compressor, n, d, float_bits, p)
+
+    def _parameters(self, compressor: Compressor, n: int, d: int, float_bits: int, p: Any, p_cap: float = 1.0) -> dict[str, Any]:
+        """MARINA's parameters with ``p`` given, or ``min(p_cap, ζ/d)``."""
         ab = compressor.ab_constants(n, d)
         if ab is None or not compressor.capabilities.unbiased:
-            raise ValueError(f"MARINA needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
+            raise ValueError(f"{self.label} needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
         A, B = float(ab[0]), float(ab[1])
         tail = float(compressor.bits_per_worker(n, d, float_bits=float_bits))
         mean = float(compressor.expected_bits_per_worker(n, d, float_bits=float_bits))
         full = float(d * float_bits)
-        p = min(1.0, mean / full) if p is None else check_probability(p)
+        p = min(p_cap, mean / full) if p is None else check_probability(p)
         expected = p * full + (1 - p) * mean
         return {"p": p, "A": A, "B": B, "bits": {"full": full, "compressed": tail, "expected": expected}}
 
@@ -543,6 +573,178 @@ class GD(Marina):
     def __call__(self, problem: Any, compressor: Compressor | None = None, *, rounds: int, seed: int, **options: Any) -> RunResult:  # type: ignore[override]
         """Run gradient descent in the simulator (``compressor`` must be None or Identity)."""
         return run(self, problem, compressor if compressor is not None else Identity(), rounds=rounds, seed=seed, **options)
+
+
+class VRMarina(Marina):
+    """VR-MARINA, the finite-sum case (Gorbunov et al. 2021, "MARINA: faster non-convex
+    distributed learning with compression"), on a finite-sum problem
+    (:class:`permk.classification.FiniteSumProblem`).
+
+    ``x^{t+1} = x^t − γ g^t``; on heads of the shared coin ``θ_t ~ Be(p)`` (a pure function of
+    ``(seed, t)``) ``g^{t+1} = ∇f(x^{t+1})`` (full gradients, ``m_i`` oracle calls); on tails
+    worker ``i`` draws its minibatch ``B_i`` of ``b`` samples from ``(seed, t, i)`` and sends
+    ``C_i(∇f_{iB_i}(x^{t+1}) − ∇f_{iB_i}(x^t))`` (the same samples at both points: ``2b`` calls),
+    ``g^{t+1} = g^t + (1/n) Σ C_i(·)``. ``p`` defaults to ``min(b/(b + m), ζ/d)`` with ``m`` the
+    largest ``m_i`` (the authors' ``_estimate_prob``, algorithm.py:459-465). The step is
+    ``1/(L_− + sqrt((1−p)/p · (L̂² + (A + 1/n) ℒ²/b)))``: ``L̂²`` MARINA's variance bound of the
+    compressor (Theorem "AB": ``(A − B)L_+² + B L_±²``), ``ℒ² = (1/n) Σ ℒ_i²`` the mean-squared
+    sample smoothness (``problem.L_sample_rms``). The compressed minibatch difference ``Δ_B``
+    has ``E‖(1/n) Σ C_i(Δ_{iB}) − Δ‖² ≤ A (1/n) Σ E‖Δ_{iB}‖² − B‖Δ‖² + (1/n²) Σ Var Δ_{iB}`` and
+    ``Var Δ_{iB} ≤ ℒ_i² ‖x^{t+1} − x^t‖²/b``, hence the term ``(A + 1/n)ℒ²/b``; for independent
+    compressors (``A = ω/n``, ``B = 0``, ``L_+ ≤ L̃``) it is the paper's finite-sum step, the
+    authors' ``vr_marina`` step (algorithm.py:467-479, which takes ``L̃_max`` for ``ℒ``).
+    Options: ``batch_size`` (required), ``p``.
+    """
+
+    name = "vr_marina"
+    label = "VR-MARINA"
+    exchange = ex.compressed_mean_rows
+    table_rows = {}
+    parameters_read_problem = True
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
+                   batch_size: Any = None, p: Any = None) -> dict[str, Any]:
+        b = _batch_size(batch_size, self)
+        counts = _sample_counts(problem, self, n)
+        m = float(counts.max())
+        params = self._parameters(compressor, n, d, float_bits, p, p_cap=b / (b + m))
+        return {**params, "batch_size": b}
+
+    def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
+        return {}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError(f"{self.label} has no PL step in permk: pass gamma= or pl=False")
+        bound = compressor.variance_bound(n, d, constants, problem=problem)
+        rms = getattr(problem, "L_sample_rms", None)
+        if rms is None:
+            raise ValueError(f"{self.label}'s step reads the mean-squared sample smoothness L_sample_rms; the problem states none: pass gamma=")
+        rms = np.asarray(rms, dtype=np.float64)
+        if rms.shape != (n,) or not np.isfinite(rms).all() or (rms < 0).any():
+            raise ValueError(f"the problem's L_sample_rms must be {n} non-negative finite numbers, got shape {rms.shape}")
+        L_hat_sq = bound.L_hat_sq + (params["A"] + 1.0 / n) * float(np.mean(rms**2)) / params["batch_size"]
+        gamma = marina_variance_stepsize(constants.L_minus, L_hat_sq, params["p"])
+        return gamma, (f"{self.label} finite-sum theorem (Gorbunov et al. 2021) with {bound.theorem}'s variance and the "
+                       "minibatch term (A + 1/n)ℒ²/b; the authors' vr_marina step, algorithm.py:467-479")
+
+    def heads(self, backend: Backend, x: Array, params: dict[str, Any], state: MarinaState) -> tuple[Array, float | None]:
+        """The estimator on heads and its oracle calls (None: one full gradient)."""
+        return ex.mean_grad(backend, x), None
+
+    def update(self, state: MarinaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[MarinaState, RoundInfo]:
+        x = state.x - params["gamma"] * state.g
+        heads = bool(_core.coin(state.seed, state.round, params["p"]))
+        calls: float | None
+        if heads:
+            g, calls = self.heads(backend, x, params, state)
+            bits = params["bits"]["full"]
+        else:
+            b = params["batch_size"]
+            gx, gy = ex.minibatch_grads_pair(backend, x, state.x, b, seed=state.seed, round=state.round)
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = gx - gy
+            g = state.g + ex.compressed_mean_rows(backend, compressor, diff, seed=state.seed, round=state.round)
+            bits, calls = params["bits"]["compressed"], 2.0 * b
+        return (MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
+                RoundInfo(bits, heads, calls))
+
+
+class StochasticMarina(VRMarina):
+    """Online stochastic MARINA (Gorbunov et al. 2021, "MARINA: faster non-convex distributed
+    learning with compression", the online case): :class:`VRMarina` whose heads rounds send a
+    megabatch gradient ``(1/n) Σ ∇f_{iB'_i}(x^{t+1})`` of ``b'`` samples (``megabatch_size``,
+    ``b'`` oracle calls) instead of the full gradient. The samples are drawn uniformly with
+    replacement from the finite sum (the stochastic oracle). ``p`` defaults to
+    ``min(b/(b + b'), ζ/d)``; the step is VR-MARINA's (the paper's online step has the same
+    ``(1−p)/(pn) (ω L² + (1 + ω)ℒ²/b)`` term; the authors' ``marina_stochastic``,
+    algorithm.py:540-560, takes a given step). The run converges to a neighbourhood of size
+    ``O(σ²/(n b'))``. Options: ``batch_size``, ``megabatch_size`` (both required), ``p``.
+    """
+
+    name = "marina_stochastic"
+    label = "stochastic MARINA"
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
+                   batch_size: Any = None, megabatch_size: Any = None, p: Any = None) -> dict[str, Any]:
+        b = _batch_size(batch_size, self)
+        if megabatch_size is None:
+            raise TypeError(f"{self.label} needs megabatch_size= (the samples of its heads rounds)")
+        big = check_int(megabatch_size, "megabatch_size", low=1)
+        _sample_counts(problem, self, n)
+        params = self._parameters(compressor, n, d, float_bits, p, p_cap=b / (b + big))
+        return {**params, "batch_size": b, "megabatch_size": big}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        gamma, _ = super().step(compressor, n, d, params, constants, problem)
+        return gamma, f"{self.label} online theorem (Gorbunov et al. 2021): VR-MARINA's step with b' in p"
+
+    def heads(self, backend: Backend, x: Array, params: dict[str, Any], state: MarinaState) -> tuple[Array, float | None]:
+        big = params["megabatch_size"]
+        rows = ex.minibatch_grads(backend, x, big, seed=state.seed, round=state.round)
+        return ex.mean_rows(backend, rows), float(big)
+
+
+class SGD(Method):
+    """Minibatch SGD, the uncompressed stochastic baseline: worker ``i`` sends its minibatch
+    gradient ``∇f_{iB_i}(x^t)`` (``b`` samples from ``(seed, t, i)``, ``b`` oracle calls) and
+    ``x^{t+1} = x^t − γ (1/n) Σ ∇f_{iB_i}(x^t)``. Step ``1/L_−`` (the smoothness step) or the
+    user's ``gamma``. Called without a compressor: ``permk.sgd(problem, rounds=…, seed=…,
+    batch_size=b)``. Option: ``batch_size`` (required)."""
+
+    name = "sgd"
+    label = "SGD"
+    state_type = DCGDState
+    exchange = ex.mean_grad
+    takes_compressor = False
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   batch_size: Any = None) -> dict[str, Any]:
+        if not compressor.capabilities.lossless:
+            raise ValueError(f"sgd sends whole minibatch gradients: its compressor must be None or Identity, got {compressor.name}")
+        full = float(d * float_bits)
+        return {"batch_size": _batch_size(batch_size, self), "bits": {"full": full, "compressed": full, "expected": full}}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError("SGD has no PL step in permk: pass gamma= or pl=False")
+        return 1.0 / constants.L_minus, "1/L− (the smoothness step of SGD)"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(d)
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DCGDState:
+        return DCGDState(x=x0, round=0, seed=seed)
+
+    def update(self, state: DCGDState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DCGDState, RoundInfo]:
+        b = params["batch_size"]
+        g = ex.mean_rows(backend, ex.minibatch_grads(backend, state.x, b, seed=state.seed, round=state.round))
+        bits = params["bits"]["full"]
+        return (DCGDState(x=state.x - params["gamma"] * g, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
+                RoundInfo(bits, None, float(b)))
+
+    def __call__(self, problem: Any, compressor: Compressor | None = None, *, rounds: int, seed: int, **options: Any) -> RunResult:  # type: ignore[override]
+        """Run minibatch SGD in the simulator (``compressor`` must be None or Identity)."""
+        return run(self, problem, compressor if compressor is not None else Identity(), rounds=rounds, seed=seed, **options)
+
+
+def _batch_size(batch_size: Any, method: Method) -> int:
+    if batch_size is None:
+        raise TypeError(f"{method.label} needs batch_size= (the samples of a worker's minibatch)")
+    return check_int(batch_size, "batch_size", low=1)
+
+
+def _sample_counts(problem: Any, method: Method, n: int) -> Array:
+    counts = getattr(problem, "sample_counts", None)
+    if counts is None or not hasattr(problem, "minibatch_grads_pair"):
+        raise TypeError(f"{method.label} needs a finite-sum problem with minibatch oracles (permk.classification.FiniteSumProblem)")
+    counts = np.asarray(counts)
+    if counts.shape != (n,) or (counts < 1).any():
+        raise ValueError(f"problem.sample_counts must be {n} positive counts, got {counts!r}")
+    return counts
 
 
 class EF21(Method):
@@ -816,6 +1018,13 @@ def _flag(value: Any, name: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # running a method
 # ---------------------------------------------------------------------------------------------
+def full_gradient_calls(problem: Any) -> float:
+    """The oracle calls of one full local gradient (:class:`RoundInfo`): the largest ``m_i`` of a
+    finite-sum problem (``sample_counts``), else 1."""
+    counts = getattr(problem, "sample_counts", None)
+    return 1.0 if counts is None else float(np.max(counts))
+
+
 def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: int, rounds: int, seed: int,
           gamma: Any = None, gamma_multiplier: Any = 1.0, pl: Any = False, constants: str = "exact",
           float_bits: Any = 32, record_every: Any = 1, step: bool = True, **options: Any) -> dict[str, Any]:
@@ -840,12 +1049,14 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
         gamma = check_real(gamma, "gamma", low=0.0, strict=True)
     pl = _flag(pl, "pl")
     check_choice(constants, "constants", ("exact", "pessimistic"))
+    given = {**options, "problem": problem} if method.parameters_read_problem else options
     try:  # an option the method does not have (its own checks of a value raise as they are)
-        inspect.signature(method.parameters).bind(compressor, n, d, float_bits=float_bits, **options)
+        inspect.signature(method.parameters).bind(compressor, n, d, float_bits=float_bits, **given)
     except TypeError as e:
         raise TypeError(f"{method!r} does not take these options ({', '.join(options)}): {e}") from None
-    own = method.parameters(compressor, n, d, float_bits=float_bits, **options)
-    params: dict[str, Any] = {"method": method.name, "compressor": compressor.name, "n": n, "d": d, **own,
+    own = method.parameters(compressor, n, d, float_bits=float_bits, **given)
+    params: dict[str, Any] = {"method": method.name, "compressor": compressor.name, "n": n, "d": d,
+                              "oracle": {"full": full_gradient_calls(problem)}, **own,
                               "gamma_multiplier": gamma_multiplier, "pl": pl, "float_bits": float_bits, "seed": seed}
     if gamma is not None:
         params.update(gamma_source="user", gamma=gamma * gamma_multiplier)
@@ -899,7 +1110,11 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
     rec_f: list[float] = []
     rec_b: list[float] = []
     rec_e: list[float] = []
+    rec_o: list[float] = []
     coins: list[bool] = []
+    carries = "oracle_calls" in state.field_names()
+    calls = float(state.oracle_calls) if carries else 0.0  # type: ignore[attr-defined]
+    full_calls = params["oracle"]["full"]
     hat_at = start_round + int(np.random.default_rng([state.seed, start_round, 0x78686174]).integers(rounds))
     x_hat = state.x
     expected0 = state.bits
@@ -915,6 +1130,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
             rec_f.append(gap)
         rec_b.append(s.bits)
         rec_e.append(expected0 + (s.round - start_round) * expected_round)
+        rec_o.append(calls)
         return True
 
     if not record(state):
@@ -930,6 +1146,9 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
         if state.round == hat_at:
             x_hat = state.x
         state, info = method.update(state, backend, compressor, params)
+        calls += full_calls if info.oracle_calls is None else float(info.oracle_calls)
+        if carries:
+            state = replace(state, oracle_calls=calls)  # type: ignore[type-var]
         if method.has_coin:
             coins.append(bool(info.coin))
         if on_round is not None:
@@ -956,6 +1175,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
         wall_time=time.perf_counter() - t_start,
         diverged_at=diverged_at,
         state=state,
+        oracle_calls=np.array(rec_o),
     )
 
 
@@ -994,6 +1214,9 @@ dcgd = DCGD()
 dcgd_shifted = ShiftedDCGD()
 diana = Diana()
 rand_diana = RandDiana()
+vr_marina = VRMarina()
+marina_stochastic = StochasticMarina()
+sgd = SGD()
 
 
 def catalog() -> dict[str, Method]:
