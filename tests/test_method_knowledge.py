@@ -22,7 +22,7 @@ from permk.compressors import Capabilities
 from permk.methods import catalog as method_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from mpi_cases import METHODS, LocalMomentum, MomentumState, example_compressor, local_momentum  # noqa: E402
+from mpi_cases import METHODS, LocalMomentum, MomentumState, example_compressor, example_options, example_problem, local_momentum  # noqa: E402
 
 
 def _quadratic(n: int = 4, d: int = 10) -> permk.SyntheticQuadratic:
@@ -213,7 +213,7 @@ def test_complexity_rows_come_from_the_methods_table_rows() -> None:
 
     rows = complexity_rows(100, 1000, 1.0, 1.1, 0.05, 1e-3, 1.0)
     expect = [(m.name, c.__name__) for m in method_catalog().values() for c in m.table_rows]
-    expect += [(m.name, "Identity") for m in method_catalog().values() if not m.takes_compressor]
+    expect += [(m.name, "Identity") for m in method_catalog().values() if not m.takes_compressor and not m.needs_finite_sum]
     assert [(r.method, r.compressor.split("(")[0]) for r in rows] == expect
     assert expect[:3] == [("marina", "PermK"), ("marina", "RandK"), ("ef21", "TopK")] and ("gd", "Identity") in expect
     assert all(r.table is not None for r in rows[:3])
@@ -231,9 +231,10 @@ def test_every_catalog_method_has_a_test_example_and_an_mpi_case_entry() -> None
     assert METHODS == method_catalog()
     for method in method_catalog().values():
         c = example_compressor(method, 6, 12)
-        method.parameters(c, 6, 12)  # the method accepts it
+        q = example_problem(method, 6, 12)
+        method.parameters(c, 6, 12, **example_options(method, q))  # the method accepts it
         assert c.capabilities.lossless == (not method.takes_compressor)
-        res = permk.run(method, _quadratic(6, 12), c, rounds=3, seed=1, gamma=0.05)
+        res = permk.run(method, q, c, rounds=3, seed=1, gamma=0.05, **method.example_options)
         assert res.state.round == 3
 
 

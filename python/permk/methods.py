@@ -375,6 +375,7 @@ class RunResult:
     f_gap: Array | None
     bits_per_worker: Array
     expected_bits_per_worker: Array
+    oracle_calls: Array
     coins: Array | None
     x: Array
     x_hat: Array
@@ -382,7 +383,6 @@ class RunResult:
     wall_time: float
     diverged_at: int | None
     state: State = field(repr=False)
-    oracle_calls: Array | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,7 +425,10 @@ class Method(abc.ABC):
     * ``table_rows`` — the rows of the paper's communication-complexity Tables for this method,
       by compressor class (:func:`permk.theory.table_complexity`);
     * ``parameters_read_problem`` — ``parameters`` also takes ``problem=`` (VR-MARINA's ``p``
-      reads the sample counts).
+      reads the sample counts);
+    * ``needs_finite_sum`` — the method runs only on a finite-sum problem with minibatch oracles
+      (:class:`permk.classification.FiniteSumProblem`), and ``example_options`` — the options the
+      generic tests run it with (``batch_size``).
     """
 
     name: ClassVar[str]
@@ -439,6 +442,8 @@ class Method(abc.ABC):
     authors_rounds_factor: ClassVar[int] = 1
     table_rows: ClassVar[Mapping[type[Compressor], TableRow]] = {}
     parameters_read_problem: ClassVar[bool] = False
+    needs_finite_sum: ClassVar[bool] = False
+    example_options: ClassVar[Mapping[str, Any]] = {}
 
     @abc.abstractmethod
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, **options: Any) -> dict[str, Any]:
@@ -601,6 +606,8 @@ class VRMarina(Marina):
     exchange = ex.compressed_mean_rows
     table_rows = {}
     parameters_read_problem = True
+    needs_finite_sum = True
+    example_options = {"batch_size": 2}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
                    batch_size: Any = None, p: Any = None) -> dict[str, Any]:
@@ -665,6 +672,7 @@ class StochasticMarina(VRMarina):
 
     name = "marina_stochastic"
     label = "stochastic MARINA"
+    example_options = {"batch_size": 2, "megabatch_size": 8}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
                    batch_size: Any = None, megabatch_size: Any = None, p: Any = None) -> dict[str, Any]:
@@ -699,6 +707,8 @@ class SGD(Method):
     state_type = DCGDState
     exchange = ex.mean_grad
     takes_compressor = False
+    needs_finite_sum = True
+    example_options = {"batch_size": 2}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
                    batch_size: Any = None) -> dict[str, Any]:
@@ -1168,6 +1178,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
         f_gap=np.array(rec_f) if has_gap else None,
         bits_per_worker=np.array(rec_b),
         expected_bits_per_worker=np.array(rec_e),
+        oracle_calls=np.array(rec_o),
         coins=np.array(coins, dtype=bool) if method.has_coin else None,
         x=state.x,
         x_hat=x_hat,
@@ -1175,7 +1186,6 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
         wall_time=time.perf_counter() - t_start,
         diverged_at=diverged_at,
         state=state,
-        oracle_calls=np.array(rec_o),
     )
 
 

@@ -230,6 +230,22 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
 METHODS = permk.methods.catalog()
 
 
+def example_problem(method: permk.Method, n: int, d: int) -> Any:
+    """A problem ``method`` runs on with ``n`` workers in dimension ``d``: a small
+    :class:`permk.NonconvexSigmoid` (``d − 1`` features and the bias, 8 samples per worker) for
+    a method that needs a finite-sum problem (``needs_finite_sum``), else the synthetic quadratic."""
+    if method.needs_finite_sum:
+        rng = np.random.default_rng(0)
+        return permk.NonconvexSigmoid(rng.standard_normal((8 * n, d - 1)), rng.integers(0, 2, 8 * n), n=n, seed=0)
+    return permk.Quadratic.synthetic(n, d, lam=1e-2, noise_scale=0.2, seed=0)
+
+
+def example_options(method: permk.Method, problem: Any) -> dict[str, Any]:
+    """The options of ``method.parameters`` in the generic tests: its ``example_options`` (and the
+    problem where its parameters read it)."""
+    return {**method.example_options, **({"problem": problem} if method.parameters_read_problem else {})}
+
+
 def example_compressor(method: permk.Method, n: int, d: int) -> permk.Compressor:
     """A compressor that suits ``method`` at ``(n, d)``, chosen by the method's and the
     compressors' attributes: the identity for a method that takes no compressor
@@ -239,10 +255,11 @@ def example_compressor(method: permk.Method, n: int, d: int) -> permk.Compressor
 
     if not method.takes_compressor:
         return permk.Identity()
+    options = example_options(method, example_problem(method, n, d))
     for cls in catalog().values():
         try:
             c = cls.default(n, d)
-            method.parameters(c, n, d)
+            method.parameters(c, n, d, **options)
         except (TypeError, ValueError):
             continue
         if not c.capabilities.lossless:
