@@ -138,6 +138,7 @@ def _assert_bit_equal(arrays: dict[str, np.ndarray], sim: permk.RunResult) -> No
         assert np.array_equal(arrays["coins"], sim.coins)
     assert np.array_equal(arrays["bits_per_worker"], sim.bits_per_worker)
     assert np.array_equal(arrays["expected_bits_per_worker"], sim.expected_bits_per_worker)
+    assert np.array_equal(arrays["oracle_calls"], sim.oracle_calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
     n, d = case["n"], case["d"]
     rounds = len(arrays["bytes_per_worker"])
     assert rounds == len(arrays["rounds"]) - 1 or case.get("record_every", 1) != 1
-    heads = arrays["coins"] if "coins" in arrays else np.zeros(rounds, dtype=bool)
+    heads = arrays["coins"] if "coins" in arrays else np.full(rounds, case.get("full_rounds", False))
     comp = compressor(case)
     if comp is not None and comp.capabilities.random_size:  # the theory's size is a bound
         assert (arrays["bytes_per_worker"] <= arrays["theory_bytes_per_worker"]).all()

@@ -235,7 +235,10 @@ class LocalProblem(Protocol):
     sent coordinates), ``local_loss(i, x)`` (``f_i(x)``; with ``f_star`` the run records
     ``f(x) − f*``), global ``grad(x)``/``loss(x)`` for the record, a native ``kernel``, and the
     global constants ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu`` for the theory's step
-    (else pass ``gamma=``).
+    (else pass ``gamma=``); for the finite-sum methods (VR-MARINA, SGD) the global
+    ``sample_counts`` and ``L_sample_rms`` and the held workers' minibatch oracles
+    ``minibatch_grads(x, b, *, seed, round, workers)`` and ``minibatch_grads_pair(x, y, b, *,
+    seed, round, workers)`` (:class:`permk.classification.FiniteSumProblem`).
     """
 
     n: int
@@ -248,7 +251,7 @@ class LocalProblem(Protocol):
         ...
 
 
-_PASS_THROUGH = ("L_minus", "L_plus", "L_pm", "L_i", "mu", "kernel", "exact_smoothness", "hessians")
+_PASS_THROUGH = ("L_minus", "L_plus", "L_pm", "L_i", "mu", "kernel", "exact_smoothness", "hessians", "sample_counts", "L_sample_rms")
 
 
 class LocalView:
@@ -286,6 +289,10 @@ class LocalView:
             self.local_grad_coords = self._local_grad_coords
         if hasattr(problem, "local_loss") or hasattr(problem, "hessians"):
             self.local_loss = self._local_loss
+        if hasattr(problem, "minibatch_grads"):
+            self.minibatch_grads = self._minibatch_grads
+        if hasattr(problem, "minibatch_grads_pair"):
+            self.minibatch_grads_pair = self._minibatch_grads_pair
 
     def __getattr__(self, name: str) -> Any:
         # the global constants, a native kernel and the exact constants are the wrapped problem's
@@ -332,6 +339,18 @@ class LocalView:
         if r.size and (int(r.min()) < self.workers.start or int(r.max()) >= self.workers.stop):
             raise ValueError(f"rows must be workers held by this process ({self.workers})")
         return np.asarray(self.problem.local_grad_coords(x, r, cols))
+
+    def _held_workers(self, workers: Any) -> Any:
+        w = index_array(workers, "workers")
+        if w.size and (int(w.min()) < self.workers.start or int(w.max()) >= self.workers.stop):
+            raise ValueError(f"workers must be held by this process ({self.workers})")
+        return w
+
+    def _minibatch_grads(self, x: Any, batch_size: int, *, seed: int, round: int, workers: Any) -> Any:
+        return self.problem.minibatch_grads(x, batch_size, seed=seed, round=round, workers=self._held_workers(workers))
+
+    def _minibatch_grads_pair(self, x: Any, y: Any, batch_size: int, *, seed: int, round: int, workers: Any) -> Any:
+        return self.problem.minibatch_grads_pair(x, y, batch_size, seed=seed, round=round, workers=self._held_workers(workers))
 
     def _local_loss(self, i: int, x: Any) -> float:
         i = self._held(i)

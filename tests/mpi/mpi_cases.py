@@ -3,7 +3,9 @@
 A case is a dict: ``method`` (a name of :func:`permk.methods.catalog`), problem size ``n, d``
 and ``noise``, the compressor, ``rounds``, ``seed``, ``mode``, ``reduce`` and optional
 ``path``/``gamma``/``p``/``options`` (the method's own); ``full_with_compressed`` marks a method
-whose coin's heads send full gradients besides the compressed message (RandDIANA). The
+whose coin's heads send full gradients besides the compressed message (RandDIANA),
+``full_rounds`` one whose every round sends a full vector (SGD), ``problem`` a problem other than
+the synthetic quadratic (``"lsq"``: a user's LocalProblem; ``"sigmoid"``). The
 MPI side (``run_cases.py``) and the test (the simulator) build the same problem from it.
 """
 
@@ -66,6 +68,17 @@ CASES: dict[str, dict[str, Any]] = {
     "rand_diana_randk_server": dict(method="rand_diana", n=4, d=20, comp=("RandK", 5), mode="server", reduce="ordered", p=0.3,
                                     full_with_compressed=True),
     "dcgd_shifted_permk": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", options={"shifts": "initial"}),
+    # finite-sum methods on the nonconvex sigmoid loss: minibatches drawn by each rank for its
+    # own workers (VR-MARINA: the rows of the same minibatch at two points, compressed); SGD
+    # sends a full vector every round (full_rounds)
+    "vr_marina_permk": dict(method="vr_marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered", problem="sigmoid",
+                            options={"batch_size": 3}),
+    "vr_marina_randk_server": dict(method="vr_marina", n=4, d=12, comp=("RandK", 3), mode="server", reduce="ordered",
+                                   problem="sigmoid", options={"batch_size": 3}),
+    "marina_stochastic_permk": dict(method="marina_stochastic", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered",
+                                    problem="sigmoid", options={"batch_size": 3, "megabatch_size": 12}),
+    "sgd_sigmoid": dict(method="sgd", n=4, d=12, comp=None, mode="p2p", reduce="ordered", problem="sigmoid",
+                        options={"batch_size": 3}, full_rounds=True),
     # rounding differences bounded (full gradients by Allreduce vs the closed-form ∇f)
     "marina_permk_allreduce": dict(method="marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="allreduce"),
     "marina_permk_allreduce_server": dict(method="marina", n=4, d=12, comp=("PermK",), mode="server", reduce="allreduce"),
@@ -205,10 +218,22 @@ def compressor(case: dict[str, Any]) -> permk.Compressor | None:
     return getattr(permk, name)(*args)  # type: ignore[no-any-return]
 
 
+def sigmoid_problem(n: int, d: int) -> permk.NonconvexSigmoid:
+    """The nonconvex sigmoid loss on seeded Gaussian data: ``d − 1`` features and the bias, 10
+    samples per worker."""
+    rng = np.random.default_rng(5)
+    return permk.NonconvexSigmoid(rng.standard_normal((10 * n, d - 1)), rng.integers(0, 2, 10 * n), n=n, seed=0)
+
+
 def problem(case: dict[str, Any]) -> Any:
-    """The case's global problem: the synthetic quadratic, with the worker-order ``∇f`` and
-    ``f`` of :class:`WorkerOrderMean` where every sum must be the worker-order one."""
-    q = permk.Quadratic.synthetic(n=case["n"], d=case["d"], lam=1e-3, noise_scale=NOISE, seed=1)
+    """The case's global problem: the synthetic quadratic (or, with ``problem="sigmoid"``,
+    :func:`sigmoid_problem`), with the worker-order ``∇f`` and ``f`` of :class:`WorkerOrderMean`
+    where every sum must be the worker-order one."""
+    q: Any
+    if case.get("problem") == "sigmoid":
+        q = sigmoid_problem(case["n"], case["d"])
+    else:
+        q = permk.Quadratic.synthetic(n=case["n"], d=case["d"], lam=1e-3, noise_scale=NOISE, seed=1)
     return WorkerOrderMean(q) if case["reduce"] == "ordered" else q
 
 
@@ -271,7 +296,7 @@ class WorkerOrderMean:
     """A synthetic quadratic whose ``∇f`` and ``f`` are the worker-order means of the local
     gradients and losses (what ``reduce="ordered"`` computes), for the simulator."""
 
-    def __init__(self, q: permk.SyntheticQuadratic) -> None:
+    def __init__(self, q: Any) -> None:
         from permk.distributed import LocalView
 
         self.q = q

@@ -16,7 +16,7 @@ from mpi4py import MPI
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mpi_cases import CASES, run_mpi  # noqa: E402
 
-ARRAYS = ("rounds", "grad_norm_sq", "f_gap", "bits_per_worker", "expected_bits_per_worker", "coins", "x", "x_hat",
+ARRAYS = ("rounds", "grad_norm_sq", "f_gap", "bits_per_worker", "expected_bits_per_worker", "oracle_calls", "coins", "x", "x_hat",
           "bytes_sent", "bytes_broadcast", "bytes_per_worker", "theory_bytes_per_worker")
 
 
