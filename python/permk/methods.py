@@ -708,12 +708,14 @@ class SGD(Method):
     exchange = ex.mean_grad
     takes_compressor = False
     needs_finite_sum = True
+    parameters_read_problem = True
     example_options = {"batch_size": 2}
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
                    batch_size: Any = None) -> dict[str, Any]:
         if not compressor.capabilities.lossless:
             raise ValueError(f"sgd sends whole minibatch gradients: its compressor must be None or Identity, got {compressor.name}")
+        _sample_counts(problem, self, n)
         full = float(d * float_bits)
         return {"batch_size": _batch_size(batch_size, self), "bits": {"full": full, "compressed": full, "expected": full}}
 

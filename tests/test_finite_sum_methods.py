@@ -1,0 +1,182 @@
+"""VR-MARINA, online stochastic MARINA and minibatch SGD on finite-sum problems: exact rounds
+against a numpy loop, the theory's p and step, oracle calls and bits, resume, convergence."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+
+import permk
+import permk.exchanges as ex
+from permk.backends import Simulator
+
+
+def _sigmoid(n: int = 4, m: int = 30, features: int = 7, seed: int = 0) -> permk.NonconvexSigmoid:
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((n * m, features))
+    y = (X @ rng.standard_normal(features) + 0.5 * rng.standard_normal(n * m) > 0).astype(int)
+    return permk.NonconvexSigmoid(X, y, n=n, seed=0)
+
+
+def test_vr_marina_p_and_step_are_the_theorys() -> None:
+    p = _sigmoid()
+    n, d, b = p.n, p.d, 3
+    res = permk.vr_marina(p, permk.PermK(), rounds=1, seed=1, batch_size=b)
+    m = int(p.sample_counts.max())
+    zeta = math.ceil(d / n) / d  # PermK's message over a full gradient's
+    assert res.params["p"] == pytest.approx(min(b / (b + m), zeta))
+    A, B = res.params["A"], res.params["B"]
+    assert (A, B) == (1.0, 1.0)
+    L_hat_sq = (A - B) * p.L_plus**2 + B * p.L_pm**2 + (A + 1 / n) * np.mean(p.L_sample_rms**2) / b
+    pp = res.params["p"]
+    assert res.params["gamma"] == pytest.approx(1 / (p.L_minus + math.sqrt((1 - pp) / pp * L_hat_sq)), rel=1e-12)
+    assert "VR-MARINA finite-sum theorem" in res.params["gamma_source"] and "algorithm.py:467-479" in res.params["gamma_source"]
+    # an independent compressor: the authors' formula with ω = d/K − 1, A = ω/n, B = 0
+    r = permk.vr_marina(p, permk.RandK(2), rounds=1, seed=1, batch_size=b, p=0.2)
+    omega = d / 2 - 1
+    inv = p.L_minus + math.sqrt((omega * p.L_plus**2 + (omega + 1) * np.mean(p.L_sample_rms**2) / b) * 0.8 / (0.2 * n))
+    assert r.params["gamma"] == pytest.approx(1 / inv, rel=1e-12)
+    s = permk.marina_stochastic(p, permk.PermK(), rounds=1, seed=1, batch_size=b, megabatch_size=12)
+    assert s.params["p"] == pytest.approx(min(b / (b + 12), zeta))
+    assert permk.sgd(p, rounds=1, seed=1, batch_size=b).params["gamma"] == pytest.approx(1 / p.L_minus)
+
+
+def test_vr_marina_rounds_equal_a_loop_over_workers() -> None:
+    """Every round of a run against a loop over workers: the coin, full gradients on heads, on
+    tails each worker's own minibatch at both points (the same samples, asked of the problem one
+    worker at a time), compressed by PermK, the mean in worker order."""
+    from permk import _core
+
+    p = _sigmoid(n=3, m=10, features=5)
+    b, gamma, T, seed = 4, 0.3, 25, 9
+    res = permk.vr_marina(p, permk.PermK(), rounds=T, seed=seed, batch_size=b, gamma=gamma, p=0.3)
+    x, g = p.x0.copy(), p.grad(p.x0)
+    comp = permk.PermK()
+    calls = [0.0]
+    for t in range(T):
+        x_new = x - gamma * g
+        if _core.coin(seed, t, 0.3):
+            g = p.grad(x_new)
+            calls.append(calls[-1] + 10)
+        else:
+            acc = np.zeros(p.d)
+            for i in range(p.n):
+                gx, gy = p.minibatch_grads_pair(x_new, x, b, seed=seed, round=t, workers=[i])
+                acc += comp.compress(gx[0] - gy[0], worker=i, n_workers=p.n, seed=seed, round=t).to_dense()
+            g = g + acc / p.n
+            calls.append(calls[-1] + 2 * b)
+        x = x_new
+    np.testing.assert_allclose(res.x, x, rtol=1e-12, atol=1e-14)
+    assert res.coins.any() and not res.coins.all()
+    assert np.array_equal(res.oracle_calls, calls)
+    bits = np.diff(res.bits_per_worker)
+    assert np.array_equal(bits, np.where(res.coins, 32.0 * p.d, 32.0 * math.ceil(p.d / p.n)))
+
+
+def test_compressed_mean_rows_is_compressed_mean_diff_of_given_rows() -> None:
+    p = _sigmoid(n=4, m=10, features=9)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(p.d), rng.standard_normal(p.d)
+    for comp in (permk.PermK(), permk.RandK(3), permk.TopK(2)):
+        sim = Simulator(p, path="dense")
+        rows = p.local_grads(x) - p.local_grads(y)
+        got = ex.compressed_mean_rows(sim, comp, rows, seed=4, round=7)
+        assert np.array_equal(got, ex.compressed_mean_diff(sim, comp, x, y, seed=4, round=7))
+    with pytest.raises(ValueError, match="held workers' rows"):
+        ex.compressed_mean_rows(Simulator(p), permk.PermK(), rows[:2], seed=0, round=0)
+    with pytest.raises(ValueError, match="path='fused' is not available"):
+        permk.vr_marina(p, permk.PermK(), rounds=1, seed=0, batch_size=2, path="fused")
+
+
+def test_oracle_calls_and_bits() -> None:
+    p = _sigmoid(n=4, m=30)
+    sgd = permk.sgd(p, rounds=5, seed=0, batch_size=7)
+    assert np.array_equal(sgd.oracle_calls, 7.0 * np.arange(6))
+    assert np.array_equal(np.diff(sgd.bits_per_worker), np.full(5, 32.0 * p.d))
+    st = permk.marina_stochastic(p, permk.PermK(), rounds=40, seed=0, batch_size=3, megabatch_size=11)
+    assert np.array_equal(np.diff(st.oracle_calls), np.where(st.coins, 11.0, 6.0))
+    # full-gradient methods: one full local gradient (m_i = 30) per round; 1 on a problem that is not a finite sum
+    for res in (permk.marina(p, permk.PermK(), rounds=4, seed=0), permk.ef21(p, permk.TopK(2), rounds=4, seed=0), permk.gd(p, rounds=4, seed=0)):
+        assert np.array_equal(res.oracle_calls, 30.0 * np.arange(5)), res.method
+    q = permk.Quadratic.synthetic(4, 8, 1e-2, 0.1)
+    assert np.array_equal(permk.diana(q, permk.PermK(), rounds=3, seed=0).oracle_calls, [0.0, 1.0, 2.0, 3.0])
+    # unequal shards: the largest worker's count
+    rng = np.random.default_rng(0)
+    uneven = permk.NonconvexSigmoid(rng.standard_normal((41, 4)), rng.integers(0, 2, 41), n=4, seed=0)
+    assert permk.marina(uneven, permk.PermK(), rounds=1, seed=0).oracle_calls[-1] == uneven.sample_counts.max()
+
+
+@pytest.mark.parametrize(("method", "options"), [
+    ("vr_marina", {"batch_size": 3}),
+    ("marina_stochastic", {"batch_size": 3, "megabatch_size": 12}),
+    ("sgd", {"batch_size": 3}),
+])
+def test_resume_equals_an_uninterrupted_run(method: str, options: dict[str, int], tmp_path: object) -> None:
+    p = _sigmoid(n=4, m=20)
+    m = permk.methods.catalog()[method]
+    comp = permk.PermK() if m.takes_compressor else permk.Identity()
+    whole = permk.run(m, p, comp, rounds=30, seed=3, **options)
+    half = permk.run(m, p, comp, rounds=13, seed=3, **options)
+    buf = io.BytesIO()
+    permk.save_state(half.state, buf)
+    buf.seek(0)
+    rest = permk.run(m, p, comp, rounds=17, seed=3, state=permk.load_state(buf), **options)
+    assert np.array_equal(rest.x, whole.x) and rest.state == whole.state
+    assert np.array_equal(np.concatenate([half.oracle_calls, rest.oracle_calls[1:]]), whole.oracle_calls)
+    assert np.array_equal(np.concatenate([half.bits_per_worker, rest.bits_per_worker[1:]]), whole.bits_per_worker)
+
+
+def test_a_state_file_without_oracle_calls_loads_with_zero() -> None:
+    st = permk.MarinaState(x=np.ones(3), g=np.zeros(3), round=2, seed=1, bits=5.0)
+    buf = io.BytesIO()
+    np.savez(buf, __kind__="MarinaState", x=st.x, g=st.g, round=2, seed=1, bits=5.0)
+    buf.seek(0)
+    assert permk.load_state(buf) == st
+
+
+@pytest.mark.parametrize(("method", "options"), [
+    ("vr_marina", {"batch_size": 4}),
+    ("marina_stochastic", {"batch_size": 4, "megabatch_size": 40}),
+    ("sgd", {"batch_size": 4}),
+])
+def test_gradient_norm_decreases_at_the_theory_step(method: str, options: dict[str, int]) -> None:
+    p = _sigmoid(n=4, m=50)
+    m = permk.methods.catalog()[method]
+    res = permk.run(m, p, permk.PermK() if m.takes_compressor else permk.Identity(), rounds=600, seed=2, **options)
+    assert res.diverged_at is None
+    assert res.grad_norm_sq[-100:].mean() < 0.1 * res.grad_norm_sq[0]
+
+
+def test_vr_marina_beats_sgd_at_equal_oracle_calls() -> None:
+    """On a small finite sum (4 workers × 200 samples), VR-MARINA+PermK at its theory step ends at
+    a smaller gradient norm than minibatch SGD at 1/L− given the same oracle calls: SGD stalls
+    at its noise floor (observed ≈ 2.3× apart over the last tenth of the runs)."""
+    p = _sigmoid(n=4, m=200, features=10, seed=1)
+    b = 8
+    vr = permk.vr_marina(p, permk.PermK(), rounds=3000, seed=1, batch_size=b)
+    sgd = permk.sgd(p, rounds=int(vr.oracle_calls[-1] // b), seed=1, batch_size=b)
+    assert sgd.oracle_calls[-1] == vr.oracle_calls[-1]
+    tail = lambda r: r.grad_norm_sq[-len(r.grad_norm_sq) // 10:].mean()  # noqa: E731
+    assert tail(vr) < 0.7 * tail(sgd)
+
+
+def test_bad_input() -> None:
+    p = _sigmoid()
+    q = permk.Quadratic.synthetic(4, 8, 1e-2, 0.1)
+    with pytest.raises(TypeError, match="needs batch_size"):
+        permk.vr_marina(p, permk.PermK(), rounds=1, seed=0)
+    with pytest.raises(TypeError, match="finite-sum problem"):
+        permk.vr_marina(q, permk.PermK(), rounds=1, seed=0, batch_size=2)
+    with pytest.raises(TypeError, match="finite-sum problem"):
+        permk.sgd(q, rounds=1, seed=0, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size"):
+        permk.sgd(p, rounds=1, seed=0, batch_size=0)
+    with pytest.raises(TypeError, match="megabatch_size"):
+        permk.marina_stochastic(p, permk.PermK(), rounds=1, seed=0, batch_size=2)
+    with pytest.raises(ValueError, match="unbiased"):
+        permk.vr_marina(p, permk.TopK(2), rounds=1, seed=0, batch_size=2)
+    with pytest.raises(ValueError, match="Identity"):
+        permk.sgd(p, permk.PermK(), rounds=1, seed=0, batch_size=2)
