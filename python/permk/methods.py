@@ -1,5 +1,6 @@
 """Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes,
-DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps).
+DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps), and on finite-sum
+problems VR-MARINA, online stochastic MARINA and minibatch SGD.
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -12,7 +13,8 @@ single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 (:mod:`permk.distributed`), through the one driver loop :func:`drive`.
 
 ``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` (``permk.dcgd_shifted``),
-``permk.diana`` and ``permk.rand_diana`` are the method objects themselves; calling one runs it
+``permk.diana``, ``permk.rand_diana``, ``permk.vr_marina``, ``permk.marina_stochastic`` and
+``permk.sgd`` are the method objects themselves; calling one runs it
 in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)

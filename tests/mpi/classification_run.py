@@ -1,5 +1,6 @@
 """MPI checks of the classification problems: ``mpiexec -n R python classification_run.py``
-prints ``ok`` on rank 0 when MARINA and EF21 on MPI match the simulator, and when every rank's
+prints ``ok`` on rank 0 when MARINA, EF21, VR-MARINA and SGD on MPI match the simulator (dense
+and sparse data), and when every rank's
 minibatch gradients of its own workers are rows of the single-process call."""
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ def main() -> None:
             mpi = run(p, comp, rounds=60, seed=1)
             sim = sim_run(p, comp, rounds=60, seed=1)
             assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (type(comp).__name__, np.abs(mpi.x - sim.x).max())
+        # the finite-sum methods: each rank draws its own workers' minibatches
+        for run, sim_run, comp in ((pd.vr_marina, permk.vr_marina, permk.PermK()), (pd.sgd, permk.sgd, None)):
+            mpi = run(p, comp, rounds=60, seed=1, batch_size=4) if comp else run(p, rounds=60, seed=1, batch_size=4)
+            sim = sim_run(p, comp, rounds=60, seed=1, batch_size=4)
+            assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (sim.method, np.abs(mpi.x - sim.x).max())
+            assert np.array_equal(mpi.oracle_calls, sim.oracle_calls)
         mine = list(pd.workers_of(p.n, comm))
         x = rng.standard_normal(p.d)
         local = p.minibatch_grads(x, 5, seed=3, round=7, workers=mine)
