@@ -20,6 +20,7 @@ from .compressors import *  # noqa: F403 - every compressor (compressors.__all__
 from .compressors import __all__ as _compressors
 from .methods import *  # noqa: F403 - every method and its state (methods.__all__)
 from .methods import __all__ as _methods
+from .participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
 from .theory.steps import ef21_stepsize as ef21_stepsize, marina_stepsize as marina_stepsize
 
@@ -28,6 +29,7 @@ __all__ = [
     "theory",
     *_compressors,
     *_methods,
+    "Participation",
     "Problem",
     "Quadratic",
     "SyntheticQuadratic",
