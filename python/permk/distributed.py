@@ -878,7 +878,8 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch)
         params = method_setup(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
                               record_every=record_every, step=rank == 0, **options)
-        params.update(path=method.exchange.path(backend, compressor), backend="mpi", mode=mode, reduce=reduce,
+        sent = holder["sent"] = method.sent_compressor(compressor, params)
+        params.update(path=method.exchange.path(backend, sent), backend="mpi", mode=mode, reduce=reduce,
                       n_procs=comm.Get_size())
         if state is not None:
             if not isinstance(state, method.state_type):
@@ -906,7 +907,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     def go() -> DistributedRunResult:
         backend.counting = False  # the initial exchanges are not counted
         if holder["resumed"] is None:
-            first = method.init(holder["x_init"], backend, compressor, params, seed=seed)
+            first = method.init(holder["x_init"], backend, holder["sent"], params, seed=seed)
         else:
             first = holder["resumed"]
         backend.counting = True
@@ -916,7 +917,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         def count(info: RoundInfo) -> None:
             per_round.append(backend.take())
 
-        res = drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every,
+        res = drive(method, backend, holder["sent"], params, first, rounds=rounds, record_every=record_every,
                     progress=progress and rank == 0, on_round=count)
         return _finish(backend, res, per_round)
 

@@ -45,13 +45,15 @@ from ._validate import check_choice, check_int, check_probability, check_real, c
 from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
-from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
+from .participation import Participation, check_participation, participation_mask
+from .theory.steps import Constants, dasha_momentum, dasha_pp_stepsize, dasha_stepsize, ef21_stepsize, marina_variance_stepsize
 
 __all__ = [
     "State",
     "MarinaState",
     "EF21State",
     "DCGDState",
+    "DashaState",
     "RoundInfo",
     "RunResult",
     "Method",
@@ -59,6 +61,7 @@ __all__ = [
     "ef21",
     "gd",
     "dcgd",
+    "dasha",
     "run",
     "save_state",
     "load_state",
@@ -137,6 +140,23 @@ class DCGDState(State):
     """DCGD's state: the iterate ``x = x^t`` alone."""
 
     x: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class DashaState(State):
+    """DASHA's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t``, and for the workers this process
+    holds (all ``n`` in simulation) the rows ``G`` the round's shifted exchange starts from and
+    ``H``: without partial participation ``G = [g_i^t]`` and ``H`` has no columns
+    (``h_i^t = ∇f_i(x^t)``: nothing to keep); with it ``H = [h_i^t]`` and
+    ``G = [g_i^t + ((b − a)/a) h_i^t]`` (see :class:`Dasha`)."""
+
+    x: Array
+    g: Array
+    G: Array
+    H: Array
     round: int = 0
     seed: int = 0
     bits: float = 0.0
@@ -285,6 +305,13 @@ class Method(abc.ABC):
     def update(self, state: Any, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[State, RoundInfo]:
         """One round: the new state and what was sent."""
 
+    def sent_compressor(self, compressor: Compressor, params: dict[str, Any]) -> Compressor:
+        """The compressor whose messages the run's exchanges carry, built once per run: the
+        run's own, or with ``params["participation"] = s`` (the option of MARINA and DASHA) the
+        :class:`permk.Participation` of ``s`` workers per round around it."""
+        s = params.get("participation")
+        return compressor if s is None else Participation(compressor, s)
+
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         """The shape of the largest array of the state for ``n`` workers (held by one process) in
         dimension ``d``: what a grid checks against the memory before it starts."""
@@ -322,7 +349,14 @@ class Marina(Method):
     over a full gradient's; MARINA's ``ζ_Q``) and
     ``γ = 1/M``, ``M = L− + sqrt((1−p)/p · L̂²)`` with ``L̂² = (A−B)L+² + B·L±²`` (Theorem "AB";
     with ``pl=True`` Theorem "AB-PL"'s ``min{1/M_PL, p/(2μ)}``), or the compressor's own
-    variance bound (``GroupPermK``: Theorem "AB_group"). Option: ``p``.
+    variance bound (``GroupPermK``: Theorem "AB_group"). Options: ``p``; ``participation=s``:
+    MARINA with partial participation (PP-MARINA of Gorbunov et al. 2021, the authors'
+    ``marina_partial_participation``): the compressed rounds are those of ``s`` of the ``n``
+    workers sampled uniformly from ``(seed, t)``, each message counting ``n/s`` times (the
+    :class:`permk.Participation` family; the full-gradient rounds are every worker's); its
+    ``A``, ``B`` give the step (Theorem "AB", which holds for any unbiased family with AB
+    constants; its step is never below PP-MARINA's ``1/(L(1 + sqrt((1−p)(1+ω)/(ps))))``) and
+    its expected size ``p``.
     """
 
     name = "marina"
@@ -330,7 +364,10 @@ class Marina(Method):
     exchange: ClassVar[ex.Exchange] = ex.compressed_mean_diff
     has_coin = True
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None,  # type: ignore[override]
+                   participation: Any = None) -> dict[str, Any]:
+        own = {} if participation is None else {"participation": check_participation(participation, n)}
+        compressor = self.sent_compressor(compressor, own)
         ab = compressor.ab_constants(n, d)
         if ab is None or not compressor.capabilities.unbiased:
             raise ValueError(f"MARINA needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
@@ -340,17 +377,17 @@ class Marina(Method):
         full = float(d * float_bits)
         p = min(1.0, mean / full) if p is None else check_probability(p)
         expected = p * full + (1 - p) * mean
-        return {"p": p, "A": A, "B": B, "bits": {"full": full, "compressed": tail, "expected": expected}}
+        return {"p": p, "A": A, "B": B, **own, "bits": {"full": full, "compressed": tail, "expected": expected}}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        bound = compressor.variance_bound(n, d, constants, problem=problem)
+        bound = self.sent_compressor(compressor, params).variance_bound(n, d, constants, problem=problem)
         gamma = marina_variance_stepsize(constants.L_minus, bound.L_hat_sq, params["p"], mu=constants.mu)
         return gamma, bound.theorem if constants.mu is None else bound.pl_theorem
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         p = params["p"]
-        return float(p * d + (1 - p) * compressor.expected_floats_per_worker(n, d))
+        return float(p * d + (1 - p) * self.sent_compressor(compressor, params).expected_floats_per_worker(n, d))
 
     def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
         return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
@@ -457,13 +494,21 @@ class EF21(Method):
     def resume(self, state: EF21State, backend: Backend) -> EF21State:
         """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""
         super().resume(state, backend)
-        n, d, ws = backend.n, backend.d, backend.workers
-        G = np.asarray(state.G)
-        if G.shape == (n, d) and len(ws) != n:
-            G = G[ws.start : ws.stop]
-        elif G.shape != (len(ws), d):
-            raise ValueError(f"state.G must hold all {n} rows or this process's {len(ws)}, got shape {G.shape}")
-        return replace(state, G=np.array(G, dtype=np.float64))
+        return replace(state, G=held_rows(state.G, backend, "state.G"))
+
+
+def held_rows(rows: Any, backend: Backend, name: str, width: int | None = None) -> Array:
+    """Per-worker rows of a resumed state for the workers ``backend`` holds: all ``n`` rows
+    (e.g. a simulator's state) are cut to them, the held rows are taken as they are (a copy);
+    each row has ``width`` entries (default ``d``)."""
+    n, ws = backend.n, backend.workers
+    width = backend.d if width is None else width
+    R = np.asarray(rows)
+    if R.shape == (n, width) and len(ws) != n:
+        R = R[ws.start : ws.stop]
+    elif R.shape != (len(ws), width):
+        raise ValueError(f"{name} must hold all {n} rows or this process's {len(ws)}, of {width} entries each, got shape {R.shape}")
+    return np.array(R, dtype=np.float64)
 
 
 class DCGD(Method):
@@ -494,6 +539,118 @@ class DCGD(Method):
         bits = params["bits"]["compressed"]
         x = state.x - params["gamma"] * step
         return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+
+class Dasha(Method):
+    """DASHA (Tyurin & Richtárik 2022, "DASHA: Distributed nonconvex optimization with
+    communication compression, optimal oracle complexity, and no client synchronization") in the
+    gradient setting, and with ``participation=s`` its partial-participation form DASHA-PP
+    (Tyurin & Richtárik 2022, "A computation and communication efficient method for distributed
+    nonconvex problems in the partial participation setting").
+
+    DASHA (the authors' ``zero_marina``): ``g_i⁰ = ∇f_i(x⁰)``, ``g⁰ = (1/n) Σ g_i⁰``;
+    ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends
+    ``m_i = C_i(∇f_i(x^{t+1}) − ∇f_i(x^t) − a(g_i^t − ∇f_i(x^t)))`` and keeps
+    ``g_i^{t+1} = g_i^t + m_i``; ``g^{t+1} = g^t + (1/n) Σ m_i``: the shifted exchange with
+    ``v_i = ∇f_i(x^{t+1}) − (1 − a)∇f_i(x^t)`` and ``β = a``. Defaults ``a = 1/(2ω + 1)`` and the
+    step of :func:`~permk.theory.steps.dasha_stepsize` (``params["gamma_source"]``:
+    ``"DASHA theorem"``); it needs an unbiased compressor with ``ω`` and AB constants.
+
+    DASHA-PP (the authors' ``zero_marina_partial_participation``): ``s`` of the ``n`` workers,
+    sampled uniformly from ``(seed, t)`` (:func:`permk.participation.participants`),
+    participate; ``p_a = s/n``, ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``, ``h_i⁰ = g_i⁰ =
+    ∇f_i(x⁰)``. A participant computes ``k_i = ∇f_i(x^{t+1}) − ∇f_i(x^t) − b(h_i^t −
+    ∇f_i(x^t))``, sends ``m_i = (1/p_a) C_i(k_i − a(g_i^t − h_i^t))`` and keeps
+    ``h_i^{t+1} = h_i^t + k_i/p_a``, ``g_i^{t+1} = g_i^t + m_i``; the others send nothing and
+    keep ``h_i``, ``g_i``; ``g^{t+1} = g^t + (1/n) Σ m_i``. (The authors compress
+    ``(1/p_a)(k_i − …)``: the same for the positively homogeneous sparsifiers.) The message is
+    the :class:`permk.Participation` family's shifted exchange with
+    ``v_i = ∇f_i(x^{t+1}) − (1 − b)∇f_i(x^t)`` and ``β = a`` from the rows
+    ``G_i = g_i + ((b − a)/a) h_i``, whose ``a G_i = a g_i + (b − a) h_i`` is the whole shift;
+    ``G`` then follows ``g_i`` and ``h_i``. Step: :func:`~permk.theory.steps.dasha_pp_stepsize`
+    (``"DASHA-PP theorem"``).
+
+    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
+    ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+    """
+
+    name = "dasha"
+    state_type = DashaState
+    exchange = ex.shifted
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, a: Any = None,  # type: ignore[override]
+                   participation: Any = None) -> dict[str, Any]:
+        s = None if participation is None else check_participation(participation, n)
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"DASHA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        omega, ab = compressor.omega(n, d), compressor.ab_constants(n, d)
+        if omega is None or ab is None:
+            raise ValueError(f"DASHA needs a compressor with omega and AB constants; {compressor.name} states none")
+        p_a = 1.0 if s is None else s / n
+        if a is None:
+            a = dasha_momentum(omega, p_a)
+        else:
+            a = check_real(a, "a")
+            if not 0.0 < a <= 1.0:
+                raise ValueError(f"a must be in (0, 1], got {a}")
+        own: dict[str, Any] = {"omega": float(omega), "A": float(ab[0]), "a": a}
+        if s is not None:
+            own.update(participation=s, b=p_a / (2 - p_a))
+        return {**own, "bits": message_bits(self.sent_compressor(compressor, own), n, d, float_bits)}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError("DASHA has no PL step in permk: pass gamma= (or leave pl=False)")
+        s = params.get("participation")
+        if s is None:
+            return dasha_stepsize(params["omega"], params["A"], constants.L_minus, constants.L_plus), "DASHA theorem"
+        return dasha_pp_stepsize(params["omega"], params["A"], n, s, constants.L_minus, constants.L_plus), "DASHA-PP theorem"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(self.sent_compressor(compressor, params).expected_floats_per_worker(n, d))
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaState:
+        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
+        if params.get("participation") is None:
+            return DashaState(x=x0, g=g, G=grads, H=np.zeros((len(backend.workers), 0)), round=0, seed=seed)
+        a, b = params["a"], params["b"]
+        return DashaState(x=x0, g=g, G=grads + (b - a) / a * grads, H=grads, round=0, seed=seed)
+
+    def update(self, state: DashaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DashaState, RoundInfo]:
+        s, a, t = params.get("participation"), params["a"], state.round
+        if state.H.shape[1] != (0 if s is None else backend.d):
+            raise ValueError("state.H does not fit the run: a DASHA state continues a run without participation, "
+                             "a DASHA-PP state one with the same participation")
+        x = state.x - params["gamma"] * state.g
+        bits = params["bits"]["compressed"]
+        if s is None:
+            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, coef=1 - a, beta=a, seed=state.seed, round=t)
+            H = state.H
+        else:
+            b, n, ws = params["b"], backend.n, backend.workers
+            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, coef=1 - b, beta=a, seed=state.seed, round=t)
+            new, old = ex.local_grads(backend, x), ex.local_grads(backend, state.x)
+            held = participation_mask(n, s, seed=state.seed, round=t)[ws.start : ws.stop, None]
+            with np.errstate(invalid="ignore", over="ignore"):
+                dh = np.where(held, (new - old - b * (state.H - old)) / (s / n), 0.0)
+                H = state.H + dh
+                G += (b - a) / a * dh
+        return DashaState(x=x, g=state.g + mean, G=G, H=H, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
+        return (n, d)  # the workers' rows G (and H with partial participation)
+
+    def resume(self, state: DashaState, backend: Backend) -> DashaState:
+        """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""
+        super().resume(state, backend)
+        if np.shape(state.g) != (backend.d,):
+            raise ValueError(f"state.g must have shape ({backend.d},), got {np.shape(state.g)}")
+        width = np.shape(state.H)[-1] if np.ndim(state.H) == 2 else -1
+        if width not in (0, backend.d):
+            raise ValueError(f"state.H must have 0 or {backend.d} columns, got shape {np.shape(state.H)}")
+        return replace(state, G=held_rows(state.G, backend, "state.G"), H=held_rows(state.H, backend, "state.H", width))
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -664,6 +821,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
+    compressor = method.sent_compressor(compressor, params)
     params["path"] = method.exchange.path(backend, compressor)
     first = start(method, problem, backend, compressor, params, state, x0, seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
@@ -674,6 +832,7 @@ marina = Marina()
 ef21 = EF21()
 gd = GD()
 dcgd = DCGD()
+dasha = Dasha()
 
 
 def catalog() -> dict[str, Method]:

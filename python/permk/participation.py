@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 
 from ._validate import as_float_array, check_int, check_seed
-from .compressors import Capabilities, Compressor, Message, PermK, Plan, RandK
+from .compressors import Capabilities, Compressor, Message, PermK, Plan, RandK, VarianceBound
 
-__all__ = ["Participation", "participants", "participation_mask"]
+__all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
 #: The stream tag of the participant sampling (a pure function of ``(seed, round)``).
 _SAMPLING_TAG = 0x70617274  # "part"
@@ -63,6 +63,15 @@ def _sample(n: int, s: int, seed: int, round: int) -> np.ndarray:
     return out
 
 
+def check_participation(s: Any, n: int) -> int:
+    """``s`` as the number of participating workers of ``n``: an integer in ``1..n`` (TypeError
+    for a non-integer, ValueError outside)."""
+    s = check_int(s, "participation", low=-(2**63))
+    if not 1 <= s <= n:
+        raise ValueError(f"participation must be in 1..n = 1..{n}, got {s}")
+    return s
+
+
 def participants(n: int, s: int, *, seed: int, round: int) -> np.ndarray:
     """The sorted indices of the ``s`` of ``n`` workers that participate in round ``round``:
     uniform over the ``s``-subsets, a pure function of ``(seed, round)`` shared by all workers
@@ -72,10 +81,7 @@ def participants(n: int, s: int, *, seed: int, round: int) -> np.ndarray:
     True
     """
     n = check_int(n, "n_workers", low=1)
-    s = check_int(s, "participation", low=1)
-    if s > n:
-        raise ValueError(f"participation must be in 1..n = 1..{n}, got {s}")
-    return _sample(n, s, check_seed(seed), check_int(round, "round"))
+    return _sample(n, check_participation(s, n), check_seed(seed), check_int(round, "round"))
 
 
 def participation_mask(n: int, s: int, *, seed: int, round: int) -> np.ndarray:
@@ -171,6 +177,12 @@ class Participation(Compressor):
 
     def expected_bits_per_worker(self, n: int, d: int, *, float_bits: int = 32, indices: bool = True) -> float:
         return self.s / n * self.inner.expected_bits_per_worker(n, d, float_bits=float_bits, indices=indices)
+
+    def variance_bound(self, n: int, d: int, constants: Any, problem: Any = None) -> VarianceBound:
+        """MARINA's ``L̂²`` from this family's ``(A, B)`` (Theorem "AB" holds for any unbiased
+        family with AB constants), named as the partial-participation step."""
+        bound = super().variance_bound(n, d, constants, problem)
+        return bound._replace(theorem="Theorem AB (partial participation)", pl_theorem="Theorem AB-PL (partial participation)")
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray | None:
         bound = self.inner.magnitude_bound(A)
