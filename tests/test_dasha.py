@@ -310,6 +310,10 @@ def test_selectable_in_the_experiments_and_the_complexity_calculator() -> None:
 
     assert {"dasha-permk", "dasha-randk"} <= set(available_specs())
     assert Spec.parse("dasha-permk").method is permk.dasha
+    from permk.cli import build_parser
+
+    args = build_parser().parse_args(["quadratic", "--methods", "dasha-permk", "dasha-randk"])
+    assert args.methods == ["dasha-permk", "dasha-randk"]
     c = permk.theory.complexity(permk.dasha, permk.RandK, n=10, d=100, L_minus=1.0, L_plus=1.0, L_pm=1.0, eps=1e-3, delta0=1.0)
     consts = Constants(L_minus=1.0, L_plus=1.0, L_pm=1.0)
     comp = permk.RandK(c.K)

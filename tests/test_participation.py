@@ -224,6 +224,7 @@ def test_bits_and_capabilities(inner: permk.Compressor) -> None:
     caps = c.capabilities
     assert not caps.fixed_size and not caps.deterministic and caps.tunable is None
     assert caps.shared_plan == inner.capabilities.shared_plan and caps.unbiased
+    assert caps.random_size == (not inner.capabilities.fixed_size or inner.capabilities.random_size)
     assert c.alpha(n, d) is None
     assert c.fingerprint() == Participation(inner, s).fingerprint() != Participation(inner, s - 1).fingerprint()
 

@@ -104,9 +104,11 @@ class Participation(Compressor):
 
     ``inner`` must be unbiased (the scaled messages of a contractive compressor are not
     contractive). Capabilities are the inner's, except: message sizes vary (a non-participant
-    sends nothing), so ``fixed_size`` is False; nothing is deterministic; there is no size
-    argument to tune. The largest message is a participant's (the inner's size); the expected
-    one is ``s/n`` of the inner's.
+    sends nothing), so ``fixed_size`` is False; the largest message of a round is a
+    participant's, which reaches the inner's largest size surely only when every inner message
+    has it (``random_size`` otherwise: PermK with ``n ∤ d``); nothing is deterministic; there is
+    no size argument to tune. The bits count the inner's largest message; the expected size is
+    ``s/n`` of the inner's.
     """
 
     inner: Compressor
@@ -123,7 +125,10 @@ class Participation(Compressor):
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        return dataclasses.replace(self.inner.capabilities, fixed_size=False, deterministic=False, tunable=None)
+        caps = self.inner.capabilities
+        # the round's largest message is a participant's: the inner's size when every message has it
+        return dataclasses.replace(caps, fixed_size=False, random_size=caps.random_size or not caps.fixed_size,
+                                   deterministic=False, tunable=None)
 
     @property
     def name(self) -> str:

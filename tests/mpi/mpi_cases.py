@@ -50,6 +50,18 @@ CASES: dict[str, dict[str, Any]] = {
     # DCGD, defined once (permk.methods) and run on both backends
     "dcgd_randk": dict(method="dcgd", n=4, d=20, comp=("RandK", 4), mode="p2p", reduce="ordered", gamma=0.2),
     "dcgd_permk_fused": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", gamma=0.2),
+    # DASHA (the shifted exchange), DASHA-PP and MARINA with partial participation: s of n
+    # workers per round from (seed, t), a non-participant sends nothing
+    "dasha_permk": dict(method="dasha", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered"),
+    "dasha_randk_server": dict(method="dasha", n=4, d=20, comp=("RandK", 3), mode="server", reduce="ordered"),
+    "dasha_permk_fused": dict(method="dasha", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", path="fused"),
+    "dasha_natural_pairs": dict(method="dasha", n=4, d=12, comp=("NaturalCompression",), mode="p2p", reduce="ordered"),
+    "dasha_pp_permk": dict(method="dasha", n=4, d=14, comp=("PermK",), mode="p2p", reduce="ordered", participation=2),
+    "dasha_pp_randk_blocks_server": dict(method="dasha", n=8, d=10, comp=("RandK", 2), mode="server", reduce="ordered",
+                                         participation=5),
+    "marina_pp_permk": dict(method="marina", n=4, d=14, comp=("PermK",), mode="p2p", reduce="ordered", participation=2, p=0.3),
+    "marina_pp_randk_blocks_server": dict(method="marina", n=8, d=10, comp=("RandK", 2), mode="server", reduce="ordered",
+                                          participation=5, p=0.3),
     # rounding differences bounded (full gradients by Allreduce vs the closed-form ∇f)
     "marina_permk_allreduce": dict(method="marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="allreduce"),
     "marina_permk_allreduce_server": dict(method="marina", n=4, d=12, comp=("PermK",), mode="server", reduce="allreduce"),
@@ -132,6 +144,12 @@ def compressor(case: dict[str, Any]) -> permk.Compressor | None:
     return getattr(permk, name)(*args)  # type: ignore[no-any-return]
 
 
+def sent(case: dict[str, Any]) -> permk.Compressor | None:
+    """The compressor whose messages travel: the case's, or its participation family."""
+    comp = compressor(case)
+    return comp if comp is None or "participation" not in case else permk.Participation(comp, case["participation"])
+
+
 def problem(case: dict[str, Any]) -> Any:
     """The case's global problem: the synthetic quadratic, with the worker-order ``∇f`` and
     ``f`` of :class:`WorkerOrderMean` where every sum must be the worker-order one."""
@@ -145,14 +163,15 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
         kw["gamma"] = case["gamma"]
     elif case["method"] == "marina":
         kw["gamma_multiplier"] = 0.9
-    if "p" in case:
-        kw["p"] = case["p"]
+    for option in ("p", "participation"):
+        if option in case:
+            kw[option] = case[option]
     if "init" in case:
         kw["init"] = case["init"]
     return kw
 
 
-METHODS = {"marina": permk.marina, "ef21": permk.ef21, "gd": permk.gd, "dcgd": permk.dcgd}
+METHODS = {"marina": permk.marina, "ef21": permk.ef21, "gd": permk.gd, "dcgd": permk.dcgd, "dasha": permk.dasha}
 
 
 class WorkerOrderMean:
