@@ -176,8 +176,25 @@ def test_dasha_meets_its_theorem_at_its_step(comp: permk.Compressor) -> None:
     assert gamma == pytest.approx(dasha_stepsize(w, A, q.L_minus, q.L_plus), rel=1e-14)
     assert source == "DASHA theorem"
     assert mean <= 2 * delta0 / (gamma * T)
+    # ... and the bound is not vacuous: a 16× larger step breaks it
+    blown = permk.dasha(q, comp, rounds=T, seed=0, gamma_multiplier=16)
+    assert blown.diverged_at is not None or blown.grad_norm_sq[:-1].mean() > 2 * delta0 / (gamma * T)
     last = permk.dasha(q, comp, rounds=3000, seed=0)
     assert last.grad_norm_sq[-1] < 1e-3 * last.grad_norm_sq[0]
+
+
+def test_dasha_with_a_participation_compressor_is_dasha_with_its_constants() -> None:
+    """Passing ``permk.Participation(C, s)`` runs plain DASHA with that family's ``ω`` and ``A``
+    (not DASHA-PP, which ``participation=s`` selects)."""
+    q = synthetic(10, 40, 1e-3, 0.5)
+    wrapped = permk.Participation(permk.RandK(8), 5)
+    r = permk.dasha(q, wrapped, rounds=200, seed=1)
+    w, (A, _) = wrapped.omega(10, 40), wrapped.ab_constants(10, 40)
+    assert r.params["a"] == 1 / (2 * w + 1) and "participation" not in r.params
+    assert r.params["gamma"] == pytest.approx(dasha_stepsize(w, A, q.L_minus, q.L_plus), rel=1e-14)
+    ref = authors_dasha(q, wrapped, rounds=200, seed=1, gamma=r.params["gamma"], a=r.params["a"])
+    np.testing.assert_allclose(r.x, ref[-1], rtol=1e-9, atol=1e-12)
+    assert r.grad_norm_sq[-1] < 0.1 * r.grad_norm_sq[0]
 
 
 @pytest.mark.parametrize("comp,s", [(permk.RandK(4), 3), (permk.PermK(), 5), (permk.RandK(8), 10)], ids=str)

@@ -117,7 +117,7 @@ class Participation(Compressor):
     def __post_init__(self) -> None:
         if not isinstance(self.inner, Compressor):
             raise TypeError(f"Participation's inner must be a permk.Compressor, got {type(self.inner).__name__}")
-        if isinstance(self.inner, Participation):
+        if isinstance(self.inner, Participation):  # both would draw the same participants from (seed, round)
             raise TypeError("Participation's inner must not itself be a Participation")
         if not self.inner.capabilities.unbiased:
             raise ValueError(f"partial participation needs an unbiased inner compressor; {self.inner.name} is biased")
