@@ -9,8 +9,8 @@ evaluates the held workers' oracles and moves numbers between them:
 * :data:`compressed_mean` ``(backend, c, x)`` — ``(1/n) Σ_i C_i(∇f_i(x))``;
 * :data:`compressed_mean_diff` ``(backend, c, x, y)`` — ``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))``
   (MARINA's compressed rounds);
-* :data:`shifted` ``(backend, c, H, x, y=None, *, coef=1, beta=1, alpha=1)`` — worker ``i``
-  sends ``m_i = C_i(v_i − β h_i)`` with ``v_i = ∇f_i(x) − coef·∇f_i(y)`` (``∇f_i(x)`` without
+* :data:`shifted` ``(backend, C, H, x, y=None, *, c=1, beta=1, alpha=1)`` — worker ``i``
+  sends ``m_i = C_i(v_i − β h_i)`` with ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without
   ``y``) and keeps ``h_i + α m_i``; the server mirrors it: returns ``((1/n) Σ_i m_i, H + α M)``.
   EF21 is ``β = α = 1`` with a contractive compressor (:data:`error_feedback`, the same class
   restricted to that form), DIANA ``α ≤ 1/(ω+1)``, DASHA ``v_i = ∇f_i(x⁺) − (1−a)∇f_i(x)``,
@@ -272,7 +272,7 @@ class CompressedMeanDiff(_Compressed):
 
 class Shifted(_Compressed):
     """The shifted exchange: worker ``i`` sends ``m_i = C_i(v_i − β h_i)``,
-    ``v_i = ∇f_i(x) − coef·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
+    ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
     the server mirrors it. Returns ``((1/n) Σ_i m_i, H + α M)`` for the held rows ``H``.
 
     ``unit=True`` is EF21's form (``β = α = 1``, no ``y``), whose worker step has a native
@@ -290,13 +290,13 @@ class Shifted(_Compressed):
         return self.unit and not compressor.capabilities.shared_plan
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, x: Array, y: Array | None = None, *,
-                 coef: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
-        if self.unit and (y is not None or coef != 1.0 or beta != 1.0 or alpha != 1.0):
+                 c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
+        if self.unit and (y is not None or c != 1.0 or beta != 1.0 or alpha != 1.0):
             raise ValueError("error_feedback is the shifted exchange with beta = alpha = 1 and no y; use permk.exchanges.shifted")
         H = np.asarray(H)
         if H.shape != (len(backend.workers), backend.d):
             raise ValueError(f"H must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {H.shape}")
-        mean, new = self._mean(backend, compressor, x, y, float(coef), H, float(beta), float(alpha), seed, round)
+        mean, new = self._mean(backend, compressor, x, y, float(c), H, float(beta), float(alpha), seed, round)
         assert new is not None
         return mean, new
 

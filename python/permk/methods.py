@@ -626,11 +626,11 @@ class Dasha(Method):
         x = state.x - params["gamma"] * state.g
         bits = params["bits"]["compressed"]
         if s is None:
-            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, coef=1 - a, beta=a, seed=state.seed, round=t)
+            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
             H = state.H
         else:
             b, n, ws = params["b"], backend.n, backend.workers
-            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, coef=1 - b, beta=a, seed=state.seed, round=t)
+            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - b, beta=a, seed=state.seed, round=t)
             new, old = ex.local_grads(backend, x), ex.local_grads(backend, state.x)
             held = participation_mask(n, s, seed=state.seed, round=t)[ws.start : ws.stop, None]
             with np.errstate(invalid="ignore", over="ignore"):
