@@ -200,7 +200,11 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
     that a worker participates, ``p_aa = s(s − 1)/(n(n − 1))`` that two given workers do):
     ``1/(L_− + L_+ sqrt(48A(2ω + 1)/p_a² + 16(1 − p_aa/p_a)/(n p_a²)))`` with
     ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``. ``A`` stands for the theorem's ``ω/n`` as in
-    :func:`dasha_stepsize` (independent compressors: ``A = ω/n``).
+    :func:`dasha_stepsize` (independent compressors: ``A = ω/n``), and is taken at least ``ω/n``
+    (what one worker's message alone forces when ``ω`` is tight). The tests check this step
+    against a Lyapunov analysis of the method written out from its updates (the terms
+    ``‖g − h‖²``, ``(1/n)Σ‖g_i − h_i‖²``, ``‖h − ∇f‖²``, ``(1/n)Σ‖h_i − ∇f_i‖²``, with
+    sampling without replacement and the AB inequality): its conditions hold at this step.
 
     >>> dasha_pp_stepsize(0.0, 0.0, 4, 4, 1.0, 1.0)  # every worker, no compression: GD's 1/L
     1.0
@@ -213,6 +217,7 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
         raise ValueError(f"participation must be in 1..n = 1..{n}, got {s}")
     L_minus = check_real(L_minus, "L_minus", low=0.0)
     L_plus = check_real(L_plus, "L_plus", low=0.0)
+    A = max(A, omega / n)
     p_a = s / n
     p_aa = s * (s - 1) / (n * (n - 1)) if n > 1 else 1.0
     variance = 48 * A * (2 * omega + 1) / p_a**2 + 16 * (1 - p_aa / p_a) / (n * p_a**2)
