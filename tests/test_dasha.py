@@ -336,3 +336,17 @@ def test_selectable_in_the_experiments_and_the_complexity_calculator() -> None:
     comp = permk.RandK(c.K)
     gamma = dasha_stepsize(comp.omega(10, 100), comp.ab_constants(10, 100)[0], consts.L_minus, consts.L_plus)
     assert c.gamma == pytest.approx(gamma) and c.rounds == math.ceil(2 / (gamma * 1e-3))
+
+
+def test_pessimistic_constants_are_the_authors_mean_square_smoothness() -> None:
+    """``constants="pessimistic"``: ``L_+ = sqrt((1/n)Σ L_i²)``, the authors' ``L̃``; ``L_−`` stays
+    the smoothness of ``f`` (at most their ``L̄ = (1/n)Σ L_i``, so the step is at least theirs)."""
+    q = synthetic(10, 40, 1e-3, 0.5)
+    comp = permk.RandK(4)
+    r = permk.dasha(q, comp, rounds=1, seed=0, constants="pessimistic")
+    L_tilde = float(np.sqrt(np.mean(q.L_i**2)))
+    w, n = comp.omega(10, 40), 10
+    assert r.params["L_plus"] == pytest.approx(L_tilde, rel=1e-15)
+    assert r.params["gamma"] == pytest.approx(dasha_stepsize(w, w / n, q.L_minus, L_tilde), rel=1e-14)
+    authors = 1 / (float(np.mean(q.L_i)) + L_tilde * np.sqrt(w * (4 * w + 1) / n))
+    assert q.L_minus <= np.mean(q.L_i) and r.params["gamma"] >= authors

@@ -1,4 +1,4 @@
-"""Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes.
+"""Distributed methods, each defined once: MARINA, EF21, GD, DCGD and DASHA with their theorems' step sizes.
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -10,8 +10,8 @@ backend for one of the exchanges of :mod:`permk.backends`, so the same definitio
 single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 (:mod:`permk.distributed`), through the one driver loop :func:`drive`.
 
-``permk.marina``, ``permk.ef21``, ``permk.gd`` and ``permk.dcgd`` are the method objects
-themselves; calling one runs it in the simulator::
+``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` and ``permk.dasha`` are the
+method objects themselves; calling one runs it in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)
 
