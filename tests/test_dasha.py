@@ -320,6 +320,12 @@ def test_a_given_is_used_and_the_state_is_checked_on_resume() -> None:
         permk.dasha(q, permk.RandK(3), rounds=5, seed=0, participation=2, state=r.state)
     with pytest.raises(ValueError, match="participation"):
         permk.dasha(q, permk.RandK(3), rounds=5, seed=0, state=pp.state)
+    with pytest.raises(ValueError, match="participation and a"):  # its rows G weigh h_i by (b − a)/a
+        permk.dasha(q, permk.RandK(3), rounds=5, seed=0, participation=3, state=pp.state)
+    with pytest.raises(ValueError, match="participation and a"):
+        permk.dasha(q, permk.RandK(3), rounds=5, seed=0, participation=2, a=0.01, state=pp.state)
+    assert permk.dasha(q, permk.RandK(3), rounds=5, seed=0, participation=2, state=pp.state).state.round == 10
+    assert permk.dasha(q, permk.RandK(3), rounds=5, seed=0, a=0.2, state=r.state).state.round == 10  # G = [g_i]: any a
 
 
 def test_selectable_in_the_experiments_and_the_complexity_calculator() -> None:

@@ -151,12 +151,13 @@ class DashaState(State):
     holds (all ``n`` in simulation) the rows ``G`` the round's shifted exchange starts from and
     ``H``: without partial participation ``G = [g_i^t]`` and ``H`` has no columns
     (``h_i^t = ∇f_i(x^t)``: nothing to keep); with it ``H = [h_i^t]`` and
-    ``G = [g_i^t + ((b − a)/a) h_i^t]`` (see :class:`Dasha`)."""
+    ``G = [g_i^t + w h_i^t]``, ``w = h_weight = (b − a)/a`` (see :class:`Dasha`)."""
 
     x: Array
     g: Array
     G: Array
     H: Array
+    h_weight: float = 0.0
     round: int = 0
     seed: int = 0
     bits: float = 0.0
@@ -615,14 +616,20 @@ class Dasha(Method):
         g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
         if params.get("participation") is None:
             return DashaState(x=x0, g=g, G=grads, H=np.zeros((len(backend.workers), 0)), round=0, seed=seed)
-        a, b = params["a"], params["b"]
-        return DashaState(x=x0, g=g, G=grads + (b - a) / a * grads, H=grads, round=0, seed=seed)
+        w = self._h_weight(params)
+        return DashaState(x=x0, g=g, G=grads + w * grads, H=grads, h_weight=w, round=0, seed=seed)
+
+    @staticmethod
+    def _h_weight(params: dict[str, Any]) -> float:
+        """``(b − a)/a``: the weight of ``h_i`` in the rows ``G`` (0 without participation)."""
+        return 0.0 if params.get("participation") is None else (params["b"] - params["a"]) / params["a"]
 
     def update(self, state: DashaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DashaState, RoundInfo]:
         s, a, t = params.get("participation"), params["a"], state.round
-        if state.H.shape[1] != (0 if s is None else backend.d):
-            raise ValueError("state.H does not fit the run: a DASHA state continues a run without participation, "
-                             "a DASHA-PP state one with the same participation")
+        w = self._h_weight(params)
+        if state.H.shape[1] != (0 if s is None else backend.d) or state.h_weight != w:
+            raise ValueError("the state does not fit the run: a DASHA state continues a run without participation, "
+                             "a DASHA-PP state one with the same participation and a")
         x = state.x - params["gamma"] * state.g
         bits = params["bits"]["compressed"]
         if s is None:
@@ -636,8 +643,9 @@ class Dasha(Method):
             with np.errstate(invalid="ignore", over="ignore"):
                 dh = np.where(held, (new - old - b * (state.H - old)) / (s / n), 0.0)
                 H = state.H + dh
-                G += (b - a) / a * dh
-        return DashaState(x=x, g=state.g + mean, G=G, H=H, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+                G += w * dh
+        return DashaState(x=x, g=state.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=state.seed,
+                          bits=state.bits + bits), RoundInfo(bits)
 
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         return (n, d)  # the workers' rows G (and H with partial participation)
