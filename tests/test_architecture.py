@@ -128,7 +128,8 @@ def test_import_permk_is_light() -> None:
 def test_every_update_returns_a_state_and_its_round(name: str) -> None:
     method = method_catalog()[name]
     q = permk.Quadratic.synthetic(6, 12, lam=1e-2, noise_scale=0.2, seed=0)
-    comp = {"marina": permk.PermK(), "ef21": permk.TopK(3), "gd": permk.Identity(), "dcgd": permk.RandK(4), "dasha": permk.PermK()}[name]
+    comp = {"marina": permk.PermK(), "ef21": permk.TopK(3), "gd": permk.Identity(), "dcgd": permk.RandK(4),
+            "diana": permk.PermK(), "rand_diana": permk.RandK(4), "dcgd_shifted": permk.PermK(), "dasha": permk.PermK()}[name]
     res = permk.run(method, q, comp, rounds=3, seed=1, gamma=0.05)
     assert isinstance(res.state, method.state_type) and res.state.round == 3
     from permk.backends import Simulator
