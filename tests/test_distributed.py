@@ -480,4 +480,5 @@ def test_shifted_methods_resume_on_mpi_from_a_simulator_state(nprocs: int) -> No
     rows; RandDIANA and shifted DCGD resume their shift point: the run continues bit for bit."""
     proc = _launch(nprocs, "resume.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.split() == ["diana|True", "rand_diana|True", "dcgd_shifted|True"]
+    assert proc.stdout.split() == ["diana|True", "rand_diana|True", "dcgd_shifted|True", "dasha|True", "dasha_pp|True",
+                                   "marina_pp|True"]
