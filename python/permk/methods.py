@@ -38,7 +38,7 @@ import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple, cast
 
 import numpy as np
 
@@ -877,9 +877,9 @@ class Dasha(Method):
         """The generic checks (:meth:`Method.resume`); ``H`` without columns (DASHA without
         participation keeps no ``h_i``) is cut to the held rows as ``G`` is."""
         if np.ndim(state.H) == 2 and np.shape(state.H)[1] == 0:
-            resumed = super().resume(replace(state, H=state.G), backend)
+            resumed = cast(DashaState, super().resume(replace(state, H=state.G), backend))
             return replace(resumed, H=np.zeros((resumed.G.shape[0], 0)))
-        return super().resume(state, backend)  # type: ignore[return-value]
+        return cast(DashaState, super().resume(state, backend))
 
 
 def _flag(value: Any, name: str) -> bool:
