@@ -22,6 +22,7 @@ from .methods import *  # noqa: F403 - every method and its state (methods.__all
 from .methods import __all__ as _methods
 from .participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
+from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
 from .theory.steps import ef21_stepsize as ef21_stepsize, marina_stepsize as marina_stepsize
 
 __all__ = [
@@ -33,6 +34,10 @@ __all__ = [
     "Problem",
     "Quadratic",
     "SyntheticQuadratic",
+    "FiniteSumProblem",
+    "NonconvexSigmoid",
+    "NonconvexMultiClass",
+    "NonconvexLogistic",
     "marina_stepsize",
     "ef21_stepsize",
 ]
