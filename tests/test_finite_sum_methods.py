@@ -113,6 +113,8 @@ def test_oracle_calls_and_bits() -> None:
     ("vr_marina", {"batch_size": 3}),
     ("marina_stochastic", {"batch_size": 3, "megabatch_size": 12}),
     ("sgd", {"batch_size": 3}),
+    ("dasha_page", {"batch_size": 3, "gamma": 0.3}),
+    ("dasha_mvr", {"batch_size": 3, "gamma": 0.3, "momentum": 0.2}),
 ])
 def test_resume_equals_an_uninterrupted_run(method: str, options: dict[str, int], tmp_path: object) -> None:
     p = _sigmoid(n=4, m=20)
@@ -180,3 +182,74 @@ def test_bad_input() -> None:
         permk.vr_marina(p, permk.TopK(2), rounds=1, seed=0, batch_size=2)
     with pytest.raises(ValueError, match="Identity"):
         permk.sgd(p, permk.PermK(), rounds=1, seed=0, batch_size=2)
+
+
+@pytest.mark.parametrize("method", ["dasha_page", "dasha_mvr"])
+def test_dasha_page_and_mvr_rounds_equal_a_loop_over_workers(method: str) -> None:
+    """DASHA with PAGE or MVR estimators against a loop over workers: each worker's estimator
+    (full gradient on the shared coin's heads for PAGE, else its minibatch at both points), its
+    message C_i(h_i⁺ − h_i − a(g_i − h_i)), the mean in worker order."""
+    from permk import _core
+
+    p = _sigmoid(n=3, m=10, features=5)
+    b, gamma, T, seed, beta = 4, 0.3, 25, 9, 0.3
+    page = method == "dasha_page"
+    options = {"p": 0.3} if page else {"momentum": beta}
+    res = permk.run(permk.methods.catalog()[method], p, permk.PermK(), rounds=T, seed=seed, batch_size=b, gamma=gamma, **options)
+    comp = permk.PermK()
+    a = 1 / (2 * comp.omega(p.n, p.d) + 1)
+    assert res.params["a"] == pytest.approx(a)
+    x = p.x0.copy()
+    H = p.local_grads(x)
+    G = H.copy()
+    g = H.mean(axis=0)
+    calls = [0.0]
+    for t in range(T):
+        x_new = x - gamma * g
+        heads = page and _core.coin(seed, t, 0.3)
+        acc = np.zeros(p.d)
+        H_new = np.empty_like(H)
+        for i in range(p.n):
+            if heads:
+                H_new[i] = p.local_grads(x_new)[i]
+            else:
+                gx, gy = p.minibatch_grads_pair(x_new, x, b, seed=seed, round=t, workers=[i])
+                H_new[i] = H[i] + gx[0] - gy[0] if page else gx[0] + (1 - beta) * (H[i] - gy[0])
+            msg = comp.compress(H_new[i] - H[i] - a * (G[i] - H[i]), worker=i, n_workers=p.n, seed=seed, round=t).to_dense()
+            G[i] += msg
+            acc += msg
+        calls.append(calls[-1] + (10 if heads else 2 * b))
+        g = g + acc / p.n
+        x, H = x_new, H_new
+    np.testing.assert_allclose(res.x, x, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(res.state.G, G, rtol=1e-10, atol=1e-13)
+    assert np.array_equal(res.oracle_calls, calls)
+    assert np.array_equal(np.diff(res.bits_per_worker), np.full(T, 32.0 * math.ceil(p.d / p.n)))
+    if page:
+        assert res.coins.any() and not res.coins.all()
+
+
+def test_shifted_rows_is_the_shifted_exchange_of_given_rows() -> None:
+    p = _sigmoid(n=4, m=10, features=9)
+    rng = np.random.default_rng(3)
+    x, y = rng.standard_normal(p.d), rng.standard_normal(p.d)
+    H0 = rng.standard_normal((p.n, p.d))
+    for comp in (permk.PermK(), permk.RandK(3)):
+        sim = Simulator(p, path="dense")
+        rows = p.local_grads(x) - 0.7 * p.local_grads(y)
+        got, H = ex.shifted_rows(sim, comp, H0, rows, beta=0.2, alpha=0.5, seed=4, round=7)
+        want, H_want = ex.shifted(sim, comp, H0, x, y, c=0.7, beta=0.2, alpha=0.5, seed=4, round=7)
+        assert np.array_equal(got, want) and np.array_equal(H, H_want)
+    assert not np.shares_memory(H, H0)
+
+
+def test_dasha_page_and_mvr_need_a_step_and_their_options() -> None:
+    p = _sigmoid()
+    with pytest.raises(ValueError, match="pass gamma"):
+        permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=2)
+    with pytest.raises(TypeError, match="momentum"):
+        permk.dasha_mvr(p, permk.PermK(), rounds=1, seed=0, batch_size=2, gamma=0.1)
+    with pytest.raises(ValueError, match="momentum"):
+        permk.dasha_mvr(p, permk.PermK(), rounds=1, seed=0, batch_size=2, gamma=0.1, momentum=1.5)
+    page = permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=3, gamma=0.1)
+    assert page.params["p"] == pytest.approx(3 / (3 + 30))

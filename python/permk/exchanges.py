@@ -18,6 +18,8 @@ evaluates the held workers' oracles and moves numbers between them:
 * :data:`compressed_mean_rows` ``(backend, c, rows)`` — ``(1/n) Σ_i C_i(v_i)`` of rows the
   method computed for the held workers (VR-MARINA's minibatch differences, from
   :func:`minibatch_grads_pair`): the dense path alone, as the inputs are given whole;
+  :data:`shifted_rows` ``(backend, c, H, rows, *, beta, alpha)`` the same with the shifted
+  exchange's ``h_i`` (DASHA-PAGE, DASHA-MVR);
 * :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
   rows (the methods' initial exchanges, SGD's round);
 * :func:`minibatch_grads`, :func:`minibatch_grads_pair` — the held workers' minibatch gradients
@@ -71,6 +73,8 @@ __all__ = [
     "error_feedback",
     "CompressedMeanRows",
     "compressed_mean_rows",
+    "ShiftedRows",
+    "shifted_rows",
     "local_grads",
     "minibatch_grads",
     "minibatch_grads_pair",
@@ -321,13 +325,31 @@ class CompressedMeanRows(_Compressed):
         return {"dense": True}
 
     def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
-        return x  # the given rows (see __call__)
+        return _combine(x, None, coef, H, beta)  # the given rows (see __call__), less β h_i when shifted
 
-    def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
+    def _rows(self, backend: Transport, rows: Array, what: str = "rows") -> Array:
         rows = np.asarray(rows, dtype=np.float64)
         if rows.shape != (len(backend.workers), backend.d):
-            raise ValueError(f"rows must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {rows.shape}")
-        return self._mean(backend, compressor, rows, None, 1.0, None, 1.0, None, seed, round)[0]
+            raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {rows.shape}")
+        return rows
+
+    def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
+        return self._mean(backend, compressor, self._rows(backend, rows), None, 1.0, None, 1.0, None, seed, round)[0]
+
+
+class ShiftedRows(CompressedMeanRows):
+    """The shifted exchange of given rows: worker ``i`` sends ``m_i = C_i(v_i − β h_i)`` for the
+    row ``v_i`` the method computed (DASHA-PAGE's and DASHA-MVR's ``h_i^{t+1} − (1 − a)h_i^t``)
+    and keeps ``h_i + α m_i``; returns ``((1/n) Σ_i m_i, H + α M)``. The dense path."""
+
+    name = "shifted_rows"
+
+    def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,  # type: ignore[override]
+                 beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
+        H = self._rows(backend, H, "H")
+        mean, new = self._mean(backend, compressor, self._rows(backend, rows), None, 1.0, H, float(beta), float(alpha), seed, round)
+        assert new is not None
+        return mean, new
 
 
 #: The exchange objects the methods call.
@@ -337,6 +359,7 @@ compressed_mean_diff = CompressedMeanDiff()
 shifted = Shifted()
 error_feedback = Shifted(unit=True)
 compressed_mean_rows = CompressedMeanRows()
+shifted_rows = ShiftedRows()
 
 
 def local_grads(backend: Transport, x: Array) -> Array:

@@ -76,6 +76,7 @@ __all__ = [
     "RandDianaState",
     "DashaState",
     "DashaPPState",
+    "DashaVRState",
     "RoundInfo",
     "RunResult",
     "Method",
@@ -87,6 +88,8 @@ __all__ = [
     "diana",
     "rand_diana",
     "dasha",
+    "dasha_page",
+    "dasha_mvr",
     "vr_marina",
     "marina_stochastic",
     "sgd",
@@ -312,6 +315,16 @@ class DashaPPState(DashaState):
 
     H: Array = field(kw_only=True)
     h_weight: float = field(kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class DashaVRState(DashaState):
+    """DASHA-PAGE's and DASHA-MVR's state: DASHA's, with the workers' gradient estimators
+    ``H = [h_i^t]`` (the rows this process holds)."""
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker", "H": "per_worker"}
+
+    H: Array = field(kw_only=True)
 
 
 def save_state(state: State, path: Any) -> None:
@@ -1185,6 +1198,104 @@ class Dasha(Method):
                             bits=state.bits + bits), RoundInfo(bits)
 
 
+class DashaPage(Dasha):
+    """DASHA-PAGE (Tyurin & Richtárik 2022, "DASHA: Distributed nonconvex optimization with
+    communication compression, optimal oracle complexity, and no client synchronization"; the
+    authors' ``zero_marina_page``) on a finite-sum problem: DASHA whose workers' gradients are
+    PAGE estimators ``h_i``. ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)``; ``x^{t+1} = x^t − γ g^t``; on heads of a
+    shared coin ``Be(p)`` of ``(seed, t)`` (the authors' default, one coin for all workers)
+    ``h_i^{t+1} = ∇f_i(x^{t+1})`` (``m_i`` oracle calls), else ``h_i^{t+1} = h_i^t +
+    ∇f_{iB}(x^{t+1}) − ∇f_{iB}(x^t)`` (``b`` samples from ``(seed, t, i)``, ``2b`` calls); worker
+    ``i`` sends ``m_i = C_i(h_i^{t+1} − h_i^t − a(g_i^t − h_i^t))``, keeps ``g_i + m_i``;
+    ``g^{t+1} = g^t + (1/n) Σ m_i``. Defaults: ``a = 1/(2ω + 1)`` (the authors'
+    ``_estimate_momentum``, algorithm.py:864-865) and ``p = b/(b + m)`` (their ``_estimate_prob``,
+    algorithm.py:1066-1068; ``m`` the largest ``m_i``). The authors' code takes the step as given
+    (``zero_marina_page_master``, algorithm.py:1030-1068, has no step rule): pass ``gamma``.
+    Options: ``batch_size`` (required), ``p``, ``a``. Every round sends one compressed message.
+    """
+
+    name = "dasha_page"
+    label = "DASHA-PAGE"
+    state_type = DashaVRState
+    exchange = ex.shifted_rows
+    has_coin = True
+    needs_finite_sum = True
+    parameters_read_problem = True
+    example_options = {"batch_size": 2}
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
+                   batch_size: Any = None, a: Any = None, p: Any = None) -> dict[str, Any]:
+        b = _batch_size(batch_size, self)
+        m = float(_sample_counts(problem, self, n).max())
+        own = super().parameters(compressor, n, d, float_bits=float_bits, a=a)
+        return {**own, "batch_size": b, "p": b / (b + m) if p is None else check_probability(p)}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step): pass gamma=")
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaVRState:
+        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
+        return DashaVRState(x=x0, g=g, G=grads, H=grads.copy(), round=0, seed=seed)
+
+    def estimators(self, state: DashaVRState, x: Array, backend: Backend, params: dict[str, Any]) -> tuple[Array, bool | None, float | None]:
+        """``h_i^{t+1}`` of the held workers, the round's coin and its oracle calls (None: one full gradient)."""
+        if _core.coin(state.seed, state.round, params["p"]):
+            return ex.local_grads(backend, x), True, None
+        b = params["batch_size"]
+        gx, gy = ex.minibatch_grads_pair(backend, x, state.x, b, seed=state.seed, round=state.round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return state.H + (gx - gy), False, 2.0 * b
+
+    def update(self, state: DashaVRState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DashaVRState, RoundInfo]:  # type: ignore[override]
+        if not isinstance(state, DashaVRState):
+            raise TypeError(f"{self.label} continues a DashaVRState, got a {type(state).__name__}")
+        a = params["a"]
+        x = state.x - params["gamma"] * state.g
+        H, coin, calls = self.estimators(state, x, backend, params)
+        with np.errstate(invalid="ignore", over="ignore"):
+            v = H - (1 - a) * state.H
+        mean, G = ex.shifted_rows(backend, compressor, state.G, v, beta=a, seed=state.seed, round=state.round)
+        bits = params["bits"]["compressed"]
+        return (DashaVRState(x=x, g=state.g + mean, G=G, H=np.asarray(H, dtype=np.float64), round=state.round + 1, seed=state.seed,
+                             bits=state.bits + bits), RoundInfo(bits, coin, calls))
+
+
+class DashaMVR(DashaPage):
+    """DASHA-MVR (Tyurin & Richtárik 2022, "DASHA: Distributed nonconvex optimization with
+    communication compression, optimal oracle complexity, and no client synchronization"; the
+    authors' ``zero_marina_stochastic``): DASHA whose workers' gradients are momentum
+    (MVR/STORM) estimators, ``h_i^{t+1} = ∇f_{iB}(x^{t+1}) + (1 − β)(h_i^t − ∇f_{iB}(x^t))``
+    (the same ``b`` samples from ``(seed, t, i)`` at both points, ``2b`` calls), with
+    ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)`` (the authors start from a megabatch; the start is not counted);
+    the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
+    ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code, and so is the
+    step (``zero_marina_stochastic_master``, algorithm.py:978-995, has no step rule): pass
+    ``gamma``. Options: ``batch_size``, ``momentum`` (required), ``a``.
+    """
+
+    name = "dasha_mvr"
+    label = "DASHA-MVR"
+    has_coin = False
+    example_options = {"batch_size": 2, "momentum": 0.5}
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
+                   batch_size: Any = None, a: Any = None, momentum: Any = None) -> dict[str, Any]:
+        if momentum is None:
+            raise TypeError(f"{self.label} needs momentum= (β in (0, 1]: h_i ← ∇f_iB(x⁺) + (1 − β)(h_i − ∇f_iB(x)))")
+        beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
+        own = super().parameters(compressor, n, d, float_bits=float_bits, problem=problem, batch_size=batch_size, a=a, p=1.0)
+        del own["p"]
+        return {**own, "momentum": beta}
+
+    def estimators(self, state: DashaVRState, x: Array, backend: Backend, params: dict[str, Any]) -> tuple[Array, bool | None, float | None]:
+        b = params["batch_size"]
+        gx, gy = ex.minibatch_grads_pair(backend, x, state.x, b, seed=state.seed, round=state.round)
+        with np.errstate(invalid="ignore", over="ignore"):
+            return gx + (1 - params["momentum"]) * (state.H - gy), None, 2.0 * b
+
+
 def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -1392,6 +1503,8 @@ dcgd_shifted = ShiftedDCGD()
 diana = Diana()
 rand_diana = RandDiana()
 dasha = Dasha()
+dasha_page = DashaPage()
+dasha_mvr = DashaMVR()
 vr_marina = VRMarina()
 marina_stochastic = StochasticMarina()
 sgd = SGD()

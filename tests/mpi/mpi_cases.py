@@ -4,7 +4,8 @@ A case is a dict: ``method`` (a name of :func:`permk.methods.catalog`), problem 
 and ``noise``, the compressor, ``rounds``, ``seed``, ``mode``, ``reduce`` and optional
 ``path``/``gamma``/``p``/``options`` (the method's own); ``full_with_compressed`` marks a method
 whose coin's heads send full gradients besides the compressed message (RandDIANA),
-``full_rounds`` one whose every round sends a full vector (SGD), ``problem`` a problem other than
+``full_rounds`` one whose every round sends a full vector (SGD), ``coin_compressed`` one whose
+coin changes what a worker computes, not what it sends (DASHA-PAGE), ``problem`` a problem other than
 the synthetic quadratic (``"lsq"``: a user's LocalProblem; ``"sigmoid"``). The
 MPI side (``run_cases.py``) and the test (the simulator) build the same problem from it.
 """
@@ -77,6 +78,10 @@ CASES: dict[str, dict[str, Any]] = {
                                    problem="sigmoid", options={"batch_size": 3}),
     "marina_stochastic_permk": dict(method="marina_stochastic", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered",
                                     problem="sigmoid", options={"batch_size": 3, "megabatch_size": 12}),
+    "dasha_page_permk": dict(method="dasha_page", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered", problem="sigmoid",
+                             gamma=0.3, options={"batch_size": 3}, coin_compressed=True),
+    "dasha_mvr_randk_server": dict(method="dasha_mvr", n=4, d=12, comp=("RandK", 3), mode="server", reduce="ordered",
+                                   problem="sigmoid", gamma=0.3, options={"batch_size": 3, "momentum": 0.3}),
     "sgd_sigmoid": dict(method="sgd", n=4, d=12, comp=None, mode="p2p", reduce="ordered", problem="sigmoid",
                         options={"batch_size": 3}, full_rounds=True),
     # DASHA (the shifted exchange), DASHA-PP and MARINA with partial participation: s of n
