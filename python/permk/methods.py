@@ -1,7 +1,7 @@
 """Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes,
 DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps), DASHA and DASHA-PP
-(their theorems' steps), and on finite-sum problems VR-MARINA, online stochastic MARINA and
-minibatch SGD.
+(their theorems' steps), and on finite-sum problems VR-MARINA, online stochastic MARINA,
+DASHA-PAGE, DASHA-MVR and minibatch SGD.
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -15,7 +15,8 @@ single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 
 ``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` (``permk.dcgd_shifted``),
 ``permk.diana``, ``permk.rand_diana``, ``permk.dasha``, ``permk.vr_marina``,
-``permk.marina_stochastic`` and ``permk.sgd`` are the method objects themselves; calling one runs
+``permk.marina_stochastic``, ``permk.dasha_page``, ``permk.dasha_mvr`` and ``permk.sgd`` are the
+method objects themselves; calling one runs
 it in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)
