@@ -1127,8 +1127,8 @@ class Dasha(Method):
 
     name = "dasha"
     label = "DASHA"
-    state_type = DashaState
-    exchange = ex.shifted
+    state_type: ClassVar[type[State]] = DashaState
+    exchange: ClassVar[ex.Exchange] = ex.shifted
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, a: Any = None,  # type: ignore[override]
                    participation: Any = None) -> dict[str, Any]:
