@@ -36,6 +36,7 @@ from hypothesis.extra import numpy as hnp
 
 import permk
 import permk.compressors
+from permk import testing
 from permk import (
     QSGD,
     BlockPermK,
@@ -379,14 +380,14 @@ CATALOG = permk.compressors.catalog()
 def _example(cls: type[Compressor], k: int, n: int, d: int) -> Compressor | None:
     """Example ``k`` of ``cls`` for ``(n, d)``, or None where the class has none (a compressor
     defined for some ``(n, d)`` only, such as PermutationOfMappings)."""
-    examples = cls.examples(n, d)
+    examples = testing.examples(cls, n, d)
     return examples[k] if k < len(examples) else None
 
 
 FACTORIES: dict[str, Callable[[int, int], Compressor | None]] = {
     f"{name}[{k}]": (lambda n, d, cls=cls, k=k: _example(cls, k, n, d))
     for name, cls in CATALOG.items()
-    for k in range(max(len(cls.examples(n, d)) for n, d in ((2, 8), (4, 8), (5, 13))))
+    for k in range(max(len(testing.examples(cls, n, d)) for n, d in ((2, 8), (4, 8), (5, 13))))
 }
 
 
@@ -883,8 +884,8 @@ def _problem(draw: st.DrawFn) -> tuple[str, Compressor, np.ndarray]:
     n = draw(st.integers(1, 7), label="n")
     d = draw(st.integers(1, 9), label="d")
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="parameters"))
-    kind = draw(st.sampled_from([k for k in UNBIASED if CATALOG[k].examples(n, d)]), label="kind")
-    c = draw(st.sampled_from(CATALOG[kind].examples(n, d, rng=rng)), label="example")
+    kind = draw(st.sampled_from([k for k in UNBIASED if testing.examples(CATALOG[k], n, d)]), label="kind")
+    c = draw(st.sampled_from(testing.examples(CATALOG[kind], n, d, rng=rng)), label="example")
     A = draw(hnp.arrays(np.float64, (n, d), elements=_values), label="A")
     if draw(st.booleans(), label="common mean"):  # the regime where IV compressors shine
         A = A + draw(hnp.arrays(np.float64, (1, d), elements=_values), label="mean")
@@ -894,8 +895,8 @@ def _problem(draw: st.DrawFn) -> tuple[str, Compressor, np.ndarray]:
 @given(_problem(), st.integers(0, 2**64 - 1))
 def test_unbiased_and_ab_monte_carlo(problem: tuple[str, Compressor, np.ndarray], seed: int) -> None:
     kind, c, A = problem
-    # the compressors whose AB inequality is an equality say so (ab_exact)
-    rep = monte_carlo_check(c, A, rounds=2000, seed=seed, equality=c.ab_exact, bound=c.magnitude_bound(A))
+    # the compressors whose AB inequality is an equality say so (their testing hook ab_exact)
+    rep = monte_carlo_check(c, A, rounds=2000, seed=seed, equality=testing.ab_exact(c), bound=testing.magnitude_bound(c, A))
     assert rep.ok, f"{c.name} n,d={A.shape}: {rep.failures}"
 
 
@@ -1349,10 +1350,11 @@ def test_blockpermk_with_n_blocks_has_permks_constants_exactly(n: int, d: int) -
     # the seeded plans are these plans (contiguous ranges, every coordinate sent once)
     for t in range(5):
         plan = BlockPermK(n).plan(n, d, seed=4, round=t)
-        ranges = BlockPermK(n).plan_ranges(n, d, seed=4, round=t)
+        ranges = BlockPermK(n).round(n, d, seed=4, round=t).ranges()
         assert plan.disjoint and ranges is not None
+        starts, stops, _ = ranges
         for i in range(n):
-            np.testing.assert_array_equal(plan.worker(i), np.arange(ranges.starts[i], ranges.stops[i]))
+            np.testing.assert_array_equal(plan.worker(i), np.arange(starts[i], stops[i]))
         assert sorted(plan.coords.tolist()) == list(range(d))
 
 
@@ -1512,7 +1514,7 @@ def test_the_new_compressors_compose_with_a_quantizer(sparsifier: Compressor) ->
     c = Compose(sparsifier, NaturalCompression())
     assert (c.kernel is not None) == (sparsifier.kernel is not None)
     A = _mutation_input(4, 8)
-    rep = monte_carlo_check(c, A, rounds=3000, seed=4, bound=c.magnitude_bound(A))
+    rep = monte_carlo_check(c, A, rounds=3000, seed=4, bound=testing.magnitude_bound(c, A))
     assert rep.ok, rep.failures
 
 

@@ -7,6 +7,8 @@ The layers, bottom up: the Rust core (``permk._core``); :mod:`permk.compressors`
 :mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity);
 :mod:`permk.backends` (how workers exchange messages) and :mod:`permk.methods` (MARINA, EF21,
 GD, DCGD, each defined once); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
+:func:`permk.register` adds a compressor or a method defined outside the package to the
+catalogs (:mod:`permk.registry`).
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.
 """
 
@@ -21,6 +23,7 @@ from .compressors import __all__ as _compressors
 from .methods import *  # noqa: F403 - every method and its state (methods.__all__)
 from .methods import __all__ as _methods
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
+from .registry import register as register
 from .theory.steps import ef21_stepsize as ef21_stepsize, marina_stepsize as marina_stepsize
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "Problem",
     "Quadratic",
     "SyntheticQuadratic",
+    "register",
     "marina_stepsize",
     "ef21_stepsize",
 ]

@@ -44,6 +44,7 @@ from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
+from .registry import Catalog
 from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
 
 __all__ = [
@@ -232,6 +233,20 @@ class RunResult:
 # ---------------------------------------------------------------------------------------------
 # the method definition
 # ---------------------------------------------------------------------------------------------
+def _check_registrable(obj: Any) -> None:
+    if not isinstance(obj, Method):
+        raise TypeError(f"register: a method is registered as its object, an instance of a permk.Method subclass, got {obj!r}")
+
+
+def _package_methods() -> dict[str, Method]:
+    """The method objects this module defines, by name."""
+    return {m.name: m for m in globals().values() if isinstance(m, Method)}
+
+
+#: The catalog of method objects (:func:`catalog`, :func:`permk.register`).
+METHODS = Catalog("method", key=lambda m: m.name, check=_check_registrable, builtins=_package_methods)
+
+
 class Method(abc.ABC):
     """One distributed method, defined once (see the module docstring).
 
@@ -257,6 +272,8 @@ class Method(abc.ABC):
     state_type: ClassVar[type[State]]
     exchange: ClassVar[str]
     has_coin: ClassVar[bool] = False
+    #: The catalog a method object joins with :func:`permk.register`.
+    catalog_kind: ClassVar[Catalog] = METHODS
 
     @abc.abstractmethod
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, **options: Any) -> dict[str, Any]:
@@ -676,6 +693,7 @@ dcgd = DCGD()
 
 
 def catalog() -> dict[str, Method]:
-    """The package's method objects by name (``"marina"``, ``"ef21"``, …): what the experiments'
-    ``--methods METHOD-COMPRESSOR`` resolves."""
-    return {m.name: m for m in globals().values() if isinstance(m, Method)}
+    """The method objects by name (``"marina"``, ``"ef21"``, …): the package's, then those
+    registered from outside it (:func:`permk.register`, the ``permk.plugins`` entry points).
+    What the experiments' ``--methods METHOD-COMPRESSOR`` resolves."""
+    return METHODS.all()
