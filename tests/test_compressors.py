@@ -1,4 +1,4 @@
-"""Tests of the compressors (issue 2): exactness, randomness, agreement, bad input, theory.
+"""Tests of the compressors: exactness, randomness, agreement, bad input, theory.
 
 Sections:
 

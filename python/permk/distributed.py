@@ -103,7 +103,6 @@ __all__ = [
     "gd",
     "dcgd",
     "install_excepthook",
-    "synthetic_local",
 ]
 
 Array = np.ndarray
@@ -345,13 +344,6 @@ class LocalView:
 
     def __repr__(self) -> str:
         return f"LocalView({self.problem!r}, workers={self.workers})"
-
-
-def synthetic_local(n: int, d: int, lam: float, noise_scale: float, seed: int = 0, *, comm: Any = None) -> LocalView:
-    """This process's view of :meth:`permk.Quadratic.synthetic` (what ``permk quadratic --mpi`` runs)."""
-    from .problems import SyntheticQuadratic
-
-    return LocalView(SyntheticQuadratic(n, d, lam, noise_scale, seed=seed), comm=comm)
 
 
 def as_local(problem: Any, comm: Any = None) -> Any:
