@@ -1538,3 +1538,17 @@ def test_a_quantized_compressor_keeps_the_sparsifiers_size_properties() -> None:
         inner, c = sparsifier.capabilities, permk.Compose(sparsifier, permk.QSGD(2)).capabilities
         assert (c.unbiased, c.fixed_size, c.random_size, c.needs_indices) == (inner.unbiased, inner.fixed_size, inner.random_size, inner.needs_indices)
         assert not c.shared_plan and not c.deterministic and c.tunable is None
+
+
+@pytest.mark.parametrize("name", list(FACTORIES))
+def test_every_example_meets_its_ab_constants(name: str) -> None:
+    """Each example of the catalog (a registered compressor's too) at one ``(n, d)``: unbiased
+    and within its stated AB inequality by Monte Carlo, with equality where its testing hook
+    says so (the hypothesis test above draws the examples at random instead)."""
+    n, d = 4, 8
+    c = FACTORIES[name](n, d)
+    if c is None or not _defined(c, n, d) or not c.capabilities.unbiased or c.ab_constants(n, d) is None:
+        pytest.skip(f"{name} states no AB constants at (n, d) = ({n}, {d})")
+    A = _mutation_input(n, d)
+    rep = monte_carlo_check(c, A, rounds=1500, seed=5, equality=testing.ab_exact(c), bound=testing.magnitude_bound(c, A))
+    assert rep.ok, f"{c.name}: {rep.failures}"
