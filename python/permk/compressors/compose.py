@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _core
+from .._core import Spec
 from ..testing import magnitude_bound
 from .base import Capabilities, Compressor, Message
 from .independent import RandK, TopK
@@ -57,9 +57,9 @@ class Compose(Compressor):
         return dataclasses.replace(self.sparsifier.capabilities, shared_plan=False, deterministic=False, tunable=None)
 
     @cached_property
-    def kernel(self) -> _core.Spec | None:  # type: ignore[override]
+    def kernel(self) -> Spec | None:  # type: ignore[override]
         if isinstance(self.sparsifier, Sparsifier):
-            return _core.Spec(**self.sparsifier.kernel_args(), **self.quantizer.quantizer_args())
+            return Spec(**self.sparsifier.kernel_args(), **self.quantizer.quantizer_args())
         return None
 
     @property

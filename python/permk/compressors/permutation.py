@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _core
+from .._core import permutation as shared_permutation
 from .._validate import as_float_array, check_int, check_partition, check_seed
 from ..testing import magnitude_bound
 from .base import Capabilities, Compressor, Message, Plan, VarianceBound
@@ -544,7 +544,7 @@ class PermutationOfMappings(Compressor):
         n = check_int(n_workers, "n_workers", low=1)
         w = check_int(worker, "worker", high=n)
         self.check(n, x.shape[0])
-        u = int(_core.permutation(check_seed(seed), check_int(round, "round"), n)[w])
+        u = int(shared_permutation(check_seed(seed), check_int(round, "round"), n)[w])
         y = self._apply(u, x)
         sup = self._supports
         idx = np.arange(x.shape[0]) if sup is None else sup[u]

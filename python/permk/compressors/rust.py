@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .. import _core
+from .._core import Spec
 from .._validate import as_float_array, check_int, check_seed
 from .base import Compressor, Message, PendingRound, Plan, Round
 
@@ -27,8 +27,8 @@ class RustCompressor(Compressor):
         ``"quantizer"``)."""
 
     @cached_property
-    def kernel(self) -> _core.Spec:  # type: ignore[override]
-        return _core.Spec(**self.kernel_args())
+    def kernel(self) -> Spec:  # type: ignore[override]
+        return Spec(**self.kernel_args())
 
     def check(self, n: int, d: int) -> None:
         super().check(n, d)
