@@ -481,12 +481,6 @@ class Compressor(abc.ABC):
             raise ValueError(f"non-finite value (NaN or inf) in the compressed output of worker {w}")
         return Message(worker=w, n_workers=n, d=x.shape[0], indices=idx, values=vals)
 
-    def decompress(self, msg: Message, d: int | None = None) -> np.ndarray:
-        """``C_i(x)`` as a vector of ``R^d`` from worker ``i``'s message."""
-        if d is not None and d != msg.d:
-            raise ValueError(f"d = {d} does not match the message's d = {msg.d}")
-        return msg.to_dense()
-
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         """The round's coordinates per worker when they depend only on ``(seed, round)``
         (``capabilities.shared_plan``: PermK, RandK, BlockPermK), else None."""
