@@ -30,6 +30,7 @@ import numpy as np
 from .._validate import as_float_array, check_int, check_seed
 from ..registry import Catalog
 
+
 @dataclass(frozen=True, eq=False)
 class Message:
     """What one worker sends in one round: ``values`` at coordinates ``indices`` of ``R^d``.
