@@ -1,31 +1,23 @@
-"""Communication backends: the ``n`` workers of a problem as seen by one process, with the
-exchanges the methods are made of.
+"""Backends: the ``n`` workers of a problem as one process sees them, and the transport the
+exchanges of :mod:`permk.exchanges` run over.
 
-A method (:mod:`permk.methods`) never talks to workers directly; each round it asks its backend
-for one of these exchanges, and the backend evaluates the oracles the fastest way the problem
-and the compressor allow:
+A backend evaluates the oracles of the workers it holds and moves numbers between workers; it
+does no method's arithmetic:
 
-* ``mean_grad(x)`` — ``(1/n) Σ_i ∇f_i(x)``: every worker sends its whole gradient;
-* ``compressed_mean(c, x)`` — ``(1/n) Σ_i C_i(∇f_i(x))``;
-* ``compressed_mean_diff(c, x, y)`` — ``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))`` (MARINA);
-* ``error_feedback(c, x, G)`` — worker ``i`` sends ``c_i = C_i(∇f_i(x) − G_i)`` and keeps
-  ``G_i + c_i``: returns ``((1/n) Σ_i c_i, G + C)`` (EF21);
-* ``local_grads(x)`` and ``mean_rows(V)`` — the held workers' gradients, and an average of
-  per-worker rows (EF21's initial exchange);
+* ``local_grads(x)``, ``coords(x, rows, cols)`` — the held workers' gradients, whole or at
+  some coordinates (``problem.local_grad_coords``); ``kernel`` — the problem's native kernel;
+* ``mean_grad(x)``, ``mean_rows(V)`` — the mean of whole per-worker vectors;
+* ``plan(c, seed, round)`` — a round's shared plan (:meth:`permk.Compressor.round`);
+* ``mean_values(c, r, fill)`` — a shared plan's values gathered in worker order and summed by
+  the round (only values travel);
+* ``mean_pairs(c, msgs)`` — messages sent as ``(index, value)`` pairs, summed in worker order;
+* ``own(H)`` — per-worker rows the backend may update in place (see :mod:`permk.exchanges`);
 * ``metrics(x)`` — ``‖∇f(x)‖²`` and ``f(x) − f*`` for the record (not communication).
 
 :class:`Simulator` holds all ``n`` workers; :class:`permk.distributed.MPIBackend` holds a block
-of them per process and exchanges messages with MPI. Both choose their path by capability:
-
-* ``"rust"`` — the problem has a native kernel (``problem.kernel``, e.g. the synthetic
-  quadratic) and the compressor one (``compressor.kernel``): the whole exchange is one Rust call;
-* ``"fused"`` — the compressor's coordinates are a pure function of ``(seed, round)``
-  (``capabilities.shared_plan``) and the problem has the coordinate oracle
-  ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
-  round instead of ``O(nd)``;
-* ``"dense"`` — whole local gradients, then the compressor's ``aggregate``.
-
-``path=`` forces one (for tests); the path a run used is in ``params["path"]``.
+of them per process and moves the numbers with MPI. Each exchange chooses its path
+(``"rust"``, ``"fused"``, ``"dense"``: :mod:`permk.exchanges`) from the capabilities of the
+problem and the compressor; ``path=`` forces one (for tests).
 """
 
 from __future__ import annotations
@@ -35,43 +27,20 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real
-from .compressors import Compressor
+from .compressors import Compressor, Messages, Round
+from .exchanges import PATHS, Exchange, Fill, Transport, choose_path
 
-__all__ = ["Backend", "Simulator", "EXCHANGES", "PATHS", "check_problem"]
+__all__ = ["Backend", "Simulator", "PATHS", "check_problem", "Paths"]
 
 Array = np.ndarray
 
-#: The exchanges a backend offers (a method declares the one its rounds are made of).
-EXCHANGES = ("mean_grad", "compressed_mean", "compressed_mean_diff", "error_feedback")
-#: Evaluation paths, fastest first.
-PATHS = ("rust", "fused", "dense")
-
-
 @runtime_checkable
-class Backend(Protocol):
-    """The workers of a run as one process sees them (see the module docstring)."""
+class Backend(Transport, Protocol):
+    """What a method's backend is: the transport of :mod:`permk.exchanges`, plus the record."""
 
-    n: int
-    d: int
-    workers: range
-
-    def path(self, compressor: Compressor, exchange: str) -> str:
-        """The path ``exchange`` takes with ``compressor`` (ValueError if a forced path is not available)."""
+    def metrics(self, x: Array) -> tuple[float, float | None]:
+        """``‖∇f(x)‖²`` and ``f(x) − f*`` (None without ``f*``), not counted as communication."""
         ...
-
-    def mean_grad(self, x: Array) -> Array: ...
-
-    def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array: ...
-
-    def compressed_mean_diff(self, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array: ...
-
-    def error_feedback(self, compressor: Compressor, x: Array, G: Array, *, seed: int, round: int) -> tuple[Array, Array]: ...
-
-    def local_grads(self, x: Array) -> Array: ...
-
-    def mean_rows(self, rows: Array) -> Array: ...
-
-    def metrics(self, x: Array) -> tuple[float, float | None]: ...
 
 
 def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "loss", "grad", "local_grads")) -> tuple[int, int]:
@@ -86,30 +55,40 @@ def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "lo
     return check_int(problem.n, "problem.n", low=1), check_int(problem.d, "problem.d", low=1)
 
 
-def finite(a: Array) -> bool:
-    """Whether every entry of an oracle's answer (or a difference of two) is finite: the dense
-    paths hand a compressor finite inputs only, and report the rest as divergence."""
-    return bool(np.isfinite(a).all())
+class Paths:
+    """The path of each (exchange, compressor) pair on one backend, chosen once: the fastest
+    available, or the forced one (``where`` ends the error message of an unavailable one)."""
+
+    def __init__(self, forced: str, where: str = "") -> None:
+        self.forced = check_choice(forced, "path", ("auto", *PATHS))
+        self.where = where
+        self._chosen: dict[tuple[int, str], tuple[Any, str]] = {}
+
+    def __call__(self, backend: Any, exchange: Exchange, compressor: Compressor | None) -> str:
+        key = (id(compressor), exchange.name)
+        hit = self._chosen.get(key)
+        if hit is None or hit[0] is not compressor:
+            what = exchange.name if compressor is None else f"{exchange.name} with {compressor.name}"
+            hit = self._chosen[key] = (compressor, choose_path(self.forced, exchange.available(backend, compressor), what + self.where))
+        return hit[1]
 
 
-def native_pair(problem: Any, compressor: Compressor) -> tuple[Any, Any] | None:
-    """``(problem.kernel, compressor.kernel)`` when both are native, else None."""
-    pk, ck = getattr(problem, "kernel", None), compressor.kernel
-    return (pk, ck) if pk is not None and ck is not None else None
+class Owned:
+    """Per-worker rows (an exchange's ``H``) a backend may update in place: the arrays it handed
+    out itself (the last few); any other array is copied first, so a caller's is never modified."""
 
+    KEEP = 4
 
-def choose_path(forced: str, available: dict[str, bool], what: str) -> str:
-    """The fastest available path, or the forced one (ValueError naming what it needs)."""
-    if forced == "auto":
-        return next(p for p in PATHS if available.get(p, False))
-    if not available.get(forced, False):
-        needs = {
-            "rust": "a problem with a native kernel (Quadratic.synthetic) and a compressor with a Rust kernel and a shared plan",
-            "fused": "a compressor with a shared plan (capabilities.shared_plan: PermK, RandK, BlockPermK, ...) and a problem "
-                     "with the coordinate oracle local_grad_coords(x, rows, cols)",
-        }.get(forced, "")
-        raise ValueError(f"path={forced!r} is not available for {what}: it needs {needs}")
-    return forced
+    def __init__(self) -> None:
+        self._arrays: list[Array] = []
+
+    def __call__(self, H: Array) -> Array:
+        for a in self._arrays:
+            if a is H:
+                return H
+        H = np.array(H, dtype=np.float64, order="C")
+        self._arrays = [H, *self._arrays[: self.KEEP - 1]]
+        return H
 
 
 class Simulator:
@@ -124,32 +103,23 @@ class Simulator:
         self.n, self.d = check_problem(problem)
         self.problem = problem
         self.workers = range(self.n)
-        self.forced = check_choice(path, "path", ("auto", *PATHS))
+        self.local = True
+        self._paths = Paths(path)
+        self.forced = self._paths.forced
+        self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
         self._grad: tuple[Array, Array] | None = None
-        self._own_G: Array | None = None  # EF21's estimators, owned by this backend (see error_feedback)
-        self._paths: dict[tuple[int, str], tuple[Compressor, str]] = {}
 
-    # -- paths ---------------------------------------------------------------------------------
-    def path(self, compressor: Compressor, exchange: str) -> str:
-        hit = self._paths.get((id(compressor), exchange))
-        if hit is None:
-            hit = self._paths[(id(compressor), exchange)] = (compressor, self._choose(compressor, exchange))
-        return hit[1]
+    def path(self, exchange: Exchange, compressor: Compressor | None) -> str:
+        return self._paths(self, exchange, compressor)
 
-    def _choose(self, compressor: Compressor, exchange: str) -> str:
-        check_choice(exchange, "exchange", EXCHANGES)
-        if exchange == "mean_grad":
-            return "dense"
-        shared = compressor.capabilities.shared_plan
-        coords = hasattr(self.problem, "local_grad_coords")
-        native = native_pair(self.problem, compressor)
-        available = {"dense": True, "fused": exchange != "error_feedback" and shared and coords}
-        if exchange == "compressed_mean_diff":
-            available["rust"] = native is not None and shared
-        elif exchange == "error_feedback":
-            available["rust"] = native is not None
-        return choose_path(self.forced, available, f"{exchange} with {compressor.name}")
+    @property
+    def kernel(self) -> Any:
+        return getattr(self.problem, "kernel", None)
+
+    @property
+    def has_coords(self) -> bool:
+        return hasattr(self.problem, "local_grad_coords")
 
     # -- oracles -------------------------------------------------------------------------------
     def local_grads(self, x: Array) -> Array:
@@ -161,7 +131,7 @@ class Simulator:
         self._rows = [(x, rows)] + self._rows[:1]
         return rows
 
-    def _coords(self, x: Array, rows: Array, cols: Array) -> Array:
+    def coords(self, x: Array, rows: Array, cols: Array) -> Array:
         return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
 
     def grad(self, x: Array) -> Array:
@@ -172,61 +142,21 @@ class Simulator:
         self._grad = (x, g)
         return g
 
-    # -- exchanges -----------------------------------------------------------------------------
+    # -- transport -----------------------------------------------------------------------------
     def mean_grad(self, x: Array) -> Array:
         return self.grad(x)
 
     def mean_rows(self, rows: Array) -> Array:
         return np.asarray(rows, dtype=np.float64).mean(axis=0)
 
-    def _plan_values(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int) -> Array:
-        """The fused path: only the plan's coordinates of the local gradients are computed."""
-        r = compressor.round(self.n, self.d, seed=seed, round=round)
-        rows, cols = r.rows(0, self.n), r.coords(0, self.n)
-        vals = self._coords(x, rows, cols)
-        if y is not None:
-            vals = vals - self._coords(y, rows, cols)
-        return r.mean(vals * r.scales()[rows])
+    def plan(self, compressor: Compressor, seed: int, round: int) -> Round:
+        return compressor.round(self.n, self.d, seed=seed, round=round)
 
-    def _diverged(self) -> Array:
-        """The aggregate of a round whose oracle values are not finite: NaN, which the driver
-        reports as divergence (``diverged_at``) instead of the compressor refusing its input."""
-        return np.full(self.d, np.nan)
+    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array:
+        return r.mean(np.asarray(fill(0, self.n, None, None), dtype=np.float64))
 
-    def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
-        if self.path(compressor, "compressed_mean") == "fused":
-            return self._plan_values(compressor, x, None, seed, round)
-        A = self.local_grads(x)
-        return compressor.aggregate(A, seed=seed, round=round) if finite(A) else self._diverged()
-
-    def compressed_mean_diff(self, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
-        path = self.path(compressor, "compressed_mean_diff")
-        if path == "rust":
-            return self.problem.kernel.compressed_mean_diff(compressor.kernel, x, y, seed, round)  # type: ignore[no-any-return]
-        if path == "fused":
-            return self._plan_values(compressor, x, y, seed, round)
-        new = self.local_grads(x)
-        with np.errstate(invalid="ignore", over="ignore"):
-            D = new - self.local_grads(y)
-        return compressor.aggregate(D, seed=seed, round=round) if finite(D) else self._diverged()
-
-    def error_feedback(self, compressor: Compressor, x: Array, G: Array, *, seed: int, round: int) -> tuple[Array, Array]:
-        """EF21's exchange. On the Rust path the estimators are updated in place in a buffer this
-        backend owns: a ``G`` it did not return itself (a resumed state) is copied first, so a
-        caller's state is never modified."""
-        if self.path(compressor, "error_feedback") == "rust":
-            if G is not self._own_G:
-                G = self._own_G = np.array(G, dtype=np.float64, order="C")
-            offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, 0)
-            if not ok:  # a non-finite residual: the run has diverged (G is left as it was)
-                return self._diverged(), G
-            return np.bincount(idx, weights=vals, minlength=self.d) / self.n, G
-        with np.errstate(invalid="ignore", over="ignore"):
-            D = self.local_grads(x) - G
-        if not finite(D):
-            return self._diverged(), G
-        C = compressor.compress_all(D, seed=seed, round=round)
-        return C.sum(axis=0) / self.n, G + C
+    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array:
+        return np.bincount(msgs.indices, weights=msgs.values, minlength=self.d) / self.n
 
     # -- record --------------------------------------------------------------------------------
     @property

@@ -84,8 +84,9 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real, start_point
-from .backends import EXCHANGES, PATHS, choose_path, finite, native_pair
+from .backends import Owned, Paths
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
+from .exchanges import Exchange, Fill
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
 from .problems import index_array
@@ -403,7 +404,10 @@ class MPIBackend:
             raise TypeError("the local problem needs local_grads(x) (the held workers' gradients) or local_grad(i, x)")
         self.mode = check_choice(mode, "mode", ("p2p", "server"))
         self.reduce = check_choice(reduce, "reduce", ("allreduce", "ordered"))
-        self.forced = check_choice(path, "path", ("auto", *PATHS))
+        self.local = False
+        self._paths = Paths(path, " on MPI")
+        self.forced = self._paths.forced
+        self.own = Owned()
         self.comm = _world(comm)
         self.MPI = _mpi()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
@@ -419,8 +423,6 @@ class MPIBackend:
         self.up = self.down = self.worker_max = self.theory = 0
         self._rows: list[tuple[Array, Array]] = []
         self._buffers: dict[tuple[int, str], Array] = {}
-        self._own_G: Array | None = None
-        self._paths: dict[tuple[int, str], tuple[Compressor, str]] = {}
         if not (isinstance(prefetch, bool) or prefetch == "auto"):
             raise TypeError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
         self.prefetch: bool | str = prefetch
@@ -430,21 +432,16 @@ class MPIBackend:
         self._agg: Array | None = None
 
     # -- paths ---------------------------------------------------------------------------------
-    def path(self, compressor: Compressor, exchange: str) -> str:
-        hit = self._paths.get((id(compressor), exchange))
-        if hit is None:
-            check_choice(exchange, "exchange", EXCHANGES)
-            if exchange == "mean_grad":
-                chosen = "dense"
-            else:
-                shared = compressor.capabilities.shared_plan
-                native = native_pair(self.problem, compressor) is not None
-                available = {"dense": True,
-                             "fused": exchange != "error_feedback" and shared and hasattr(self.problem, "local_grad_coords"),
-                             "rust": native and (exchange == "error_feedback" or shared)}
-                chosen = choose_path(self.forced, available, f"{exchange} with {compressor.name} on MPI")
-            hit = self._paths[(id(compressor), exchange)] = (compressor, chosen)
-        return hit[1]
+    def path(self, exchange: Exchange, compressor: Compressor | None) -> str:
+        return self._paths(self, exchange, compressor)
+
+    @property
+    def kernel(self) -> Any:
+        return getattr(self.problem, "kernel", None)
+
+    @property
+    def has_coords(self) -> bool:
+        return hasattr(self.problem, "local_grad_coords")
 
     # -- counters ------------------------------------------------------------------------------
     def take(self) -> tuple[int, int, int, int]:
@@ -480,10 +477,10 @@ class MPIBackend:
         self._rows = [(x, r)] + self._rows[:1]
         return r
 
-    def _coords(self, x: Array, rows: Array, cols: Array) -> Array:
+    def coords(self, x: Array, rows: Array, cols: Array) -> Array:
         return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
 
-    # -- exchanges -----------------------------------------------------------------------------
+    # -- transport -----------------------------------------------------------------------------
     def mean_rows(self, rows: Array) -> Array:
         """``(1/n) Σ_i v_i`` over all workers from the held rows ``v_i`` (one per held worker)."""
         n, d = self.n, self.d
@@ -513,7 +510,7 @@ class MPIBackend:
     def mean_grad(self, x: Array) -> Array:
         return self.mean_rows(self.local_grads(x))
 
-    def _round(self, compressor: Compressor, seed: int, round: int) -> Round:
+    def plan(self, compressor: Compressor, seed: int, round: int) -> Round:
         """Round ``round``'s plan: the one computed ahead if it is that round's, else computed now.
         Then round ``round + 1``'s plan is started on a background thread, to be ready when this
         round's communication is over (it is a pure function of ``(seed, round + 1)``): always
@@ -536,85 +533,27 @@ class MPIBackend:
             self._ahead = (compressor, (seed, round + 1), compressor.round_ahead(self.n, self.d, seed=seed, round=round + 1))
         return r
 
-    def _values(self, compressor: Compressor, r: Round, x: Array, y: Array | None, start: int, stop: int, exchange: str,
-                divide: int | None = None, out: Array | None = None) -> Array:
-        """Workers ``start..stop``'s values of round ``r``, in plan order, scaled:
-        ``scale_i * (∇f_i(x) − ∇f_i(y))_j`` (``y`` None: ``scale_i * ∇f_i(x)_j``), the same
-        bits on every path; with ``divide=n``, ``(v + 0)/n`` (the worker-order sum's term of a
-        disjoint round, divided), written into ``out`` when given."""
-        path = self.path(compressor, exchange)
-        if path == "rust":
-            return self.problem.kernel.round_values(r, x, y, start, stop, divide=divide, out=out)  # type: ignore[no-any-return]
-        if path == "fused":
-            rows, cols = r.rows(start, stop), r.coords(start, stop)
-            vals = self._coords(x, rows, cols)
-            if y is not None:
-                vals = vals - self._coords(y, rows, cols)
-            vals = vals * r.scales()[rows]
-            if divide is not None:
-                vals += 0.0
-                vals /= divide
-            if out is None:
-                return vals
-            out[...] = vals
-            return out
+    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array:
+        """``(1/n) Σ_i C_i(a_i)`` of a shared plan's round from the held workers' values
+        (``fill``): only values travel, gathered in worker order, and the round sums them — bit
+        for bit the simulator's. When every rank holds one worker and the round gives each worker
+        one contiguous block, the values are written in place (:meth:`_mean_in_place`)."""
+        if self.counting:
+            self.theory = self._theory_bytes(compressor)
+        if self.size == self.n and r.disjoint:
+            ranges = r.ranges()
+            if ranges is not None:
+                return self._mean_in_place(r, Ranges(*ranges), fill)
         ws = self.workers
-        D = self._inputs(x, y)
-        return r.gather(D[start - ws.start : stop - ws.start], start, divide=divide, out=out)
+        return self._mean_round(r, fill(ws.start, ws.stop, None, None))
 
-    def _inputs(self, x: Array, y: Array | None) -> Array:
-        """The held workers' compressor inputs ``∇f_i(x)`` (``y`` None) or ``∇f_i(x) − ∇f_i(y)``
-        on the dense path (non-finite values included: see :meth:`_messages`)."""
-        if y is None:
-            return self.local_grads(x)
-        with np.errstate(invalid="ignore", over="ignore"):
-            return self.local_grads(x) - self.local_grads(y)
-
-    def _messages(self, compressor: Compressor, D: Array, seed: int, round: int) -> Messages:
-        """The held workers' messages of inputs ``D``. A non-finite input (an oracle's NaN or
-        overflow) is not given to the compressor: the messages of zero inputs are sent with NaN
-        values instead, so every rank sees the divergence in the same round (``diverged_at``)."""
-        if finite(D):
-            return compressor.compress_rows(D, start=self.workers.start, n_workers=self.n, seed=seed, round=round)
-        msgs = compressor.compress_rows(np.zeros_like(D), start=self.workers.start, n_workers=self.n, seed=seed, round=round)
-        return msgs._replace(values=np.full(len(msgs.values), np.nan))
-
-    def _compressed(self, compressor: Compressor, x: Array, y: Array | None, seed: int, round: int, exchange: str) -> Array:
+    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array:
+        """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs."""
         if self.counting:
             self.theory = self._theory_bytes(compressor)
-        if compressor.capabilities.shared_plan:
-            r = self._round(compressor, seed, round)
-            if self.size == self.n and r.disjoint:
-                ranges = r.ranges()
-                if ranges is not None:  # one contiguous block per worker, one worker per rank
-                    return self._mean_in_place(compressor, r, Ranges(*ranges), x, y, exchange)
-            ws = self.workers
-            return self._mean_round(r, self._values(compressor, r, x, y, ws.start, ws.stop, exchange))
-        return self._mean_pairs(self._messages(compressor, self._inputs(x, y), seed, round), compressor)
+        return self._mean_pairs(msgs, compressor)
 
-    def compressed_mean(self, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
-        return self._compressed(compressor, x, None, seed, round, "compressed_mean")
-
-    def compressed_mean_diff(self, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
-        return self._compressed(compressor, x, y, seed, round, "compressed_mean_diff")
-
-    def error_feedback(self, compressor: Compressor, x: Array, G: Array, *, seed: int, round: int) -> tuple[Array, Array]:
-        """EF21's exchange for the held workers (see :meth:`permk.backends.Simulator.error_feedback`)."""
-        if self.counting:
-            self.theory = self._theory_bytes(compressor)
-        if self.path(compressor, "error_feedback") == "rust":
-            if G is not self._own_G:
-                G = self._own_G = np.array(G, dtype=np.float64, order="C")
-            offsets, idx, vals, ok = self.problem.kernel.error_feedback(compressor.kernel, x, G, seed, round, self.workers.start)
-            if not ok:  # every rank must see the divergence in the same round: send NaNs
-                vals = np.full(len(vals), np.nan)
-            return self._mean_pairs(Messages(offsets, idx, vals), compressor), G
-        with np.errstate(invalid="ignore", over="ignore"):
-            D = self.local_grads(x) - G
-        msgs = self._messages(compressor, D, seed, round)
-        return self._mean_pairs(msgs, compressor), G + msgs.dense(self.d)
-
-    def _mean_in_place(self, compressor: Compressor, r: Round, ranges: Ranges, x: Array, y: Array | None, exchange: str) -> Array:
+    def _mean_in_place(self, r: Round, ranges: Ranges, fill: Fill) -> Array:
         """A disjoint round in which every rank's one worker sends one contiguous block (BlockPermK
         with ``m = n``): each rank writes its values straight into its block of the aggregate
         buffer, and an ``Allgatherv`` in place (server: ``Gatherv`` to rank 0) whose
@@ -630,7 +569,7 @@ class MPIBackend:
         if out is not None and sum(counts) != self.d:
             out.fill(0.0)
         dest = out[lo:hi] if out is not None else self._buffer(hi - lo, np.float64)
-        vals = self._values(compressor, r, x, y, w, w + 1, exchange, divide=self.n, out=dest)
+        vals = fill(w, w + 1, self.n, dest)
         self._sent(vals.nbytes, vals.nbytes)
         spec = [out, counts, displs, self.MPI.DOUBLE]
         if self.mode == "p2p":
@@ -931,7 +870,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch)
         params = method_setup(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
                               record_every=record_every, step=rank == 0, **options)
-        params.update(path=backend.path(compressor, method.exchange), backend="mpi", mode=mode, reduce=reduce,
+        params.update(path=method.exchange.path(backend, compressor), backend="mpi", mode=mode, reduce=reduce,
                       n_procs=comm.Get_size())
         if state is not None:
             if not isinstance(state, method.state_type):

@@ -42,6 +42,7 @@ import numpy as np
 from . import _core
 from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
+from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
 from .registry import Catalog
@@ -250,9 +251,9 @@ METHODS = Catalog("method", key=lambda m: m.name, check=_check_registrable, buil
 class Method(abc.ABC):
     """One distributed method, defined once (see the module docstring).
 
-    A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the backend
-    exchange its rounds are made of: ``"compressed_mean_diff"``, ``"compressed_mean"``,
-    ``"error_feedback"`` or ``"mean_grad"``; it names the path in ``params["path"]``),
+    A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the exchange
+    object of :mod:`permk.exchanges` its compressed rounds are made of, e.g.
+    ``exchanges.compressed_mean_diff``; its path is the run's ``params["path"]``),
     ``has_coin``, and implements:
 
     * ``parameters(compressor, n, d, *, float_bits, **options)`` — validate that the compressor
@@ -270,7 +271,7 @@ class Method(abc.ABC):
 
     name: ClassVar[str]
     state_type: ClassVar[type[State]]
-    exchange: ClassVar[str]
+    exchange: ClassVar[ex.Exchange]
     has_coin: ClassVar[bool] = False
     #: The catalog a method object joins with :func:`permk.register`.
     catalog_kind: ClassVar[Catalog] = METHODS
@@ -343,7 +344,7 @@ class Marina(Method):
 
     name = "marina"
     state_type = MarinaState
-    exchange = "compressed_mean_diff"
+    exchange: ClassVar[ex.Exchange] = ex.compressed_mean_diff
     has_coin = True
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
@@ -372,15 +373,15 @@ class Marina(Method):
         return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> MarinaState:
-        return MarinaState(x=x0, g=np.array(backend.mean_grad(x0), dtype=np.float64), round=0, seed=seed)
+        return MarinaState(x=x0, g=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
 
     def update(self, state: MarinaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[MarinaState, RoundInfo]:
         x = state.x - params["gamma"] * state.g
         heads = bool(_core.coin(state.seed, state.round, params["p"]))
         if heads:
-            g, bits = backend.mean_grad(x), params["bits"]["full"]
+            g, bits = ex.mean_grad(backend, x), params["bits"]["full"]
         else:
-            g = state.g + backend.compressed_mean_diff(compressor, x, state.x, seed=state.seed, round=state.round)
+            g = state.g + ex.compressed_mean_diff(backend, compressor, x, state.x, seed=state.seed, round=state.round)
             bits = params["bits"]["compressed"]
         return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads)
 
@@ -397,7 +398,7 @@ class GD(Marina):
     a compressor: ``permk.gd(problem, rounds=…, seed=…)``."""
 
     name = "gd"
-    exchange = "mean_grad"
+    exchange = ex.mean_grad
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
         if not isinstance(compressor, Identity):
@@ -431,7 +432,7 @@ class EF21(Method):
 
     name = "ef21"
     state_type = EF21State
-    exchange = "error_feedback"
+    exchange = ex.error_feedback
 
     #: The round index of the compressed start's message (``init="compressed"``).
     INIT_ROUND = 2**64 - 1
@@ -456,14 +457,14 @@ class EF21(Method):
         if params.get("init", "full") == "compressed":
             # C(∇f_i(x⁰) − 0): EF21's own exchange from zero estimators, on every backend
             zero = np.zeros((len(backend.workers), backend.d))
-            g, G = backend.error_feedback(compressor, x0, zero, seed=seed, round=self.INIT_ROUND)
-            return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=np.array(G, dtype=np.float64), round=0, seed=seed)
-        G = np.array(backend.local_grads(x0), dtype=np.float64)
-        return EF21State(x=x0, g=backend.mean_rows(G), G=G, round=0, seed=seed)
+            g, G = ex.error_feedback(backend, compressor, zero, x0, seed=seed, round=self.INIT_ROUND)
+            return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=G, round=0, seed=seed)
+        G = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        return EF21State(x=x0, g=ex.mean_rows(backend, G), G=G, round=0, seed=seed)
 
     def update(self, state: EF21State, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[EF21State, RoundInfo]:
         x = state.x - params["gamma"] * state.g
-        mean, G = backend.error_feedback(compressor, x, state.G, seed=state.seed, round=state.round)
+        mean, G = ex.error_feedback(backend, compressor, state.G, x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
@@ -488,7 +489,7 @@ class DCGD(Method):
 
     name = "dcgd"
     state_type = DCGDState
-    exchange = "compressed_mean"
+    exchange = ex.compressed_mean
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
         if not compressor.capabilities.unbiased:
@@ -506,7 +507,7 @@ class DCGD(Method):
         return DCGDState(x=x0, round=0, seed=seed)
 
     def update(self, state: DCGDState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DCGDState, RoundInfo]:
-        step = backend.compressed_mean(compressor, state.x, seed=state.seed, round=state.round)
+        step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         x = state.x - params["gamma"] * step
         return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
@@ -680,7 +681,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
-    params["path"] = backend.path(compressor, method.exchange)
+    params["path"] = method.exchange.path(backend, compressor)
     first = start(method, problem, backend, compressor, params, state, x0, seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
 

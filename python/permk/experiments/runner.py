@@ -124,7 +124,7 @@ class Spec:
         ``compressor``: error feedback with a deterministic compressor (TopK) keeps equal ``g_i``,
         so the iterates do not depend on how many such workers there are (the experiments then
         run as few as they can)."""
-        return bool(self.method.exchange == "error_feedback" and compressor.capabilities.deterministic)
+        return bool(self.method.exchange.name == "error_feedback" and compressor.capabilities.deterministic)
 
     @property
     def label(self) -> str:
@@ -143,7 +143,7 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     out = []
     consts = Constants(L_minus=1.0, L_plus=1.0, L_pm=1.0)
     for mname, method in methods().items():
-        if method.exchange == "mean_grad":
+        if method.exchange.name == "mean_grad":
             continue  # GD: no compressor (it is MARINA with the identity)
         for cname, cls in catalog().items():
             try:
@@ -229,7 +229,7 @@ class SearchOptions:
     def rounds_for(self, spec: Spec) -> int:
         """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, twice
         that for error feedback (EF21), as the authors' configs."""
-        twice = self.horizon == "rounds" and spec.method.exchange == "error_feedback"
+        twice = self.horizon == "rounds" and spec.method.exchange.name == "error_feedback"
         return 2 * self.max_rounds if twice else self.max_rounds
 
     def budget(self, bits_to_target: float) -> float:
@@ -239,7 +239,7 @@ class SearchOptions:
     def method_options(self, spec: Spec) -> dict[str, Any]:
         """The method's own options of a run of ``spec``: an error-feedback method's start
         ``init`` (the methods :meth:`rounds_for` gives twice the rounds)."""
-        return {"init": self.ef21_init} if spec.method.exchange == "error_feedback" else {}
+        return {"init": self.ef21_init} if spec.method.exchange.name == "error_feedback" else {}
 
 
 #: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the

@@ -1,0 +1,111 @@
+"""The bytes a worker hands to MPI per round, measured, against the theory's: every method of
+the catalog with every compressor it accepts.
+
+Each method runs a few rounds of :func:`permk.distributed.run` on ``mpiexec -n PROCS`` (the
+synthetic quadratic, ``n`` workers in blocks over the ranks); the bytes of each compressed round
+are measured on the buffers handed to MPI (``bytes_per_worker``: the largest message of one
+worker). The theory's message, at 64-bit values: ``8 · floats_per_worker(n, d)`` bytes for a
+compressor with a shared plan (the receiver recomputes the coordinates: only values travel),
+plus a 32-bit index per value where the receiver needs the indices (TopK). Compressors without
+a shared plan that need no indices in theory (Identity, the quantizers) travel as (index,
+float64 value) pairs: their rows show the gap. Full-gradient rounds (MARINA's coin, GD) send
+``8d`` and are left out.
+
+    python benches/bench_mpi_bytes.py                 # launches mpiexec -n 4 itself
+    python benches/bench_mpi_bytes.py --procs 2 --n 8 --d 1000
+    mpiexec -n 4 python benches/bench_mpi_bytes.py --inner
+
+Prints a markdown table (one row per method × compressor). Exits 1 if a measured size differs
+from the theory's for a shared-plan compressor or TopK.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def compressors(n: int, d: int) -> list[Any]:
+    import permk
+
+    k = max(1, d // n)
+    return [permk.PermK(), permk.RandK(k), permk.BlockPermK(n), permk.TopK(k), permk.QSGD(4), permk.Identity()]
+
+
+def theory_bytes(c: Any, n: int, d: int) -> int:
+    """The message of the theory at 64-bit values: its values, and a 32-bit index per value
+    where the receiver needs the indices (TopK: data-dependent coordinates)."""
+    k = int(c.floats_per_worker(n, d))
+    return k * (12 if c.capabilities.needs_indices else 8)
+
+
+def claimed(c: Any) -> bool:
+    """Whether permk claims the theory's bytes on MPI for ``c``: shared-plan compressors send
+    values only, TopK sends (index, value) pairs. The others (Identity, quantizers, independent
+    compressors without a plan) travel as (index, value) pairs of float64 values."""
+    return bool(c.capabilities.shared_plan or c.capabilities.needs_indices)
+
+
+def inner(args: argparse.Namespace) -> int:
+    import permk
+    import permk.distributed as pd
+    from permk.methods import catalog
+
+    comm = pd._world(None)
+    rank = comm.Get_rank()
+    q = permk.Quadratic.synthetic(n=args.n, d=args.d, lam=1e-3, noise_scale=0.3, seed=0)
+    rows: list[tuple[str, str, str, int, bool]] = []
+    bad = 0
+    for name, method in sorted(catalog().items()):
+        for c in compressors(args.n, args.d):
+            try:
+                res = pd.run(method, q, c, rounds=args.rounds, seed=1, gamma=1e-4)
+            except (ValueError, TypeError):
+                continue  # the method does not take this compressor
+            heads = res.coins if res.coins is not None else np.zeros(len(res.bytes_per_worker), dtype=bool)
+            compressed = res.bytes_per_worker[~heads]
+            if compressed.size == 0:
+                continue  # full gradients only (GD)
+            want = theory_bytes(c, args.n, args.d)
+            measured = sorted({int(b) for b in compressed})
+            ok = measured == [want] or (c.capabilities.random_size and max(measured) <= want)
+            bad += claimed(c) and not ok
+            rows.append((name, c.name, "/".join(map(str, measured)), want, ok))
+    if rank == 0:
+        print(f"mpiexec -n {comm.Get_size()}, n = {args.n} workers, d = {args.d}, {args.rounds} rounds each "
+              "(compressed rounds only; bytes per worker per round, 64-bit values, 32-bit indices)\n")
+        print("| method | compressor | measured | theory | equal |")
+        print("|---|---|---:|---:|:---:|")
+        for name, cname, measured, want, ok in rows:
+            print(f"| {name} | {cname} | {measured} | {want} | {'yes' if ok else 'no (index, float64 value) pairs'} |")
+    return 1 if bad else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--d", type=int, default=800)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        return inner(args)
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    mpiexec = beside if os.path.exists(beside) else shutil.which("mpiexec")
+    if mpiexec is None:
+        print("mpiexec not found: pip install 'permk[mpi]'", file=sys.stderr)
+        return 2
+    cmd = [mpiexec, "-n", str(args.procs), sys.executable, os.path.abspath(__file__), "--inner",
+           "--n", str(args.n), "--d", str(args.d), "--rounds", str(args.rounds)]
+    return subprocess.call(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

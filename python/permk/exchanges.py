@@ -1,0 +1,319 @@
+"""The exchanges a round is made of, each defined once over a backend's transport.
+
+A method (:mod:`permk.methods`) never talks to workers: each round it calls one of these
+exchange objects with its backend. The exchange owns the arithmetic and the choice of path;
+the backend (:class:`permk.backends.Simulator`, :class:`permk.distributed.MPIBackend`) only
+evaluates the held workers' oracles and moves numbers between them:
+
+* :data:`mean_grad` ``(backend, x)`` — ``(1/n) Σ_i ∇f_i(x)``: every worker sends its gradient;
+* :data:`compressed_mean` ``(backend, c, x)`` — ``(1/n) Σ_i C_i(∇f_i(x))``;
+* :data:`compressed_mean_diff` ``(backend, c, x, y)`` — ``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))``
+  (MARINA's compressed rounds);
+* :data:`shifted` ``(backend, C, H, x, y=None, *, c=1, beta=1, alpha=1)`` — worker ``i``
+  sends ``m_i = C_i(v_i − β h_i)`` with ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without
+  ``y``) and keeps ``h_i + α m_i``; the server mirrors it: returns ``((1/n) Σ_i m_i, H + α M)``.
+  EF21 is ``β = α = 1`` with a contractive compressor (:data:`error_feedback`, the same class
+  restricted to that form), DIANA ``α ≤ 1/(ω+1)``, DASHA ``v_i = ∇f_i(x⁺) − (1−a)∇f_i(x)``,
+  ``β = a``;
+* :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
+  rows (the methods' initial exchanges).
+
+``H`` holds the rows of the workers the backend holds (all ``n`` in the simulator). The new
+``H`` is the given one updated in place when the backend handed it out itself (the last
+round's), else a copy: a caller's array (a resumed state) is never modified.
+
+Paths, fastest first (``path=`` of a run forces one; the path a run used is in
+``params["path"]``):
+
+* ``"rust"`` — the problem has a native kernel (``problem.kernel``) and the compressor one: the
+  values, or EF21's whole worker step, are computed in Rust;
+* ``"fused"`` — the compressor's coordinates are a pure function of ``(seed, round)``
+  (``capabilities.shared_plan``) and the problem has the coordinate oracle
+  ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
+  round instead of ``O(nd)``;
+* ``"dense"`` — whole local gradients, then the compressor.
+
+With a shared plan only the values travel: the backend gathers them in worker order and the
+round sums them (:meth:`permk.compressors.Round.mean`); otherwise the messages travel as
+``(index, value)`` pairs. Every path computes each value as ``scale_i · ((∇f_i(x)_j −
+coef·∇f_i(y)_j) − β h_ij)`` and every sum in worker order from 0, so the paths and the backends
+agree bit for bit. A non-finite input is never given to the compressor: the messages of zero
+inputs are sent with NaN values, so every process sees the divergence in the same round.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+
+from .compressors import Compressor, Messages, Round
+
+__all__ = [
+    "PATHS",
+    "Transport",
+    "Exchange",
+    "MeanGrad",
+    "CompressedMean",
+    "CompressedMeanDiff",
+    "Shifted",
+    "mean_grad",
+    "compressed_mean",
+    "compressed_mean_diff",
+    "shifted",
+    "error_feedback",
+    "local_grads",
+    "mean_rows",
+    "choose_path",
+]
+
+Array = np.ndarray
+#: Evaluation paths, fastest first.
+PATHS = ("rust", "fused", "dense")
+#: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
+#: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
+Fill = Callable[[int, int, "int | None", "Array | None"], Array]
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What an exchange needs of a backend: the held workers' oracles, and moving numbers.
+
+    ``n``, ``d``, ``workers`` (the held workers, a contiguous range), ``forced`` (the path a
+    run forces, or ``"auto"``), ``local`` (True when nothing travels: one process holds every
+    worker and counts no bytes), ``kernel`` (the problem's native kernel or None),
+    ``has_coords`` (the problem has ``local_grad_coords``)."""
+
+    n: int
+    d: int
+    workers: range
+    forced: str
+    local: bool
+
+    @property
+    def kernel(self) -> Any: ...
+    @property
+    def has_coords(self) -> bool: ...
+    def path(self, exchange: Exchange, compressor: Compressor | None) -> str: ...
+    def local_grads(self, x: Array) -> Array: ...
+    def coords(self, x: Array, rows: Array, cols: Array) -> Array: ...
+    def mean_grad(self, x: Array) -> Array: ...
+    def mean_rows(self, rows: Array) -> Array: ...
+    def plan(self, compressor: Compressor, seed: int, round: int) -> Round: ...
+    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array: ...
+    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array: ...
+    def own(self, H: Array) -> Array: ...
+
+
+def choose_path(forced: str, available: dict[str, bool], what: str) -> str:
+    """The fastest available path, or the forced one (ValueError naming what it needs)."""
+    if forced == "auto":
+        return next(p for p in PATHS if available.get(p, False))
+    if not available.get(forced, False):
+        needs = {
+            "rust": "a problem with a native kernel (Quadratic.synthetic) and a compressor with a Rust kernel "
+                    "(and a shared plan, except for error feedback)",
+            "fused": "a compressor with a shared plan (capabilities.shared_plan: PermK, RandK, BlockPermK, ...) and a problem "
+                     "with the coordinate oracle local_grad_coords(x, rows, cols)",
+        }.get(forced, "")
+        raise ValueError(f"path={forced!r} is not available for {what}: it needs {needs}")
+    return forced
+
+
+def _finite(a: Array) -> bool:
+    return bool(np.isfinite(a).all())
+
+
+def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
+    """``(gx − coef·gy) − β·h`` (the terms present), the one order every path uses."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = gx
+        if gy is not None:
+            v = v - (gy if coef == 1.0 else coef * gy)
+        if h is not None:
+            v = v - (h if beta == 1.0 else beta * h)
+        return v
+
+
+class Exchange(abc.ABC):
+    """One kind of exchange (see the module docstring). ``name`` names it in errors."""
+
+    name: ClassVar[str]
+
+    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
+        """The path this exchange takes on ``backend`` with ``compressor`` (cached by the backend)."""
+        return backend.path(self, compressor)
+
+    @abc.abstractmethod
+    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
+        """The paths this exchange can take on ``backend`` with ``compressor``."""
+
+    def __repr__(self) -> str:
+        return f"permk.exchanges.{self.name}"
+
+
+class MeanGrad(Exchange):
+    """``(1/n) Σ_i ∇f_i(x)``: every worker sends its whole gradient (MARINA's full rounds, GD)."""
+
+    name = "mean_grad"
+
+    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
+        return {"dense": True}
+
+    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
+        return "dense"  # nothing to choose: whatever path a run forces, full gradients are dense
+
+    def __call__(self, backend: Transport, x: Array) -> Array:
+        return backend.mean_grad(x)
+
+
+class _Compressed(Exchange):
+    """The arithmetic of the compressed exchanges: worker ``i``'s input
+    ``v_i = (∇f_i(x) − coef·∇f_i(y)) − β h_i`` (the terms present), compressed, averaged; with
+    ``alpha`` the rows ``h_i + α m_i`` too."""
+
+    def _rust(self, backend: Transport, compressor: Compressor) -> bool:
+        """Whether the Rust path can compute this exchange with ``compressor``."""
+        return compressor.capabilities.shared_plan
+
+    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
+        assert compressor is not None
+        shared = compressor.capabilities.shared_plan
+        native = backend.kernel is not None and compressor.kernel is not None
+        return {"dense": True, "fused": shared and backend.has_coords, "rust": native and self._rust(backend, compressor)}
+
+    def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
+        """The held workers' inputs, whole (the dense path)."""
+        gy = None if y is None else backend.local_grads(y)
+        return _combine(backend.local_grads(x), gy, coef, H, beta)
+
+    def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
+              H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
+        """``(1/n) Σ_i m_i`` and, with ``alpha``, the held rows ``H + α M`` (``H`` owned)."""
+        path = self.path(backend, compressor)
+        ws = backend.workers
+        if alpha is not None:
+            assert H is not None
+            H = backend.own(H)
+        if compressor.capabilities.shared_plan:
+            r = backend.plan(compressor, seed, round)
+            dense = self._inputs(backend, x, y, coef, H, beta) if path == "dense" else None
+            dense_finite = dense is None or _finite(dense)
+
+            def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
+                if path == "rust":  # no shift here: see Shifted._rust
+                    return backend.kernel.round_values(r, x, y, start, stop, divide=divide, out=out)  # type: ignore[no-any-return]
+                if path == "fused":
+                    rows, cols = r.rows(start, stop), r.coords(start, stop)
+                    gx = backend.coords(x, rows, cols)
+                    gy = None if y is None else backend.coords(y, rows, cols)
+                    h = None if H is None else H[rows - ws.start, cols]
+                    with np.errstate(invalid="ignore", over="ignore"):
+                        vals = _combine(gx, gy, coef, h, beta) * r.scales()[rows]
+                elif not dense_finite:  # the whole inputs are known: any non-finite one is divergence
+                    vals = np.full(int(r.offsets()[stop] - r.offsets()[start]), np.nan)
+                else:
+                    assert dense is not None
+                    if alpha is None:
+                        return r.gather(dense[start - ws.start : stop - ws.start], start, divide=divide, out=out)
+                    vals = r.gather(dense[start - ws.start : stop - ws.start], start)
+                if alpha is not None:  # h_i += α m_i at the worker's coordinates (distinct within a worker)
+                    assert H is not None
+                    rows, cols = r.rows(start, stop), r.coords(start, stop)
+                    H[rows - ws.start, cols] += vals if alpha == 1.0 else alpha * vals
+                if divide is not None:  # the worker-order sum's term 0 + v, divided by n
+                    vals = vals + 0.0
+                    vals /= divide
+                if out is None:
+                    return vals
+                out[...] = vals
+                return out
+
+            return backend.mean_values(compressor, r, fill), H
+        if path == "rust":  # EF21's worker step in one native call, H updated in place
+            offsets, idx, vals, ok = backend.kernel.error_feedback(compressor.kernel, x, H, seed, round, ws.start)
+            msgs = Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan))
+            return backend.mean_pairs(compressor, msgs), H
+        D = self._inputs(backend, x, y, coef, H, beta)
+        if _finite(D):
+            msgs = compressor.compress_rows(D, start=ws.start, n_workers=backend.n, seed=seed, round=round)
+        else:
+            msgs = compressor.compress_rows(np.zeros_like(D), start=ws.start, n_workers=backend.n, seed=seed, round=round)
+            msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))
+        if alpha is not None:
+            assert H is not None
+            rows = np.repeat(np.arange(len(ws)), np.diff(msgs.offsets))
+            vals = msgs.values if alpha == 1.0 else alpha * msgs.values
+            np.add.at(H, (rows, msgs.indices), vals)
+        return backend.mean_pairs(compressor, msgs), H
+
+
+class CompressedMean(_Compressed):
+    """``(1/n) Σ_i C_i(∇f_i(x))`` (DCGD)."""
+
+    name = "compressed_mean"
+
+    def __call__(self, backend: Transport, compressor: Compressor, x: Array, *, seed: int, round: int) -> Array:
+        return self._mean(backend, compressor, x, None, 1.0, None, 1.0, None, seed, round)[0]
+
+
+class CompressedMeanDiff(_Compressed):
+    """``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))`` (MARINA's compressed rounds)."""
+
+    name = "compressed_mean_diff"
+
+    def __call__(self, backend: Transport, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
+        if backend.local and self.path(backend, compressor) == "rust":
+            # nothing travels: the plan, the values and their sum in one native call (the same bits)
+            return backend.kernel.compressed_mean_diff(compressor.kernel, x, y, seed, round)  # type: ignore[no-any-return]
+        return self._mean(backend, compressor, x, y, 1.0, None, 1.0, None, seed, round)[0]
+
+
+class Shifted(_Compressed):
+    """The shifted exchange: worker ``i`` sends ``m_i = C_i(v_i − β h_i)``,
+    ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
+    the server mirrors it. Returns ``((1/n) Σ_i m_i, H + α M)`` for the held rows ``H``.
+
+    ``unit=True`` is EF21's form (``β = α = 1``, no ``y``), whose worker step has a native
+    kernel for compressors without a shared plan (TopK): the ``"rust"`` path."""
+
+    def __init__(self, *, unit: bool = False) -> None:
+        self.unit = unit
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "error_feedback" if self.unit else "shifted"
+
+    def _rust(self, backend: Transport, compressor: Compressor) -> bool:
+        # shared plans take the fused path (values only travel); the native worker step is EF21's
+        return self.unit and not compressor.capabilities.shared_plan
+
+    def __call__(self, backend: Transport, compressor: Compressor, H: Array, x: Array, y: Array | None = None, *,
+                 c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
+        if self.unit and (y is not None or c != 1.0 or beta != 1.0 or alpha != 1.0):
+            raise ValueError("error_feedback is the shifted exchange with beta = alpha = 1 and no y; use permk.exchanges.shifted")
+        H = np.asarray(H)
+        if H.shape != (len(backend.workers), backend.d):
+            raise ValueError(f"H must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {H.shape}")
+        mean, new = self._mean(backend, compressor, x, y, float(c), H, float(beta), float(alpha), seed, round)
+        assert new is not None
+        return mean, new
+
+
+#: The exchange objects the methods call.
+mean_grad = MeanGrad()
+compressed_mean = CompressedMean()
+compressed_mean_diff = CompressedMeanDiff()
+shifted = Shifted()
+error_feedback = Shifted(unit=True)
+
+
+def local_grads(backend: Transport, x: Array) -> Array:
+    """The held workers' gradients at ``x`` (a method's initial exchange)."""
+    return backend.local_grads(x)
+
+
+def mean_rows(backend: Transport, rows: Array) -> Array:
+    """``(1/n) Σ_i v_i`` over all workers from the held rows (a method's initial exchange)."""
+    return backend.mean_rows(rows)

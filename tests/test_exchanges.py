@@ -1,0 +1,134 @@
+"""The exchanges of permk.exchanges against their definitions, on every path.
+
+Each exchange is checked bit for bit against the definition written with the compressor's own
+``compress_all`` on whole local gradients, and the paths (rust, fused, dense) against each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import permk
+from permk import exchanges as ex
+from permk.backends import Simulator
+
+N, D = 5, 17
+COMPRESSORS = [permk.PermK(), permk.RandK(3), permk.BlockPermK(2), permk.TopK(2), permk.QSGD(4), permk.Identity()]
+
+
+def _problem() -> permk.SyntheticQuadratic:
+    return permk.Quadratic.synthetic(n=N, d=D, lam=1e-2, noise_scale=0.4, seed=3)
+
+
+def _paths(q: Any, c: permk.Compressor, exchange: ex.Exchange) -> list[str]:
+    out = []
+    for path in ex.PATHS:
+        try:
+            exchange.path(Simulator(q, path=path), c)
+        except ValueError:
+            continue
+        out.append(path)
+    return out
+
+
+def _points(q: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(11)
+    return q.x0 + rng.standard_normal(D), q.x0 + rng.standard_normal(D), rng.standard_normal((N, D))
+
+
+@pytest.mark.parametrize("c", COMPRESSORS, ids=lambda c: c.name)
+@pytest.mark.parametrize("form", [dict(), dict(alpha=0.25), dict(c=0.75, beta=0.5, alpha=1.0), dict(c=1.0, beta=0.3, alpha=0.6)],
+                         ids=["ef21", "diana", "dasha", "general"])
+def test_shifted_is_its_definition_on_every_path(c: permk.Compressor, form: dict[str, float]) -> None:
+    q = _problem()
+    x, y, H = _points(q)
+    with_y = "c" in form
+    V = q.local_grads(x) - (form.get("c", 1.0) * q.local_grads(y) if with_y else 0.0)
+    R = V - form.get("beta", 1.0) * H
+    M = c.compress_all(R, seed=4, round=9)
+    want_mean, want_H = M.sum(axis=0) / N, H + form.get("alpha", 1.0) * M
+    paths = _paths(q, c, ex.shifted)
+    assert "dense" in paths and (("fused" in paths) == c.capabilities.shared_plan)
+    for path in paths:
+        backend = Simulator(q, path=path)
+        H_in = H.copy()
+        mean, H_new = ex.shifted(backend, c, H_in, x, y if with_y else None, seed=4, round=9, **form)
+        np.testing.assert_array_equal(mean, want_mean, err_msg=path)
+        np.testing.assert_array_equal(H_new, want_H, err_msg=path)
+        assert np.array_equal(H_in, H), "the caller's H was modified"
+    if len(paths) > 1:  # the paths agree bit for bit
+        results = [ex.shifted(Simulator(q, path=p), c, H.copy(), x, y if with_y else None, seed=4, round=9, **form) for p in paths]
+        for m, h in results[1:]:
+            assert np.array_equal(m, results[0][0]) and np.array_equal(h, results[0][1])
+
+
+@pytest.mark.parametrize("c", COMPRESSORS, ids=lambda c: c.name)
+def test_error_feedback_is_the_unit_shifted_exchange(c: permk.Compressor) -> None:
+    q = _problem()
+    x, _, H = _points(q)
+    got = {p: ex.error_feedback(Simulator(q, path=p), c, H.copy(), x, seed=2, round=3) for p in _paths(q, c, ex.error_feedback)}
+    want = ex.shifted(Simulator(q, path="dense"), c, H.copy(), x, seed=2, round=3)
+    for path, (m, h) in got.items():
+        assert np.array_equal(m, want[0]) and np.array_equal(h, want[1]), path
+    assert ("rust" in got) == (not c.capabilities.shared_plan), "EF21's native worker step serves compressors without a shared plan"
+
+
+@pytest.mark.parametrize("c", COMPRESSORS[:3] + COMPRESSORS[4:5], ids=lambda c: c.name)
+def test_compressed_means_are_their_definitions_on_every_path(c: permk.Compressor) -> None:
+    q = _problem()
+    x, y, _ = _points(q)
+    want_mean = c.aggregate(q.local_grads(x), seed=1, round=2)
+    want_diff = c.aggregate(q.local_grads(x) - q.local_grads(y), seed=1, round=2)
+    for path in _paths(q, c, ex.compressed_mean):
+        assert np.array_equal(ex.compressed_mean(Simulator(q, path=path), c, x, seed=1, round=2), want_mean), path
+    for path in _paths(q, c, ex.compressed_mean_diff):
+        assert np.array_equal(ex.compressed_mean_diff(Simulator(q, path=path), c, x, y, seed=1, round=2), want_diff), path
+
+
+def test_rows_are_updated_in_place_only_when_the_backend_owns_them() -> None:
+    q = _problem()
+    x, _, H = _points(q)
+    for c in (permk.PermK(), permk.TopK(2)):
+        backend = Simulator(q)
+        given = H.copy()
+        _, first = ex.shifted(backend, c, given, x, alpha=0.5, seed=0, round=0)
+        assert first is not given and np.array_equal(given, H)
+        _, second = ex.shifted(backend, c, first, x, alpha=0.5, seed=0, round=1)
+        assert second is first, "the backend's own rows are updated in place"
+        other = Simulator(q)
+        _, third = ex.shifted(other, c, second, x, alpha=0.5, seed=0, round=2)
+        assert third is not second, "another backend copies them"
+
+
+def test_shifted_arguments_are_checked() -> None:
+    q = _problem()
+    x, y, H = _points(q)
+    backend = Simulator(q)
+    with pytest.raises(ValueError, match="error_feedback is the shifted exchange with beta = alpha = 1"):
+        ex.error_feedback(backend, permk.TopK(2), H, x, alpha=0.5, seed=0, round=0)
+    with pytest.raises(ValueError, match="error_feedback is the shifted exchange"):
+        ex.error_feedback(backend, permk.TopK(2), H, x, y, seed=0, round=0)
+    with pytest.raises(ValueError, match=r"H must hold the 5 held workers' rows of length 17, got shape \(4, 17\)"):
+        ex.shifted(backend, permk.PermK(), H[:4], x, seed=0, round=0)
+
+
+@pytest.mark.parametrize("c", [permk.PermK(), permk.RandK(3), permk.TopK(2)], ids=lambda c: c.name)
+def test_a_non_finite_input_gives_a_non_finite_mean_on_every_path(c: permk.Compressor) -> None:
+    q = _problem()
+    x, _, H = _points(q)
+    H[2, :] = np.nan  # worker 2's shift: every coordinate it may send
+    for path in _paths(q, c, ex.shifted):
+        mean, _ = ex.shifted(Simulator(q, path=path), c, H.copy(), x, alpha=0.5, seed=0, round=0)
+        assert not np.isfinite(mean).all(), path
+
+
+def test_a_forced_path_that_is_not_available_names_what_it_needs() -> None:
+    q = _problem()
+    with pytest.raises(ValueError, match="path='fused' is not available for shifted with TopK"):
+        ex.shifted.path(Simulator(q, path="fused"), permk.TopK(2))
+    with pytest.raises(ValueError, match="path='rust' is not available for shifted with PermK"):
+        ex.shifted.path(Simulator(q, path="rust"), permk.PermK())
+    assert ex.mean_grad.path(Simulator(q, path="fused")) == "dense"
