@@ -30,7 +30,7 @@ from ._validate import check_choice, check_int, check_output, check_real
 from .compressors import Compressor, Messages, Round
 from .exchanges import PATHS, Exchange, Fill, Transport, choose_path
 
-__all__ = ["Backend", "Simulator", "PATHS", "check_problem", "Paths"]
+__all__ = ["Backend", "Simulator", "HeldWorkers", "PATHS", "check_problem"]
 
 Array = np.ndarray
 
@@ -91,24 +91,22 @@ class Owned:
         return H
 
 
-class Simulator:
-    """All ``n`` workers of ``problem`` in this process (the single-process simulator).
+class HeldWorkers:
+    """What every backend shares: the held workers' oracles (``local_grads`` kept for the last
+    two points, ``coords``), the problem's native ``kernel``, the path of each exchange, and
+    the per-worker rows it owns. A backend sets ``n``, ``d``, ``workers``, ``problem`` and calls
+    ``__init__`` with the path a run forces."""
 
-    Every user oracle's answer is checked where it is used (shape and dtype; the drivers treat a
-    non-finite value as divergence): a ``grad`` of the wrong shape is a ValueError naming the
-    oracle and both shapes, not a silently wrong run.
-    """
+    n: int
+    d: int
+    workers: range
+    problem: Any
 
-    def __init__(self, problem: Any, *, path: str = "auto") -> None:
-        self.n, self.d = check_problem(problem)
-        self.problem = problem
-        self.workers = range(self.n)
-        self.local = True
-        self._paths = Paths(path)
+    def __init__(self, path: str, where: str = "") -> None:
+        self._paths = Paths(path, where)
         self.forced = self._paths.forced
         self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
-        self._grad: tuple[Array, Array] | None = None
 
     def path(self, exchange: Exchange, compressor: Compressor | None) -> str:
         return self._paths(self, exchange, compressor)
@@ -121,19 +119,40 @@ class Simulator:
     def has_coords(self) -> bool:
         return hasattr(self.problem, "local_grad_coords")
 
-    # -- oracles -------------------------------------------------------------------------------
     def local_grads(self, x: Array) -> Array:
-        """All workers' gradients at ``x``, shape ``(n, d)`` (kept for the last two points)."""
+        """The held workers' gradients at ``x``, shape ``(len(workers), d)`` (kept for the last
+        two points)."""
         for cx, rows in self._rows:
             if cx is x:
                 return rows
-        rows = check_output(self.problem.local_grads(x), (self.n, self.d), "problem.local_grads(x)")
+        rows = self._evaluate(x)
         self._rows = [(x, rows)] + self._rows[:1]
         return rows
+
+    def _evaluate(self, x: Array) -> Array:
+        return check_output(self.problem.local_grads(x), (len(self.workers), self.d), "problem.local_grads(x)")
 
     def coords(self, x: Array, rows: Array, cols: Array) -> Array:
         return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
 
+
+class Simulator(HeldWorkers):
+    """All ``n`` workers of ``problem`` in this process (the single-process simulator).
+
+    Every user oracle's answer is checked where it is used (shape and dtype; the drivers treat a
+    non-finite value as divergence): a ``grad`` of the wrong shape is a ValueError naming the
+    oracle and both shapes, not a silently wrong run.
+    """
+
+    def __init__(self, problem: Any, *, path: str = "auto") -> None:
+        self.n, self.d = check_problem(problem)
+        self.problem = problem
+        self.workers = range(self.n)
+        self.local = True
+        super().__init__(path)
+        self._grad: tuple[Array, Array] | None = None
+
+    # -- oracles -------------------------------------------------------------------------------
     def grad(self, x: Array) -> Array:
         """``∇f(x)`` from the problem (the last one is kept: MARINA's full rounds record it too)."""
         if self._grad is not None and self._grad[0] is x:

@@ -84,9 +84,9 @@ from typing import Any, Callable, Literal, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from ._validate import check_choice, check_int, check_output, check_real, start_point
-from .backends import Owned, Paths
+from .backends import HeldWorkers
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
-from .exchanges import Exchange, Fill
+from .exchanges import Fill
 from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
 from .methods import setup as method_setup
 from .problems import index_array
@@ -391,7 +391,7 @@ def _displs(counts: Sequence[int]) -> list[int]:
     return [int(v) for v in np.concatenate([[0], np.cumsum(counts)[:-1]])] if counts else []
 
 
-class MPIBackend:
+class MPIBackend(HeldWorkers):
     """The workers of this process, and the exchanges between all ranks (see the module
     docstring). Counts the bytes each round hands to MPI."""
 
@@ -405,9 +405,7 @@ class MPIBackend:
         self.mode = check_choice(mode, "mode", ("p2p", "server"))
         self.reduce = check_choice(reduce, "reduce", ("allreduce", "ordered"))
         self.local = False
-        self._paths = Paths(path, " on MPI")
-        self.forced = self._paths.forced
-        self.own = Owned()
+        super().__init__(path, " on MPI")
         self.comm = _world(comm)
         self.MPI = _mpi()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
@@ -421,7 +419,6 @@ class MPIBackend:
         self.blocks = [workers_of(self.n, size=self.size, rank=r) for r in range(self.size)] if self.n >= self.size else []
         self.counting = True
         self.up = self.down = self.worker_max = self.theory = 0
-        self._rows: list[tuple[Array, Array]] = []
         self._buffers: dict[tuple[int, str], Array] = {}
         if not (isinstance(prefetch, bool) or prefetch == "auto"):
             raise TypeError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
@@ -430,18 +427,6 @@ class MPIBackend:
         self._plan_seconds: dict[int, list[float]] = {}
         self._theory: dict[int, tuple[Compressor, int]] = {}
         self._agg: Array | None = None
-
-    # -- paths ---------------------------------------------------------------------------------
-    def path(self, exchange: Exchange, compressor: Compressor | None) -> str:
-        return self._paths(self, exchange, compressor)
-
-    @property
-    def kernel(self) -> Any:
-        return getattr(self.problem, "kernel", None)
-
-    @property
-    def has_coords(self) -> bool:
-        return hasattr(self.problem, "local_grad_coords")
 
     # -- counters ------------------------------------------------------------------------------
     def take(self) -> tuple[int, int, int, int]:
@@ -462,23 +447,14 @@ class MPIBackend:
             self.down += buf.nbytes
 
     # -- local oracles -------------------------------------------------------------------------
-    def local_grads(self, x: Array) -> Array:
-        """The held workers' gradients at ``x``, shape ``(m, d)`` (kept for the last two points)."""
-        for cx, r in self._rows:
-            if cx is x:
-                return r
-        m = len(self.workers)
+    def _evaluate(self, x: Array) -> Array:
+        """The held workers' gradients: ``local_grads(x)``, or ``local_grad(i, x)`` of each."""
         if hasattr(self.problem, "local_grads"):
-            r = check_output(self.problem.local_grads(x), (m, self.d), "problem.local_grads(x)")
-        else:
-            r = np.empty((m, self.d))
-            for j, i in enumerate(self.workers):
-                r[j] = check_output(self.problem.local_grad(i, x), (self.d,), f"problem.local_grad({i}, x)")
-        self._rows = [(x, r)] + self._rows[:1]
+            return super()._evaluate(x)
+        r = np.empty((len(self.workers), self.d))
+        for j, i in enumerate(self.workers):
+            r[j] = check_output(self.problem.local_grad(i, x), (self.d,), f"problem.local_grad({i}, x)")
         return r
-
-    def coords(self, x: Array, rows: Array, cols: Array) -> Array:
-        return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
 
     # -- transport -----------------------------------------------------------------------------
     def mean_rows(self, rows: Array) -> Array:
