@@ -11,7 +11,7 @@ from typing import Any
 
 from .._core import Spec
 from .._validate import as_float_array, check_int, check_seed
-from .base import Compressor, Message, PendingRound, Plan, Round
+from .base import Capabilities, Compressor, Message, PendingRound, Plan, Round
 
 __all__ = ["RustCompressor", "Sparsifier"]
 
@@ -19,7 +19,10 @@ __all__ = ["RustCompressor", "Sparsifier"]
 @dataclass(frozen=True)
 class RustCompressor(Compressor):
     """A compressor whose kernels are the Rust core's (``permk._core.Spec``): a subclass names
-    its kernel and parameters in :meth:`kernel_args` (``docs/extending.md``)."""
+    its kernel and parameters in :meth:`kernel_args` (``docs/extending.md``), and its
+    :attr:`capabilities` (a shared plan only where it says so: its kernel decides)."""
+
+    capabilities = Capabilities()
 
     @abc.abstractmethod
     def kernel_args(self) -> dict[str, Any]:
