@@ -280,15 +280,18 @@ def test_the_cli_sees_a_plugin(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_generic_tests_run_on_a_registered_compressor(tmp_path: Path) -> None:
-    """With ``PERMK_PLUGINS`` naming a module that registers a compressor, the generic compressor
-    tests collect it and it passes them (and a wrong compressor would fail them: see the
+def test_the_generic_tests_run_on_registered_objects(tmp_path: Path) -> None:
+    """With ``PERMK_PLUGINS`` naming a module that registers a compressor and a method, the
+    generic tests collect both and they pass them (the compressor tests can fail: see the
     mutation checks of test_compressors)."""
-    (tmp_path / "genplug.py").write_text(PLUGIN.replace("PlugBlocks", "GenBlocks") + "\npermk.register(GenBlocks)\n")
+    method = "\n\nclass GenDCGD(permk.methods.DCGD):\n    name = 'gendcgd'\n\n\npermk.register(GenDCGD())\n"
+    (tmp_path / "genplug.py").write_text(PLUGIN.replace("PlugBlocks", "GenBlocks") + "\npermk.register(GenBlocks)\n" + method)
     env = {**os.environ, "PERMK_PLUGINS": "genplug",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "tests" / "test_compressors.py"), str(ROOT / "tests" / "test_api_robustness.py"),
-                          "-q", "-p", "no:cacheprovider", "-k", "genblocks"], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    tests = [str(ROOT / "tests" / f) for f in ("test_compressors.py", "test_api_robustness.py", "test_architecture.py")]
+    out = subprocess.run([sys.executable, "-m", "pytest", *tests, "-v", "-p", "no:cacheprovider", "-k", "genblocks or gendcgd"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    summary = out.stdout.strip().splitlines()[-1]
-    assert int(summary.split(" passed")[0].split()[-1]) >= 10, summary
+    passed = [line for line in out.stdout.splitlines() if " PASSED" in line]
+    assert sum("genblocks" in line for line in passed) >= 15, out.stdout[-3000:]
+    assert any("test_every_update_returns_a_state_and_its_round[gendcgd]" in line for line in passed), out.stdout[-3000:]
