@@ -216,18 +216,19 @@ def _python(code: str, tmp_path: Path, **env: str) -> subprocess.CompletedProces
 
 
 def test_plugins_from_an_entry_point_and_from_the_environment(tmp_path: Path) -> None:
-    """An entry point of ``permk.plugins`` naming a registrable object, and a module of
-    ``PERMK_PLUGINS`` that registers on import, are loaded when a catalog is first read."""
+    """Entry points of ``permk.plugins`` naming a registrable object or a module that registers
+    on import, and a module of ``PERMK_PLUGINS``, are loaded when a catalog is first read."""
     (tmp_path / "plugmod.py").write_text(PLUGIN)
     (tmp_path / "envmod.py").write_text(PLUGIN.replace("PlugBlocks", "EnvBlocks") + "\npermk.register(EnvBlocks)\n")
     dist = tmp_path / "permk_plug-1.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: permk-plug\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[permk.plugins]\nplugblocks = plugmod:PlugBlocks\n")
-    code = "import permk; print(sorted(set(permk.compressors.catalog()) & {'plugblocks', 'envblocks'}))"
+    (tmp_path / "epmod.py").write_text(PLUGIN.replace("PlugBlocks", "EpBlocks") + "\npermk.register(EpBlocks)\n")
+    (dist / "entry_points.txt").write_text("[permk.plugins]\nplugblocks = plugmod:PlugBlocks\nepmod = epmod\n")
+    code = "import permk; print(sorted(set(permk.compressors.catalog()) & {'plugblocks', 'envblocks', 'epblocks'}))"
     out = _python(code, tmp_path, PERMK_PLUGINS="envmod")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "['envblocks', 'plugblocks']"
+    assert out.stdout.strip() == "['envblocks', 'epblocks', 'plugblocks']"
     # import permk alone loads no plugin: the catalogs load them when first read
     out = _python("import sys, permk; print('plugmod' in sys.modules, 'envmod' in sys.modules)", tmp_path, PERMK_PLUGINS="envmod")
     assert out.stdout.strip() == "False False", out.stderr
