@@ -10,10 +10,9 @@ Every compressor is a *family* ``{C_i}`` for ``n`` workers (Assumptions 1-2 of t
 
 All randomness workers share in round ``t`` (PermK's permutations) is a pure function of
 ``(seed, t)``; per-worker randomness (RandK, quantizers) is a pure function of
-``(seed, t, worker)``. The built-in compressors run in Rust; subclass :class:`Compressor` and
-define :meth:`Compressor.compress` or :meth:`Compressor.plan` to define a new (possibly
-correlated) one in Python, and :func:`permk.register` it to join the catalog
-(``docs/extending.md``).
+``(seed, t, worker)``. The built-in compressors run in Rust. A new (possibly correlated) one is
+a subclass of :class:`Compressor` that defines :meth:`Compressor.compress` or
+:meth:`Compressor.plan`; :func:`permk.register` adds it to the catalog (``docs/extending.md``).
 
 The modules: :mod:`~permk.compressors.base` (messages, plans, rounds, capabilities,
 :class:`Compressor`), :mod:`~permk.compressors.rust` (the Rust-backed bases),
@@ -39,7 +38,6 @@ True
 >>> np.allclose(np.mean([c.aggregate(A, seed=1, round=t) for t in range(4000)], axis=0), A.mean(0), atol=0.3)
 True
 """
-
 
 from __future__ import annotations
 
