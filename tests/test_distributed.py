@@ -8,12 +8,14 @@ when ``mpiexec`` or ``mpi4py`` is missing (``pip install 'permk[mpi]'`` provides
 1. ``reduce="ordered"``: the MPI run equals the simulator (``path="dense"``, whose problem
    sums the local gradients in worker order) bit for bit: iterates, estimators, coins, recorded
    ``‖∇f‖²`` and ``f − f*``, bits, parameters; for MARINA+PermK (d ≥ n, d ≥ n with n ∤ d, n ≥ d,
-   several workers per rank), RandK, BlockPermK, EF21+TopK, GD, a user's LocalProblem; in
-   p2p and server modes; on 1, 2 and 4 processes (the results do not depend on the layout).
+   several workers per rank), RandK, BlockPermK, EF21+TopK, GD, DCGD (plain and shifted),
+   DIANA, RandDIANA, a user's LocalProblem; in p2p and server modes; on 1, 2, 3 and 4 processes
+   (the results do not depend on the layout); DIANA, RandDIANA and shifted DCGD resumed on 2 and
+   4 processes from a simulator's state.
 2. ``reduce="allreduce"`` (full gradients by Allreduce, vs the closed-form ``∇f``): the
    coins and bits agree exactly and the iterates within rounding (bound below).
 3. Bytes handed to MPI: per worker per round equal to the theory (``8⌈d/n⌉`` on PermK
-   tails, ``8d`` on full-gradient rounds, ``12k`` for TopK pairs), per rank equal to the
+   tails, ``8d`` on full-gradient rounds, both on RandDIANA's heads, ``12k`` for TopK pairs), per rank equal to the
    sizes of its workers' blocks in the recomputed plans; server mode broadcasts ``8d``.
 4. Failures: a rank raising mid-run or in the user's script aborts the job (non-zero exit, the
    error on stderr) within seconds; bad launches raise the same clear error on every rank.
@@ -49,7 +51,8 @@ ORDERED = [k for k, c in CASES.items() if c["reduce"] == "ordered"]
 ALLREDUCE = [k for k, c in CASES.items() if c["reduce"] == "allreduce"]
 # on 3 ranks every case's workers split unevenly ((2, 1, 1) of 4, (3, 3, 2) of 8)
 UNEVEN = ["marina_permk_d_ge_n_uneven", "marina_randk_server", "marina_blockpermk_n_in_place", "marina_blockpermk_n_blocks_per_rank",
-          "marina_group_permk", "marina_coordinate_sampling", "ef21_topk_blocks_server", "marina_python_compressor", "gd"]
+          "marina_group_permk", "marina_coordinate_sampling", "ef21_topk_blocks_server", "marina_python_compressor", "gd",
+          "diana_randk_server", "rand_diana_permk", "dcgd_shifted_permk"]
 SMALL = ["marina_permk_d_ge_n", "marina_permk_n_ge_d_blocks_server", "marina_randk", "ef21_topk", "marina_permk_own_data"]
 
 
@@ -218,8 +221,14 @@ def test_allreduce_differs_from_simulator_by_rounding_only(runs4: Path, simulate
 def _expected_rank_bytes(case: dict[str, Any], t: int, heads: bool, rank: int, size: int) -> int:
     n, d = case["n"], case["d"]
     block = pd.workers_of(n, size=size, rank=rank)
-    if heads:
-        return 8 * d * (len(block) if case["reduce"] == "ordered" else 1)
+    full = 8 * d * (len(block) if case["reduce"] == "ordered" else 1) if heads else 0
+    if heads and not case.get("full_with_compressed", False):
+        return full
+    return full + _compressed_rank_bytes(case, t, block)
+
+
+def _compressed_rank_bytes(case: dict[str, Any], t: int, block: range) -> int:
+    n, d = case["n"], case["d"]
     comp = compressor(case)
     assert comp is not None
     plan = comp.plan(n, d, seed=SEED, round=t)
@@ -245,18 +254,21 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
     else:
         assert np.array_equal(arrays["bytes_per_worker"], arrays["theory_bytes_per_worker"])
     for t in range(rounds):
-        if heads[t]:
-            assert arrays["theory_bytes_per_worker"][t] == 8 * d
+        full = 8 * d if heads[t] else 0  # RandDIANA's heads: full gradients and the compressed message
+        compressed = arrays["theory_bytes_per_worker"][t] - full
+        if heads[t] and not case.get("full_with_compressed", False):
+            assert compressed == 0
         elif isinstance(comp, permk.PermK):
-            assert arrays["theory_bytes_per_worker"][t] == (8 * -(-d // n) if d >= n else 8)
+            assert compressed == (8 * -(-d // n) if d >= n else 8)
         elif isinstance(comp, permk.RandK):
-            assert arrays["theory_bytes_per_worker"][t] == 8 * comp.k
+            assert compressed == 8 * comp.k
         elif comp is not None and comp.plan(n, d, seed=0, round=0) is None:  # TopK, Rand1: pairs
-            assert arrays["theory_bytes_per_worker"][t] == 12 * comp.floats_per_worker(n, d)
+            assert compressed == 12 * comp.floats_per_worker(n, d)
         for r in range(4):
             assert arrays["bytes_sent"][r, t] == _expected_rank_bytes(case, t, bool(heads[t]), r, 4), (t, r)
-    if case["mode"] == "server":
-        assert (arrays["bytes_broadcast"] == 8 * d).all()
+    if case["mode"] == "server":  # the aggregate of each exchange of the round
+        exchanges = 1 + (heads & case.get("full_with_compressed", False))
+        assert (arrays["bytes_broadcast"] == 8 * d * exchanges).all()
     else:
         assert (arrays["bytes_broadcast"] == 0).all()
     # the theory's bits (float_bits=32 as in the paper) are the 64-bit bytes halved, for plans
@@ -456,3 +468,13 @@ def test_permk_quadratic_cli_on_mpi_matches_single_process(tmp_path: Path) -> No
         assert a[k] == pytest.approx(b[k], rel=1e-8), k
     timing = json.loads((tmp_path / "mpi" / "quadratic" / "timing.json").read_text())
     assert timing["mpi_ranks"] == 2
+
+
+@needs_mpi
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_shifted_methods_resume_on_mpi_from_a_simulator_state(nprocs: int) -> None:
+    """DIANA's per-worker shifts (all n rows in the simulator's state) are cut to each rank's
+    rows; RandDIANA and shifted DCGD resume their shift point: the run continues bit for bit."""
+    proc = _launch(nprocs, "resume.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["diana|True", "rand_diana|True", "dcgd_shifted|True"]

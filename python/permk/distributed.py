@@ -431,7 +431,9 @@ class MPIBackend(HeldWorkers):
     # -- counters ------------------------------------------------------------------------------
     def take(self) -> tuple[int, int, int, int]:
         """This round's ``(bytes sent, bytes broadcast, largest worker message, theory bytes per
-        worker)``, and reset them."""
+        worker)``, and reset them. A round of several exchanges (RandDIANA's full gradients and
+        compressed message) counts the sum of their largest worker messages and of their
+        theory sizes."""
         out = (self.up, self.down, self.worker_max, self.theory)
         self.up = self.down = self.worker_max = self.theory = 0
         return out
@@ -439,7 +441,7 @@ class MPIBackend(HeldWorkers):
     def _sent(self, nbytes: int, per_worker: int) -> None:
         if self.counting:
             self.up += int(nbytes)
-            self.worker_max = max(self.worker_max, int(per_worker))
+            self.worker_max += int(per_worker)
 
     def _bcast(self, buf: Array) -> None:
         self.comm.Bcast(buf, root=0)
@@ -461,7 +463,7 @@ class MPIBackend(HeldWorkers):
         """``(1/n) Σ_i v_i`` over all workers from the held rows ``v_i`` (one per held worker)."""
         n, d = self.n, self.d
         if self.counting:
-            self.theory = 8 * d
+            self.theory += 8 * d
         if self.reduce == "ordered":
             vals = np.ascontiguousarray(rows, dtype=np.float64).ravel()
             self._sent(vals.nbytes, 8 * d)
@@ -515,7 +517,7 @@ class MPIBackend(HeldWorkers):
         for bit the simulator's. When every rank holds one worker and the round gives each worker
         one contiguous block, the values are written in place (:meth:`_mean_in_place`)."""
         if self.counting:
-            self.theory = self._theory_bytes(compressor)
+            self.theory += self._theory_bytes(compressor)
         if self.size == self.n and r.disjoint:
             ranges = r.ranges()
             if ranges is not None:
@@ -526,7 +528,7 @@ class MPIBackend(HeldWorkers):
     def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs."""
         if self.counting:
-            self.theory = self._theory_bytes(compressor)
+            self.theory += self._theory_bytes(compressor)
         return self._mean_pairs(msgs, compressor)
 
     def _mean_in_place(self, r: Round, ranges: Ranges, fill: Fill) -> Array:

@@ -1,4 +1,5 @@
-"""Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes.
+"""Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes,
+DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps).
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -10,8 +11,9 @@ backend for one of the exchanges of :mod:`permk.backends`, so the same definitio
 single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 (:mod:`permk.distributed`), through the one driver loop :func:`drive`.
 
-``permk.marina``, ``permk.ef21``, ``permk.gd`` and ``permk.dcgd`` are the method objects
-themselves; calling one runs it in the simulator::
+``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` (``permk.dcgd_shifted``),
+``permk.diana`` and ``permk.rand_diana`` are the method objects themselves; calling one runs it
+in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)
 
@@ -46,13 +48,25 @@ from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity
 from .registry import Catalog
-from .theory.steps import Constants, ef21_stepsize, marina_variance_stepsize
+from .theory.steps import (
+    Constants,
+    diana_stepsize,
+    ef21_stepsize,
+    marina_variance_stepsize,
+    rand_diana_stepsize,
+    shift_step_class,
+    shifted_dcgd_stepsize,
+    worker_constants,
+)
 
 __all__ = [
     "State",
     "MarinaState",
     "EF21State",
     "DCGDState",
+    "ShiftedDCGDState",
+    "DianaState",
+    "RandDianaState",
     "RoundInfo",
     "RunResult",
     "Method",
@@ -60,6 +74,9 @@ __all__ = [
     "ef21",
     "gd",
     "dcgd",
+    "dcgd_shifted",
+    "diana",
+    "rand_diana",
     "run",
     "save_state",
     "load_state",
@@ -82,6 +99,9 @@ class State:
     round: int
     seed: int
     bits: float
+
+    #: The fields holding one row per worker (of the workers a process holds).
+    per_worker: ClassVar[tuple[str, ...]] = ()
 
     _kinds: ClassVar[dict[str, type[State]]] = {}
 
@@ -125,6 +145,8 @@ class EF21State(State):
     """EF21's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the local estimators
     ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation)."""
 
+    per_worker = ("G",)
+
     x: Array
     g: Array
     G: Array
@@ -138,6 +160,45 @@ class DCGDState(State):
     """DCGD's state: the iterate ``x = x^t`` alone."""
 
     x: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class ShiftedDCGDState(DCGDState):
+    """The state of DCGD with shifts (``shifts="initial"``): the iterate ``x = x^t``, the point
+    ``y`` of the shifts ``h_i = ∇f_i(y)`` (``y = x^0``) and their mean ``h = ∇f(y)``."""
+
+    y: Array = field(kw_only=True)
+    h: Array = field(kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class DianaState(State):
+    """DIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i^{t+1}]`` of the workers this
+    process holds (all ``n`` in simulation) and the server's mirror of their mean ``h``."""
+
+    per_worker = ("H",)
+
+    x: Array
+    g: Array
+    H: Array
+    h: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class RandDianaState(State):
+    """RandDIANA's state: ``x = x^t``, ``g = g^t``, the point ``y`` of the shifts
+    ``h_i = ∇f_i(y)`` (the last refresh) and their mean ``h = ∇f(y)``."""
+
+    x: Array
+    g: Array
+    y: Array
+    h: Array
     round: int = 0
     seed: int = 0
     bits: float = 0.0
@@ -308,11 +369,24 @@ class Method(abc.ABC):
         return (d,)
 
     def resume(self, state: Any, backend: Backend) -> State:
-        """A state given to continue a run, checked against the backend (shapes)."""
-        x = np.asarray(state.x)
-        if x.shape != (backend.d,):
-            raise ValueError(f"state.x must have shape ({backend.d},), got {x.shape}")
-        return state  # type: ignore[no-any-return]
+        """A state given to continue a run, checked against the backend: ``x`` and every other
+        array has shape ``(d,)``, except the per-worker ones (:attr:`State.per_worker`), which
+        hold all ``n`` rows (e.g. the simulator's state, cut here to the rows this process holds)
+        or this process's."""
+        n, d, ws = backend.n, backend.d, backend.workers
+        rows: dict[str, Array] = {}
+        for name in state.field_names():
+            value = getattr(state, name)
+            if name in state.per_worker:
+                held = np.asarray(value)
+                if held.shape == (n, d) and len(ws) != n:
+                    held = held[ws.start : ws.stop]
+                elif held.shape != (len(ws), d):
+                    raise ValueError(f"state.{name} must hold all {n} rows or this process's {len(ws)}, got shape {held.shape}")
+                rows[name] = np.array(held, dtype=np.float64)
+            elif (name == "x" or isinstance(value, np.ndarray)) and np.shape(value) != (d,):
+                raise ValueError(f"state.{name} must have shape ({d},), got {np.shape(value)}")
+        return replace(state, **rows) if rows else state  # type: ignore[no-any-return]
 
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
@@ -384,12 +458,6 @@ class Marina(Method):
             g = state.g + ex.compressed_mean_diff(backend, compressor, x, state.x, seed=state.seed, round=state.round)
             bits = params["bits"]["compressed"]
         return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads)
-
-    def resume(self, state: MarinaState, backend: Backend) -> MarinaState:
-        super().resume(state, backend)
-        if np.shape(state.g) != (backend.d,):
-            raise ValueError(f"state.g must have shape ({backend.d},), got {np.shape(state.g)}")
-        return state
 
 
 class GD(Marina):
@@ -471,46 +539,203 @@ class EF21(Method):
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         return (n, d)  # the workers' estimators G
 
-    def resume(self, state: EF21State, backend: Backend) -> EF21State:
-        """A state of all ``n`` workers (e.g. the simulator's) is cut to the rows this process holds."""
-        super().resume(state, backend)
-        n, d, ws = backend.n, backend.d, backend.workers
-        G = np.asarray(state.G)
-        if G.shape == (n, d) and len(ws) != n:
-            G = G[ws.start : ws.stop]
-        elif G.shape != (len(ws), d):
-            raise ValueError(f"state.G must hold all {n} rows or this process's {len(ws)}, got shape {G.shape}")
-        return replace(state, G=np.array(G, dtype=np.float64))
-
 
 class DCGD(Method):
-    """Distributed compressed gradient descent: ``x^{t+1} = x^t − γ (1/n) Σ_i C_i(∇f_i(x^t))``
-    with an unbiased compressor and the user's step ``gamma`` (there is no theory step here)."""
+    """Distributed compressed gradient descent with an unbiased compressor.
+
+    ``shifts=None`` (default): ``x^{t+1} = x^t − γ (1/n) Σ_i C_i(∇f_i(x^t))`` with the user's
+    ``gamma`` (no theory step). ``shifts="initial"``: the shifts ``h_i = ∇f_i(x^0)`` stay fixed
+    (the authors' ``dcgd_permutation``), worker ``i`` sends ``C_i(∇f_i(x^t) − h_i)`` and
+    ``x^{t+1} = x^t − γ (h̄ + (1/n) Σ_i C_i(∇f_i(x^t) − h_i))``, ``h̄ = ∇f(x^0)`` (the start's
+    exchange is not counted); a worker recomputes its ``h_i`` where it sends a value instead of
+    storing it (``C_i(∇f_i(x) − ∇f_i(x^0))``: the exchange of MARINA's differences). Its step is the
+    authors' (:func:`~permk.theory.steps.shifted_dcgd_stepsize`) for compressors in the class of
+    PermK (AB constants ``A = B ≤ 1``); other compressors need ``gamma``."""
 
     name = "dcgd"
     state_type = DCGDState
     exchange = ex.compressed_mean
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   shifts: str | None = None) -> dict[str, Any]:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DCGD needs an unbiased compressor; {compressor.name} is biased")
-        return {"bits": message_bits(compressor, n, d, float_bits)}
+        if shifts not in (None, "initial"):
+            raise ValueError(f"shifts must be None or 'initial', got {shifts!r}")
+        return {"shifts": shifts, "bits": message_bits(compressor, n, d, float_bits)}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        raise ValueError("DCGD has no theory step in permk: pass gamma=")
+        ab, omega = compressor.ab_constants(n, d), compressor.omega(n, d)
+        if params["shifts"] is None or constants.mu is not None:
+            raise ValueError("DCGD has a theory step only with shifts='initial' and pl=False: pass gamma=")
+        if ab is None or omega is None or shift_step_class(ab[0], ab[1], n) != "permutation":
+            raise ValueError(f"the authors' shifted-DCGD step is for compressors in PermK's class (AB constants "
+                             f"A = B <= 1, and ω); {compressor.name} is not: pass gamma=")
+        L_mean, L_max = worker_constants(problem, n)
+        return shifted_dcgd_stepsize(omega, n, L_mean, L_max), "authors' dcgd_permutation step (algorithm.py:1867-1874)"
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         return float(compressor.floats_per_worker(n, d))
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DCGDState:
+        if params["shifts"] == "initial":
+            return ShiftedDCGDState(x=x0, y=x0, h=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
         return DCGDState(x=x0, round=0, seed=seed)
 
     def update(self, state: DCGDState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DCGDState, RoundInfo]:
-        step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
+        if params["shifts"] == "initial":
+            if not isinstance(state, ShiftedDCGDState):
+                raise TypeError(f"a run with shifts='initial' continues a ShiftedDCGDState, got a {type(state).__name__}")
+            diff = ex.compressed_mean_diff(backend, compressor, state.x, state.y, seed=state.seed, round=state.round)
+            step = state.h + diff
+        else:
+            step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         bits = params["bits"]["compressed"]
         x = state.x - params["gamma"] * step
-        return DCGDState(x=x, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+        return replace(state, x=x, round=state.round + 1, bits=state.bits + bits), RoundInfo(bits)
+
+
+class ShiftedDCGD(DCGD):
+    """:class:`DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
+    ``METHOD-COMPRESSOR`` (``dcgd_shifted-permk``) selects it. ``permk.dcgd_shifted(...)`` is
+    ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
+
+    name = "dcgd_shifted"
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
+        return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
+
+
+class Diana(Method):
+    """DIANA (Mishchenko et al., "Distributed learning with compressed gradient differences";
+    nonconvex theory: Horváth et al., "Stochastic distributed learning with gradient quantization
+    and double-variance reduction").
+
+    ``h_i^0 = ∇f_i(x^0)`` and ``g^0 = ∇f(x^0)`` (the start's exchange is not counted);
+    ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends ``m_i = C_i(∇f_i(x^{t+1}) − h_i)``;
+    ``g^{t+1} = h̄ + (1/n) Σ m_i`` with ``h̄ = (1/n) Σ h_i``; then ``h_i ← h_i + α m_i`` and the
+    server mirrors ``h̄ ← h̄ + α (1/n) Σ m_i``. Needs an unbiased compressor; ``alpha`` defaults
+    to ``1/(ω + 1)`` and lies in ``(0, 1]``. The step (:func:`~permk.theory.steps.diana_stepsize`)
+    ``min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}`` gives
+    ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)`` for ``α ≤ 1/(ω + 1)``.
+
+    >>> import permk
+    >>> q = permk.Quadratic.synthetic(n=10, d=100, lam=1e-3, noise_scale=0.0, seed=0)
+    >>> res = permk.diana(q, permk.PermK(), rounds=300, seed=1)
+    >>> res.params["alpha"], bool(res.grad_norm_sq[-1] < 1e-2 * res.grad_norm_sq[0])
+    (0.1, True)
+    """
+
+    name = "diana"
+    state_type = DianaState
+    exchange = ex.shifted
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   alpha: Any = None) -> dict[str, Any]:
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"DIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        omega = compressor.omega(n, d)
+        if alpha is None:
+            if omega is None:
+                raise ValueError(f"{compressor.name} states no ω: pass DIANA's alpha= (in (0, 1])")
+            alpha = 1.0 / (omega + 1.0)
+        else:
+            alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
+        ab = compressor.ab_constants(n, d)
+        return {"alpha": alpha, "omega": omega, "A": None if ab is None else float(ab[0]),
+                "B": None if ab is None else float(ab[1]), "bits": message_bits(compressor, n, d, float_bits)}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError("DIANA has no PL step in permk: pass gamma= or pl=False")
+        if params["A"] is None or params["omega"] is None:
+            raise ValueError(f"DIANA's step needs the compressor's ω and AB constants; {compressor.name} states none: pass gamma=")
+        gamma = diana_stepsize(params["alpha"], params["omega"], params["A"], constants.L_minus, constants.L_plus)
+        return gamma, "DIANA nonconvex theorem (Horváth et al. 2019, with the AB inequality)"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(compressor.expected_floats_per_worker(n, d))
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DianaState:
+        H = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        h = np.array(ex.mean_rows(backend, H), dtype=np.float64)
+        return DianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
+
+    def update(self, state: DianaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DianaState, RoundInfo]:
+        x = state.x - params["gamma"] * state.g
+        mean, H = ex.shifted(backend, compressor, state.H, x, alpha=params["alpha"], seed=state.seed, round=state.round)
+        bits = params["bits"]["compressed"]
+        return DianaState(x=x, g=state.h + mean, H=H, h=state.h + params["alpha"] * mean, round=state.round + 1,
+                          seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
+        return (n, d)  # the workers' shifts H
+
+
+class RandDiana(Method):
+    """RandDIANA: DIANA whose shifts are refreshed, not learned: ``h_i = ∇f_i(y)`` with ``y``
+    set to the iterate by a shared coin ``θ_t ~ Be(p)`` (a pure function of ``(seed, t)``).
+
+    ``y = x^0``, ``g^0 = ∇f(x^0)`` (not counted); ``x^{t+1} = x^t − γ g^t``; on heads the workers
+    send their full gradients at ``x^t`` and ``y ← x^t``, ``h̄ ← ∇f(x^t)``; every round
+    ``g^{t+1} = h̄ + (1/n) Σ C_i(∇f_i(x^{t+1}) − h_i)`` (the order of the authors'
+    ``rand_diana``: the message at ``x^{t+1}`` uses the refreshed shifts). A worker recomputes
+    ``h_i = ∇f_i(y)`` where it sends a value instead of storing it. Needs an unbiased compressor;
+    ``p`` defaults to ``ζ/d`` (the expected message over a full gradient, the authors'
+    ``_estimate_prob``). The step is the authors' (:func:`~permk.theory.steps.rand_diana_stepsize`):
+    their ``rand_diana_permutation`` step for compressors in PermK's class (AB constants
+    ``A = B ≤ 1``), their ``rand_diana`` step for ``A ≤ (n − 1)/n`` (independent compressors with
+    ``ω + 1 ≤ n``); ``pl=True`` takes their strongly convex step. It reads the workers' ``L_i``.
+    """
+
+    name = "rand_diana"
+    state_type = RandDianaState
+    exchange = ex.compressed_mean_diff
+    has_coin = True
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   p: Any = None) -> dict[str, Any]:
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"RandDIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        sizes = message_bits(compressor, n, d, float_bits)
+        full = float(d * float_bits)
+        p = min(1.0, sizes["expected"] / full) if p is None else check_probability(p)
+        return {"p": p, "bits": {"full": full, "compressed": sizes["compressed"],
+                                 "expected": sizes["expected"] + p * full}}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        ab = compressor.ab_constants(n, d)
+        kind = None if ab is None else shift_step_class(ab[0], ab[1], n)
+        if kind is None:
+            raise ValueError(f"the authors' RandDIANA steps are for AB constants A = B <= 1 (permutation) or A <= (n-1)/n "
+                             f"(independent); {compressor.name} has neither: pass gamma=")
+        L_mean, L_max = worker_constants(problem, n)
+        gamma = rand_diana_stepsize(params["p"], L_mean, L_max, constants.L_pm, kind=kind, mu=constants.mu)
+        lines = {"permutation": "1762-1775", "independent": "1692-1706"}[kind]
+        regime = "" if constants.mu is None else " (strongly convex)"
+        return gamma, f"authors' {'rand_diana_permutation' if kind == 'permutation' else 'rand_diana'} step{regime} (algorithm.py:{lines})"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(compressor.expected_floats_per_worker(n, d) + params["p"] * d)
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> RandDianaState:
+        h = np.array(ex.mean_grad(backend, x0), dtype=np.float64)
+        return RandDianaState(x=x0, g=h.copy(), y=x0, h=h, round=0, seed=seed)
+
+    def update(self, state: RandDianaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[RandDianaState, RoundInfo]:
+        x = state.x - params["gamma"] * state.g
+        heads = bool(_core.coin(state.seed, state.round, params["p"]))
+        bits = params["bits"]["compressed"]
+        y, h = state.y, state.h
+        if heads:
+            y, h = state.x, ex.mean_grad(backend, state.x)
+            bits += params["bits"]["full"]
+        g = h + ex.compressed_mean_diff(backend, compressor, x, y, seed=state.seed, round=state.round)
+        return RandDianaState(x=x, g=g, y=y, h=h, round=state.round + 1, seed=state.seed,
+                              bits=state.bits + bits), RoundInfo(bits, heads)
 
 
 def _flag(value: Any, name: str) -> bool:
@@ -691,6 +916,9 @@ marina = Marina()
 ef21 = EF21()
 gd = GD()
 dcgd = DCGD()
+dcgd_shifted = ShiftedDCGD()
+diana = Diana()
+rand_diana = RandDiana()
 
 
 def catalog() -> dict[str, Method]:

@@ -1,7 +1,9 @@
 """The MPI runs checked by tests/test_distributed.py, and their single-process references.
 
-A case is a dict: ``method`` (marina/ef21/gd), problem size ``n, d`` and ``noise``, the
-compressor, ``rounds``, ``seed``, ``mode``, ``reduce`` and optional ``path``/``gamma``. The
+A case is a dict: ``method`` (a name of :func:`permk.methods.catalog`), problem size ``n, d``
+and ``noise``, the compressor, ``rounds``, ``seed``, ``mode``, ``reduce`` and optional
+``path``/``gamma``/``p``/``options`` (the method's own); ``full_with_compressed`` marks a method
+whose coin's heads send full gradients besides the compressed message (RandDIANA). The
 MPI side (``run_cases.py``) and the test (the simulator) build the same problem from it.
 """
 
@@ -50,6 +52,18 @@ CASES: dict[str, dict[str, Any]] = {
     # DCGD, defined once (permk.methods) and run on both backends
     "dcgd_randk": dict(method="dcgd", n=4, d=20, comp=("RandK", 4), mode="p2p", reduce="ordered", gamma=0.2),
     "dcgd_permk_fused": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", gamma=0.2),
+    # DIANA (the shifted exchange: values of a shared plan, in place, and (index, value) pairs),
+    # RandDIANA (full gradients and a compressed message on a coin's heads) and shifted DCGD
+    "diana_permk": dict(method="diana", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered"),
+    "diana_randk_server": dict(method="diana", n=4, d=20, comp=("RandK", 3), mode="server", reduce="ordered"),
+    "diana_blockpermk_n_in_place": dict(method="diana", n=4, d=14, comp=("BlockPermK", 4), mode="p2p", reduce="ordered"),
+    "diana_python_compressor": dict(method="diana", n=4, d=12, comp=("Rand1",), mode="p2p", reduce="ordered",
+                                    options={"alpha": 1 / 12}, gamma=0.02),
+    "rand_diana_permk": dict(method="rand_diana", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered", p=0.3,
+                             full_with_compressed=True),
+    "rand_diana_randk_server": dict(method="rand_diana", n=4, d=20, comp=("RandK", 5), mode="server", reduce="ordered", p=0.3,
+                                    full_with_compressed=True),
+    "dcgd_shifted_permk": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", options={"shifts": "initial"}),
     # rounding differences bounded (full gradients by Allreduce vs the closed-form ∇f)
     "marina_permk_allreduce": dict(method="marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="allreduce"),
     "marina_permk_allreduce_server": dict(method="marina", n=4, d=12, comp=("PermK",), mode="server", reduce="allreduce"),
@@ -149,10 +163,11 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
         kw["p"] = case["p"]
     if "init" in case:
         kw["init"] = case["init"]
+    kw.update(case.get("options", {}))
     return kw
 
 
-METHODS = {"marina": permk.marina, "ef21": permk.ef21, "gd": permk.gd, "dcgd": permk.dcgd}
+METHODS = permk.methods.catalog()
 
 
 class WorkerOrderMean:

@@ -135,13 +135,16 @@ class Spec:
 
 def available_specs(n: int = 10, d: int = 100) -> list[str]:
     """Every ``METHOD-COMPRESSOR`` the experiments can run: the methods with a theory step
-    (MARINA, EF21) and the compressors whose defaults suit them (checked at ``(n, d)``)."""
+    (MARINA, EF21, DIANA, RandDIANA, …) and the compressors whose defaults suit them (checked at
+    ``(n, d)`` on a synthetic quadratic, whose constants every step can read: ``L_i`` too)."""
     from permk.compressors import catalog
     from permk.methods import catalog as methods
+    from permk.problems import Quadratic
     from permk.theory.steps import Constants
 
     out = []
-    consts = Constants(L_minus=1.0, L_plus=1.0, L_pm=1.0)
+    probe = Quadratic.synthetic(n, d, lam=1e-3, noise_scale=0.1)
+    consts = Constants.of(probe)
     for mname, method in methods().items():
         if method.exchange.name == "mean_grad":
             continue  # GD: no compressor (it is MARINA with the identity)
@@ -149,7 +152,7 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
             try:
                 c = cls.default(n, d)
                 params = method.parameters(c, n, d)
-                method.step(c, n, d, params, consts)
+                method.step(c, n, d, params, consts, problem=probe)
             except (TypeError, ValueError):
                 continue
             out.append(f"{mname}-{cname}")

@@ -8,6 +8,11 @@ calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
 * :func:`marina_variance_stepsize` — the same theorems written with the variance constant
   ``L̂² = (A − B)L_+² + B L_±²`` (Theorem "AB_group" replaces it by ``L̂²_G``);
 * :func:`ef21_stepsize` — the EF21 theorems (appendix "EF21 Analysis");
+* :func:`diana_stepsize` — DIANA's nonconvex step (the Lyapunov argument of Horváth et al.,
+  "Stochastic distributed learning with gradient quantization and double-variance reduction",
+  with the AB inequality); :func:`rand_diana_stepsize` and :func:`shifted_dcgd_stepsize` — the
+  authors' RandDIANA and shifted-DCGD steps (their ``algorithm.py``), chosen by
+  :func:`shift_step_class` from a compressor's AB constants;
 * :class:`Constants` — ``L_−``, ``L_+``, ``L_±`` (and ``μ``) read from a problem, exactly or
   with the paper's pessimistic choice, each read only when needed.
 
@@ -27,9 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import check_choice, check_probability, check_real
+from .._validate import check_choice, check_int, check_probability, check_real
 
-__all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize"]
+__all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
+           "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants"]
 
 
 def _mu(mu: Any) -> float | None:
@@ -145,3 +151,130 @@ class Constants:
         if self.mu is not None:
             out["mu"] = self.mu
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# methods with shifts: DIANA, RandDIANA, shifted DCGD
+# ---------------------------------------------------------------------------------------------
+def diana_stepsize(alpha: float, omega: float, A: float, L_minus: float, L_plus: float) -> float:
+    """DIANA's nonconvex step: ``γ = min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}``.
+
+    DIANA (Mishchenko et al., "Distributed learning with compressed gradient differences"):
+    ``g^t = h̄^t + (1/n) Σ C_i(∇f_i(x^t) − h_i^t)``, ``h_i^{t+1} = h_i^t + α C_i(…)``,
+    ``x^{t+1} = x^t − γ g^t``, with ``C_i ∈ U(ω)``. The nonconvex analysis of Horváth et al.
+    ("Stochastic distributed learning with gradient quantization and double-variance
+    reduction") follows ``Φ^t = f(x^t) − f* + c (1/n) Σ‖∇f_i(x^t) − h_i^t‖²``; written with the
+    AB inequality (``{C_i} ∈ U(A, B)``: the variance of the mean message is at most
+    ``A (1/n) Σ‖∇f_i − h_i‖²``), ``α ≤ 1/(ω + 1)`` (so ``E‖a − αC_i(a)‖² ≤ (1 − α)‖a‖²``),
+    ``L_+`` and ``c = γA/α``, every ``γ`` at most this step gives
+    ``E Φ^{t+1} ≤ E Φ^t − (γ/2) E‖∇f(x^t)‖²``, hence, from ``h_i^0 = ∇f_i(x^0)``,
+    ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)``. With ``A = ω/n`` (independent
+    compressors) and ``α = 1/(ω + 1)`` this is DIANA's known
+    ``Θ((L_− + (ω + 1) sqrt(ω/n) L_+)/ε)`` rounds.
+
+    >>> round(diana_stepsize(0.5, 1.0, 0.5, 1.0, 2.0), 12)  # α/(2 L_+ sqrt(A(2+α))) = 1/(4√5)
+    0.111803398875
+    """
+    omega = check_real(omega, "omega", low=0.0)
+    alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
+    if alpha > 1.0 / (omega + 1.0) * (1 + 1e-12):
+        raise ValueError(f"DIANA's theorem needs alpha <= 1/(omega + 1) = {1 / (omega + 1):g}, got alpha = {alpha:g}")
+    A = check_real(A, "A", low=0.0)
+    L_minus = check_real(L_minus, "L_minus", low=0.0)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    bounds = [1.0 / (2.0 * L_minus)] if L_minus > 0 else []
+    if A > 0 and L_plus > 0:
+        bounds.append(alpha / (2.0 * L_plus * math.sqrt(A * (2.0 + alpha))))
+    if not bounds:
+        raise ValueError("the smoothness constants give no bound on the step (L_minus = 0 and no variance): f is constant")
+    return min(bounds)
+
+
+def shift_step_class(A: float, B: float, n: int) -> str | None:
+    """Which of the authors' RandDIANA / shifted-DCGD steps a compressor with AB constants
+    ``(A, B)`` on ``n`` workers has: ``"permutation"`` when ``A = B ≤ 1`` (the class ``IV(A)``
+    of the paper, inside ``IV(1)`` where PermK lies: the authors' ``*_permutation`` steps),
+    ``"independent"`` when ``A ≤ (n − 1)/n`` (the AB inequality of independent compressors
+    with ``ω + 1 ≤ n``, which the authors' ``rand_diana`` step asserts: ``A = ω/n``), else None.
+
+    >>> shift_step_class(1.0, 1.0, 10), shift_step_class(0.9, 0.0, 10), shift_step_class(9.0, 0.0, 10)
+    ('permutation', 'independent', None)
+    """
+    A = check_real(A, "A", low=0.0)
+    B = check_real(B, "B", low=0.0)
+    if math.isclose(A, B, rel_tol=1e-12, abs_tol=1e-15) and A <= 1.0 + 1e-12:
+        return "permutation"
+    if A <= (n - 1) / n * (1 + 1e-12):
+        return "independent"
+    return None
+
+
+def rand_diana_stepsize(p: float, L_mean: float, L_max: float, L_var: float, *, kind: str, mu: float | None = None) -> float:
+    """The authors' RandDIANA step (``code/distributed_optimization_library/algorithm.py`` of
+    mysteryresearcher/sampling-in-optimal-sgd at bd3f2e6), with ``L = L_mean`` (their mean of the
+    workers' ``L_i``), the Bregman smoothness variance ``L_B = L_max`` (their default, the largest
+    ``L_i``) and the smoothness variance ``L_var`` (``L_±``; their default ``sqrt(mean L_i²)``):
+
+    * ``kind="permutation"`` (``rand_diana_permutation``, lines 1762-1775):
+      ``min{1/(4(L + 4L_B)), sqrt(p)/(2 L_var)}`` (the second term only when ``L_var > 0``);
+      with ``mu`` (their strongly convex regime) ``min{1/(L + 6L_B), p/(2μ)}``;
+    * ``kind="independent"`` (``rand_diana``, lines 1692-1706):
+      ``min{1/(4(5L + 4L_B)), sqrt(p)/(2 sqrt(L_var² + L²))}``; with ``mu``
+      ``min{1/(7L + 6L_B), p/(2μ)}``.
+
+    >>> rand_diana_stepsize(0.25, 1.0, 2.0, 10.0, kind="permutation")  # √p/(2 L_var)
+    0.025
+    """
+    check_choice(kind, "kind", ("permutation", "independent"))
+    p = check_probability(p)
+    L = check_real(L_mean, "L_mean", low=0.0)
+    L_B = check_real(L_max, "L_max", low=0.0)
+    L_var = check_real(L_var, "L_var", low=0.0)
+    mu = _mu(mu)
+    first = (L + 6 * L_B if kind == "permutation" else 7 * L + 6 * L_B) if mu is not None else \
+        4 * (L + 4 * L_B if kind == "permutation" else 5 * L + 4 * L_B)
+    if first <= 0:
+        raise ValueError("the smoothness constants give no bound on the step (L_mean = L_max = 0): f is constant")
+    gamma = 1.0 / first
+    if mu is not None:
+        return min(gamma, p / (2 * mu))
+    spread = L_var if kind == "permutation" else math.sqrt(L_var**2 + L**2)
+    return min(gamma, math.sqrt(p) / (2 * spread)) if spread > 0 else gamma
+
+
+def shifted_dcgd_stepsize(omega: float, n: int, L_mean: float, L_max: float) -> float:
+    """The authors' step of DCGD with the shifts ``h_i = ∇f_i(x^0)`` (``dcgd_permutation``,
+    ``algorithm.py`` lines 1867-1874 of mysteryresearcher/sampling-in-optimal-sgd at bd3f2e6):
+    ``1/(((ω + 1)/n) L + ((ω + 1)/n + 1) L_B)`` with ``L = L_mean`` (the mean of the ``L_i``) and
+    ``L_B = L_max`` (their Bregman smoothness variance's default, the largest ``L_i``).
+
+    >>> shifted_dcgd_stepsize(1.0, 4, 2.0, 3.0)  # 1/(0.5·2 + 1.5·3)
+    0.18181818181818182
+    """
+    omega = check_real(omega, "omega", low=0.0)
+    n = check_int(n, "n", low=1)
+    L = check_real(L_mean, "L_mean", low=0.0)
+    L_B = check_real(L_max, "L_max", low=0.0)
+    ratio = (omega + 1) / n
+    M = ratio * L + (ratio + 1) * L_B
+    if M <= 0:
+        raise ValueError("the smoothness constants give no bound on the step (L_mean = L_max = 0): f is constant")
+    return 1.0 / M
+
+
+def worker_constants(problem: Any, n: int) -> tuple[float, float]:
+    """The mean and the largest of the problem's ``L_i`` (the smoothness constants of the
+    ``f_i``): the authors' ``L`` of RandDIANA and shifted DCGD, and their default Bregman
+    smoothness variance. A ValueError (pass ``gamma=``) when the problem states none.
+
+    >>> class P: L_i = [1.0, 3.0]
+    >>> worker_constants(P(), 2)
+    (2.0, 3.0)
+    """
+    L_i = getattr(problem, "L_i", None)
+    if L_i is None:
+        raise ValueError("this step reads the workers' smoothness constants L_i; the problem states none: pass gamma=")
+    L_i = np.asarray(L_i, dtype=np.float64)
+    if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
+        raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
+    return float(L_i.mean()), float(L_i.max())
