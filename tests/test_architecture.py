@@ -16,6 +16,9 @@ import pytest
 import permk
 from permk.methods import catalog as method_catalog
 
+sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
+from mpi_cases import example_compressor  # noqa: E402
+
 PKG = Path(permk.__file__).resolve().parent
 
 
@@ -124,23 +127,11 @@ def test_import_permk_is_light() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def _a_compressor_for(method: permk.Method, n: int, d: int) -> permk.Compressor:
-    """The first of a few compressors whose theory the method accepts (unbiased with AB
-    constants, contractive, the identity), asked of the method itself."""
-    for c in (permk.PermK(), permk.TopK(3), permk.Identity()):
-        try:
-            method.parameters(c, n, d)
-        except (TypeError, ValueError):
-            continue
-        return c
-    raise AssertionError(f"{method!r} accepts none of PermK, TopK, Identity")
-
-
 @pytest.mark.parametrize("name", sorted(method_catalog()))
 def test_every_update_returns_a_state_and_its_round(name: str) -> None:
     method = method_catalog()[name]
     q = permk.Quadratic.synthetic(6, 12, lam=1e-2, noise_scale=0.2, seed=0)
-    comp = _a_compressor_for(method, 6, 12)
+    comp = example_compressor(method, 6, 12)
     res = permk.run(method, q, comp, rounds=3, seed=1, gamma=0.05)
     assert isinstance(res.state, method.state_type) and res.state.round == 3
     from permk.backends import Simulator
@@ -183,3 +174,13 @@ def test_conventions() -> None:
             call()  # type: ignore[call-arg]
     params = inspect.signature(permk.theory.complexity).parameters
     assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in ("n", "d", "L_minus", "L_plus", "L_pm", "eps", "delta0", "mu"))
+
+
+def test_the_problem_kernel_exports_oracles_and_exchanges_not_method_rounds() -> None:
+    """The methods are defined once, in Python; the native problem kernel exports the oracles and
+    the exchanges' arithmetic (whole MARINA and EF21 rounds live in its Rust tests only)."""
+    from permk import _core
+
+    public = {m for m in dir(_core.Tridiagonal) if not m.startswith("_")}
+    assert not {m for m in public if m.endswith("_round")}, public
+    assert {"loss", "grad", "local_grads", "local_grad_coords", "compressed_mean_diff", "error_feedback", "round_values"} <= public

@@ -16,7 +16,8 @@ import pytest
 
 import permk
 import permk.distributed
-from permk.experiments.autoencoder import LinearAutoencoder
+import permk.exchanges
+from permk.experiments.autoencoder import GroupedAutoencoder, LinearAutoencoder
 
 from conftest import MPI_DIR, MPIEXEC, final_grad_norms  # noqa: E402
 
@@ -245,6 +246,15 @@ def test_a_block_of_workers_holds_their_images_only_and_answers_as_the_whole_pro
         _ae(0.5, workers=range(0, 3)).grouped()
 
 
+def test_local_says_whether_the_problem_holds_a_block_of_workers() -> None:
+    whole, part = _ae(0.5), _ae(0.5, workers=range(3, 6))
+    assert not whole.local and whole.held_workers == range(whole.n) and "workers=" not in repr(whole)
+    assert not isinstance(whole, permk.distributed.LocalProblem)  # run views it through LocalView
+    assert isinstance(whole.grouped(), GroupedAutoencoder)
+    assert part.local and part.held_workers == part.workers == range(3, 6) and "workers=range(3, 6)" in repr(part)
+    assert part.local_grads(_point(part)).shape == (3, part.d)
+
+
 def _mpi_runs(tmp_path_factory: pytest.TempPathFactory, nprocs: int) -> Path:
     out = tmp_path_factory.mktemp(f"ae_mpi{nprocs}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -294,7 +304,7 @@ def test_mpi_runs_on_rank_local_images_equal_the_single_process_run(name: str, n
         assert (start, stop) == (ws.start, ws.stop)
         splits = np.unique(whole.worker_split[start:stop])
         assert images == int(whole.sizes[splits].sum()) and columns == len(splits) * whole._m
-    if MPI_CASES[name][0] == "marina":
+    if method(name).exchange is permk.exchanges.compressed_mean_diff:  # values at the plan's coordinates only
         assert meta["path"] == "fused"
 
 

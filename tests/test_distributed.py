@@ -127,7 +127,8 @@ def _same_params(meta: dict[str, Any], sim: permk.RunResult) -> None:
 def _assert_bit_equal(arrays: dict[str, np.ndarray], sim: permk.RunResult) -> None:
     # array_equal: bit for bit up to the sign of zero (numpy's 0.0 == -0.0)
     assert np.array_equal(arrays["x"], sim.x), np.abs(arrays["x"] - sim.x).max()
-    assert np.array_equal(arrays["g"], getattr(sim.state, "g", sim.state.x))
+    for name in sim.state.shared_arrays():
+        assert np.array_equal(arrays[f"state.{name}"], getattr(sim.state, name)), name
     assert np.array_equal(arrays["x_hat"], sim.x_hat)
     assert np.array_equal(arrays["rounds"], sim.rounds)
     assert np.array_equal(arrays["grad_norm_sq"], sim.grad_norm_sq)
@@ -152,7 +153,7 @@ def test_mpi_run_equals_simulator_bit_for_bit(runs4: Path, simulated: dict[str, 
     _assert_bit_equal(arrays, sim)
     _same_params(meta, sim)
     assert sim.grad_norm_sq[-1] < 0.5 * sim.grad_norm_sq[0]  # the runs do converge
-    if sim.coins is not None and sim.method == "marina":
+    if sim.coins is not None and sim.params["p"] < 1:
         assert 0 < sim.coins.sum() < len(sim.coins)  # both kinds of rounds happen
 
 
@@ -162,7 +163,7 @@ def test_two_processes_give_the_same_bits(runs2: Path, runs4: Path, name: str) -
     two, meta = _load(runs2, name)
     four, _ = _load(runs4, name)
     assert meta["same_on_every_rank"] and meta["n_procs"] == 2
-    for k in ("x", "g", "grad_norm_sq", "bits_per_worker", "bytes_per_worker", "theory_bytes_per_worker"):
+    for k in ("x", "grad_norm_sq", "bits_per_worker", "bytes_per_worker", "theory_bytes_per_worker", *(k for k in two if k.startswith("state."))):
         assert np.array_equal(two[k], four[k]), k
     # the ranks' bytes follow the layout, their total does not (but for the 8-byte message
     # lengths each rank sends on compressed rounds when the sizes vary)
@@ -301,6 +302,23 @@ def test_a_failing_rank_aborts_the_job(kind: str, message: str, origin: str, tmp
 def test_the_reused_aggregate_buffer_is_never_one_the_caller_holds(nprocs: int) -> None:
     proc = _launch(nprocs, "buffers.py")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+@needs_mpi
+def test_a_user_method_with_a_per_worker_state_runs_and_resumes_on_mpi(tmp_path: Path) -> None:
+    """``mpi_cases.LocalMomentum``, defined outside the package, whose state keeps a per-worker
+    array: each rank holds its workers' rows, the ranks agree on the digest of its shared arrays,
+    resumed runs (from an MPI state or from the simulator's all-rows state, cut to the held rows)
+    equal the simulator's run bit for bit, a state of the wrong rows is refused on every rank, and
+    every rank stops a diverging run at the simulator's round."""
+    proc = _launch(2, "user_method.py", str(tmp_path / "out.json"), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = json.loads((tmp_path / "out.json").read_text())["ranks"]
+    assert [r["workers"] for r in ranks] == [[0, 2], [2, 4]] and all(r["rows"] == 2 for r in ranks)
+    for r in ranks:
+        assert r["equal_to_simulator"] and r["from_simulator"] and r["held_rows_of_simulator"]
+        assert "state.M must hold all 4 rows or this process's 2" in r["bad_rows"]
+        assert r["diverged_at"] is not None and r["diverged_at"] == r["simulator_diverged_at"]
 
 
 @needs_mpi

@@ -400,9 +400,11 @@ def test_spec_labels_are_method_plus_compressor() -> None:
     assert Spec.parse("marina-permk").label == "MARINA + PermK"
     assert Spec.parse("ef21-topk").label == "EF21 + TopK"
     assert Spec.parse("marina-blockpermk").label == "MARINA + BlockPermK"
+    from permk.methods import catalog
+
     for key in available_specs():
         method, _, comp = Spec.parse(key).label.partition(" + ")
-        assert method == key.partition("-")[0].upper() and comp.lower() == key.partition("-")[2]
+        assert method == catalog()[key.partition("-")[0]].label and comp.lower() == key.partition("-")[2]
 
 
 def test_step_labels() -> None:

@@ -21,6 +21,7 @@ from permk.experiments.results import read_records
 from permk.experiments.runner import (
     Estimate,
     SearchOptions,
+    Spec,
     best_runs,
     cell_budget,
     estimate_grid,
@@ -65,7 +66,7 @@ def test_estimate_of_fixed_round_counts_counts_ef21_twice(tmp_path: Path) -> Non
             and x[1] != "cell:"}
     assert len(rows) == 6
     for (cell, method), x in rows.items():
-        want = "400" if method.startswith("ef21") else "200"
+        want = str(200 * Spec.parse(method).method.authors_rounds_factor)
         assert (x[4], x[6]) == (want, want), (cell, method)
     assert "every run goes its fixed rounds" in r.stdout
 

@@ -23,6 +23,7 @@ from .compressors import __all__ as _compressors
 from .methods import *  # noqa: F403 - every method and its state (methods.__all__)
 from .methods import __all__ as _methods
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
+from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
 from .registry import register as register
 from .theory.steps import ef21_stepsize as ef21_stepsize, marina_stepsize as marina_stepsize
 
@@ -34,6 +35,10 @@ __all__ = [
     "Problem",
     "Quadratic",
     "SyntheticQuadratic",
+    "FiniteSumProblem",
+    "NonconvexSigmoid",
+    "NonconvexMultiClass",
+    "NonconvexLogistic",
     "register",
     "marina_stepsize",
     "ef21_stepsize",

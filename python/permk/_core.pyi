@@ -218,32 +218,12 @@ class Tridiagonal:
         self, x: npt.NDArray[np.float64], rows: npt.NDArray[np.int64], cols: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.float64]:
         """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``."""
-    def marina_round(
-        self,
-        spec: Spec,
-        x: npt.NDArray[np.float64],
-        g: npt.NDArray[np.float64],
-        gamma: float,
-        p: float,
-        seed: int,
-        round: int,
-    ) -> bool:
-        """One MARINA round in place on ``x`` and ``g``; returns the coin."""
-    def ef21_topk_round(
-        self,
-        x: npt.NDArray[np.float64],
-        g: npt.NDArray[np.float64],
-        gmat: npt.NDArray[np.float64],
-        gamma: float,
-        k: int,
-    ) -> None:
-        """One fused EF21 + TopK(``k``) round in place on ``x``, ``g`` and ``gmat``."""
     def compressed_mean_diff(
         self, spec: Spec, x_new: npt.NDArray[np.float64], x_old: npt.NDArray[np.float64], seed: int, round: int
     ) -> npt.NDArray[np.float64]:
         """``(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))`` with the round's plan for the kernel's
-        ``n`` workers (``spec`` must have :attr:`Spec.shared_plan`): exactly what
-        :meth:`marina_round` adds to ``g`` on tails, without touching anything. ``(d,)``."""
+        ``n`` workers (``spec`` must have :attr:`Spec.shared_plan`), bit for bit the aggregate
+        of the local gradient differences in worker order. ``(d,)``."""
     def error_feedback(
         self,
         spec: Spec,
@@ -258,9 +238,7 @@ class Tridiagonal:
         ``r_i = ∇f_i(x) − G_i`` row by row, sends ``c_i = C_i(r_i)`` (the spec's plan for the
         kernel's ``n`` workers) and sets ``G_i += c_i`` in place. Returns the messages
         ``(offsets (m+1,), indices, values)`` in worker order and ``finite``; when a residual
-        is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged.
-        With TopK, ``g + np.bincount(indices, values, minlength=d) / n`` is
-        :meth:`ef21_topk_round`'s ``g`` bit for bit (``x`` being ``x_old − gamma * g``)."""
+        is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged."""
     def round_values(
         self,
         round: Round,

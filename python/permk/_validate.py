@@ -188,3 +188,14 @@ def check_alloc(shape: tuple[int, ...], what: str, *, itemsize: int = 8, count: 
             f"Unable to allocate {_human(nbytes)} for {total}{what} with shape {tuple(shape)} "
             f"(the machine has {_human(limit)})"
         )
+
+
+def index_array(v: Any, name: str) -> np.ndarray:
+    """``v`` as a 1-D C-contiguous int64 array of indices: integer input only (a float such as
+    1.7 or a bool is a TypeError, not silently truncated)."""
+    arr = np.asarray(v)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of indices, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integer indices, got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr, dtype=np.int64)

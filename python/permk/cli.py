@@ -47,7 +47,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--methods", nargs="+", type=_method_spec, default=None, metavar="METHOD-COMPRESSOR",
                    help="the methods to run, METHOD-COMPRESSOR (default: marina-permk ef21-topk marina-randk; "
                         "any method with a theory step and any compressor that suits it, e.g. marina-blockpermk)")
-    g.add_argument("--no-prune", action="store_true", help="run every EF21 multiplier (no early stop of the multiplier scan)")
+    g.add_argument("--no-prune", action="store_true", help="run every multiplier (no early stop of the multiplier scan of a method whose state keeps per-worker arrays, as EF21)")
     g.add_argument("--estimate", action="store_true",
                    help="print the projected time of the grid (per cell, per run, in total) from a few timed rounds "
                         "of each method in each cell, then exit without running")
@@ -276,13 +276,17 @@ def add_complexity_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def complexity_rows(n: int, d: int, L_minus: float, L_plus: float, L_pm: float, eps: float, delta0: float,
                     mu: float | None = None) -> list[Any]:
-    """MARINA+PermK, MARINA+RandK (optimal K), EF21+TopK (optimal K) and GD (MARINA with the
-    identity compressor: ``g^{t+1} = ∇f(x^{t+1})``) for the same problem constants."""
+    """Every method of :func:`permk.methods.catalog` with each compressor of its rows of the
+    paper's Tables (``table_rows``: MARINA+PermK, MARINA+RandK with optimal K, EF21+TopK with
+    optimal K), then each method that takes no compressor (GD: ``g^{t+1} = ∇f(x^{t+1})``), for
+    the same problem constants."""
     import permk
     from permk.theory import complexity
 
     kw = dict(n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps, delta0=delta0, mu=mu)
-    rows = [(permk.marina, permk.PermK), (permk.marina, permk.RandK), (permk.ef21, permk.TopK), (permk.marina, permk.Identity)]
+    methods = permk.methods.catalog().values()
+    rows: list[tuple[Any, Any]] = [(m, c) for m in methods for c in m.table_rows]
+    rows += [(m, permk.Identity) for m in methods if not m.takes_compressor]
     return [complexity(m, c, **kw) for m, c in rows]  # type: ignore[arg-type]
 
 

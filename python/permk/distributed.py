@@ -2,8 +2,8 @@
 
 :func:`run` runs any method of :mod:`permk.methods` — the *same* definition the simulator
 runs, through the same driver loop — on :class:`MPIBackend`, which holds this process's workers
-and exchanges their messages with MPI; :func:`marina`, :func:`ef21`, :func:`gd` and
-:func:`dcgd` are its thin spellings. They take the arguments of :func:`permk.marina` & co. and
+and exchanges their messages with MPI; ``permk.distributed.marina``, ``ef21``, ``gd``, ``dcgd``
+(every method of :func:`permk.methods.catalog`) are its thin spellings (:func:`shorthand`). They take the arguments of :func:`permk.marina` & co. and
 return the same :class:`~permk.methods.RunResult` (a :class:`DistributedRunResult`, which adds
 the bytes measured on the MPI buffers) on every rank. A script::
 
@@ -74,6 +74,7 @@ raised anywhere in an MPI job's script (:func:`install_excepthook`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import sys
 import time
@@ -87,8 +88,9 @@ from ._validate import check_choice, check_int, check_output, check_real, start_
 from .backends import HeldWorkers
 from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, Round
 from .exchanges import Fill
-from .methods import Method, RoundInfo, RunResult, State, dcgd as _dcgd, drive, ef21 as _ef21, gd as _gd, marina as _marina
-from .methods import setup as method_setup
+from .methods import Method, RoundInfo, RunResult, State, drive
+from .methods import catalog as method_catalog
+from .methods import check_start, setup as method_setup, start
 from .problems import index_array
 
 __all__ = [
@@ -99,10 +101,7 @@ __all__ = [
     "MPIBackend",
     "workers_of",
     "run",
-    "marina",
-    "ef21",
-    "gd",
-    "dcgd",
+    "shorthand",
     "install_excepthook",
 ]
 
@@ -801,6 +800,11 @@ def _guarded(comm: Any, abort_on_error: bool, fn: Callable[[], Any]) -> Any:
         raise  # pragma: no cover - Abort does not return
 
 
+def _shared_digest(state: State) -> str:
+    """A digest of the state's shared arrays, its round and seed: the same on every rank."""
+    return _digest(*(getattr(state, name) for name in state.shared_arrays()), [state.round, state.seed % 2**52])
+
+
 def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int, int, int]]) -> DistributedRunResult:
     comm, MPI = backend.comm, backend.MPI
     arr = np.array(per_round, dtype=np.int64).reshape(-1, 4)
@@ -811,7 +815,7 @@ def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int,
     comm.Bcast(down, root=0)
     wmax = np.empty(up.size, dtype=np.int64)
     comm.Allreduce(np.ascontiguousarray(arr[:, 2]), wmax, op=MPI.MAX)
-    digests = comm.allgather(_digest(res.x, getattr(res.state, "g", res.x)))
+    digests = comm.allgather(_shared_digest(res.state))
     if len(set(digests)) != 1:
         raise RuntimeError(
             "the ranks ended with different iterates: the MPI library's reductions are not identical on "
@@ -850,18 +854,9 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
                               record_every=record_every, step=rank == 0, **options)
         params.update(path=method.exchange.path(backend, compressor), backend="mpi", mode=mode, reduce=reduce,
                       n_procs=comm.Get_size())
-        if state is not None:
-            if not isinstance(state, method.state_type):
-                raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
-            if state.seed != seed:
-                raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
-            resumed = method.resume(state, backend)
-            start_digest = _digest(resumed.x, getattr(resumed, "g", resumed.x), [resumed.round, resumed.seed % 2**52])
-        else:
-            resumed = None
-            holder["x_init"] = start_point(local.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
-            start_digest = _digest(holder["x_init"])
-        holder.update(backend=backend, resumed=resumed, params=params)
+        begin = check_start(method, local, backend, state, x0, seed)
+        start_digest = _shared_digest(begin) if isinstance(begin, State) else _digest(begin)
+        holder.update(backend=backend, begin=begin, params=params)
         theory_keys = ("gamma", "gamma_source", "L_minus", "L_plus", "L_pm", "mu", "constants")
         shared = {k: v for k, v in params.items() if k not in theory_keys or params["gamma_source"] == "user"}
         return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),
@@ -875,10 +870,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
 
     def go() -> DistributedRunResult:
         backend.counting = False  # the initial exchanges are not counted
-        if holder["resumed"] is None:
-            first = method.init(holder["x_init"], backend, compressor, params, seed=seed)
-        else:
-            first = holder["resumed"]
+        first = start(method, backend, compressor, params, holder["begin"], seed)
         backend.counting = True
         backend.take()
         per_round: list[tuple[int, int, int, int]] = []
@@ -893,22 +885,41 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     return _guarded(comm, abort_on_error, go)  # type: ignore[no-any-return]
 
 
-def marina(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
-    """Algorithm "MARINA" on MPI: :func:`run` with ``permk.marina`` (options as :func:`permk.marina`)."""
-    return run(_marina, problem, compressor, rounds=rounds, seed=seed, **options)
+def shorthand(method: Method) -> Callable[..., DistributedRunResult]:
+    """``method`` on MPI as a function of the simulator's arguments: ``shorthand(permk.marina)``
+    is ``permk.distributed.marina``, :func:`run` with ``permk.marina``. A method that takes no
+    compressor (``takes_compressor`` False: GD) is called without one and runs with the identity.
+
+    Every method of :func:`permk.methods.catalog` has its shorthand as an attribute of this
+    module (``permk.distributed.ef21``, ...), made on first use."""
+
+    def with_compressor(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
+        return run(method, problem, compressor, rounds=rounds, seed=seed, **options)
+
+    def without_compressor(problem: Any, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
+        return run(method, problem, Identity(), rounds=rounds, seed=seed, **options)
+
+    fn = with_compressor if method.takes_compressor else without_compressor
+    fn.__name__ = fn.__qualname__ = method.name
+    fn.__module__ = __name__
+    fn.__doc__ = (f"{method.label} on MPI: :func:`run` with ``permk.{method.name}``, whose arguments and options it takes "
+                  f"(a :class:`LocalProblem` of this rank or a global problem), returning a :class:`DistributedRunResult`; "
+                  "a state's per-worker arrays hold this rank's rows (a simulator's state, of all n rows, is cut to them).\n\n"
+                  f"``permk.{method.name}``: {inspect.getdoc(method) or ''}")
+    return fn
 
 
-def ef21(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
-    """EF21 on MPI: :func:`run` with ``permk.ef21``. Each rank keeps the estimators ``g_i`` of its
-    workers; ``state.G`` holds this rank's rows (a simulator state with all ``n`` rows is cut)."""
-    return run(_ef21, problem, compressor, rounds=rounds, seed=seed, **options)
+def __getattr__(name: str) -> Callable[..., DistributedRunResult]:
+    """The shorthand (:func:`shorthand`) of the catalog's method ``name``."""
+    method = method_catalog().get(name)
+    if method is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    fn = globals()[name] = shorthand(method)
+    return fn
 
 
-def gd(problem: Any, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
-    """Gradient descent on MPI (:func:`permk.gd`): every round is a full-gradient round."""
-    return run(_gd, problem, Identity(), rounds=rounds, seed=seed, **options)
+def __dir__() -> list[str]:
+    return sorted({*globals(), *method_catalog()})
 
 
-def dcgd(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
-    """DCGD on MPI (:data:`permk.dcgd`; pass ``gamma``)."""
-    return run(_dcgd, problem, compressor, rounds=rounds, seed=seed, **options)
+__all__ += list(method_catalog())

@@ -37,7 +37,7 @@ import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple
 
 import numpy as np
 
@@ -46,8 +46,9 @@ from ._files import atomic_write
 from ._validate import check_choice, check_int, check_probability, check_real, check_seed, start_point
 from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
-from .compressors import Compressor, Identity
+from .compressors import Compressor, Identity, PermK, RandK, TopK
 from .registry import Catalog
+from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.steps import (
     Constants,
     diana_stepsize,
@@ -89,30 +90,85 @@ Array = np.ndarray
 # ---------------------------------------------------------------------------------------------
 # states
 # ---------------------------------------------------------------------------------------------
+#: The kinds of a state's arrays (:attr:`State.arrays`).
+ARRAY_KINDS = ("shared", "per_worker")
+
+
 class State:
     """A method's explicit state after ``round`` rounds: the iterate ``x``, the shared ``seed`` and
     the bits one worker has sent so far (``bits``), plus the method's own fields (each state is a
     frozen dataclass). States compare field by field (arrays by value) and can be saved with
-    :func:`save_state`."""
+    :func:`save_state`.
+
+    A state lists its arrays in ``arrays``, each ``"shared"`` (a vector of length ``d``, the same
+    on every process: the iterate, an aggregate) or ``"per_worker"`` (one row of length ``d`` per
+    worker: all ``n`` in the simulator, the rows of the workers a process holds on MPI). The
+    shared code reads that list, and nothing else of a method's state: the driver stops a run
+    whose shared arrays are not finite (a per-worker array feeds a shared aggregate, and only
+    shared arrays are the same on every process, so every MPI rank stops at the same round), a
+    resumed state is checked and cut to the held rows (:meth:`held_by`), MPI ranks compare digests
+    of the shared arrays, and :func:`load_state` checks the shapes."""
 
     x: Array
     round: int
     seed: int
     bits: float
 
-    #: The fields holding one row per worker (of the workers a process holds).
-    per_worker: ClassVar[tuple[str, ...]] = ()
+    #: The state's arrays by field name: ``"shared"`` or ``"per_worker"``.
+    arrays: ClassVar[dict[str, str]] = {"x": "shared"}
 
     _kinds: ClassVar[dict[str, type[State]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        declared = {name for klass in cls.__mro__ for name in getattr(klass, "__annotations__", {})}
+        for name, kind in cls.arrays.items():
+            if kind not in ARRAY_KINDS:
+                raise TypeError(f"{cls.__name__}.arrays[{name!r}] must be one of {ARRAY_KINDS}, got {kind!r}")
+            if name not in declared:
+                raise TypeError(f"{cls.__name__}.arrays names {name!r}, which is not a field of the state")
+        if cls.arrays.get("x") != "shared":
+            raise TypeError(f"{cls.__name__}.arrays must list the iterate: 'x': 'shared'")
         State._kinds[cls.__name__] = cls
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         """The state's fields (every State is a frozen dataclass)."""
         return tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+
+    @classmethod
+    def shared_arrays(cls) -> tuple[str, ...]:
+        """The names of the state's shared arrays (``x`` first)."""
+        return tuple(name for name, kind in cls.arrays.items() if kind == "shared")
+
+    @classmethod
+    def per_worker_arrays(cls) -> tuple[str, ...]:
+        """The names of the state's per-worker arrays."""
+        return tuple(name for name, kind in cls.arrays.items() if kind == "per_worker")
+
+    def finite(self) -> bool:
+        """Whether every shared array is finite (the driver's divergence check)."""
+        return all(bool(np.isfinite(getattr(self, name)).all()) for name in self.shared_arrays())
+
+    def held_by(self, backend: Backend) -> State:
+        """This state to continue a run on ``backend``, checked: every shared array of shape
+        ``(d,)``; every per-worker array with the rows of all ``backend.n`` workers (e.g. a
+        simulator's state, then cut to the rows of ``backend.workers``) or those of the held
+        workers alone. The arrays are float64 copies, so the run never writes into the caller's."""
+        n, d, ws = backend.n, backend.d, backend.workers
+        held = len(ws)
+        new: dict[str, Array] = {}
+        for name, kind in self.arrays.items():
+            a = np.asarray(getattr(self, name))
+            if kind == "shared":
+                if a.shape != (d,):
+                    raise ValueError(f"state.{name} must have shape ({d},), got {a.shape}")
+            elif a.shape == (n, d) and held != n:
+                a = a[ws.start : ws.stop]
+            elif a.shape != (held, d):
+                raise ValueError(f"state.{name} must hold all {n} rows or this process's {held} (of length {d}), got shape {a.shape}")
+            new[name] = np.array(a, dtype=np.float64)
+        return replace(self, **new)  # type: ignore[type-var]
 
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
@@ -139,13 +195,13 @@ class MarinaState(State):
     seed: int = 0
     bits: float = 0.0
 
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared"}
+
 
 @dataclass(frozen=True, eq=False)
 class EF21State(State):
     """EF21's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the local estimators
     ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation)."""
-
-    per_worker = ("G",)
 
     x: Array
     g: Array
@@ -153,6 +209,8 @@ class EF21State(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,13 +231,13 @@ class ShiftedDCGDState(DCGDState):
     y: Array = field(kw_only=True)
     h: Array = field(kw_only=True)
 
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "y": "shared", "h": "shared"}
+
 
 @dataclass(frozen=True, eq=False)
 class DianaState(State):
     """DIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i^{t+1}]`` of the workers this
     process holds (all ``n`` in simulation) and the server's mirror of their mean ``h``."""
-
-    per_worker = ("H",)
 
     x: Array
     g: Array
@@ -188,6 +246,8 @@ class DianaState(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "H": "per_worker", "h": "shared"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,6 +262,8 @@ class RandDianaState(State):
     round: int = 0
     seed: int = 0
     bits: float = 0.0
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "y": "shared", "h": "shared"}
 
 
 def save_state(state: State, path: Any) -> None:
@@ -224,7 +286,9 @@ def save_state(state: State, path: Any) -> None:
 
 
 def load_state(path: Any) -> State:
-    """Read a state written by :func:`save_state`."""
+    """Read a state written by :func:`save_state`, checking its arrays' shapes: every shared
+    array of the iterate's length ``d``, every per-worker array a matrix of ``d`` columns (one
+    row per worker; :meth:`State.held_by` checks their count when a run resumes it)."""
     try:
         z = np.load(path, allow_pickle=False)
     except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
@@ -241,8 +305,15 @@ def load_state(path: Any) -> State:
             if name not in z.files:
                 raise ValueError(f"{path}: the {kind} has no field {name!r}")
             v = z[name]
-            vals[name] = v.copy() if v.ndim else v.item()
-        return cls(**vals)
+            vals[name] = v.copy() if v.ndim or name in cls.arrays else v.item()
+    d = vals["x"].shape[0] if vals["x"].ndim == 1 else None
+    for name, array_kind in cls.arrays.items():
+        shape = vals[name].shape
+        if d is None or (shape != (d,) if array_kind == "shared" else (len(shape) != 2 or shape[1] != d)):
+            want = "(d,)" if array_kind == "shared" else "(workers, d)"
+            raise ValueError(f"{path}: the {kind}'s {array_kind} array {name!r} must have shape {want} with d the length of x, "
+                             f"got {shape} (x: {vals['x'].shape})")
+    return cls(**vals)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,7 +386,8 @@ class Method(abc.ABC):
     A subclass sets ``name``, ``state_type`` (its :class:`State`), ``exchange`` (the exchange
     object of :mod:`permk.exchanges` its compressed rounds are made of, e.g.
     ``exchanges.compressed_mean_diff``; its path is the run's ``params["path"]``),
-    ``has_coin``, and implements:
+    ``has_coin``, ``label`` (its name in legends and tables: ``"MARINA"``), and the attributes
+    below where it differs from their defaults; and implements:
 
     * ``parameters(compressor, n, d, *, float_bits, **options)`` — validate that the compressor
       suits the method and choose the method's own parameters (theory defaults), including
@@ -328,12 +400,34 @@ class Method(abc.ABC):
       compressor, params) -> (state, RoundInfo)``.
 
     Calling the method object runs it in the simulator (:func:`run`).
+
+    What the experiments, the theory and the generic tests read of a method, rather than its name:
+
+    * ``takes_compressor`` — False for a method whose rounds send full gradients (GD): it runs
+      with the identity and is called without a compressor (``permk.gd(problem, …)``,
+      ``permk.distributed.gd``), and the experiments pair it with no compressor;
+    * ``starts`` — the values of the method's ``init`` option (EF21's ``"full"`` and
+      ``"compressed"`` start), which the experiments' ``ef21_init`` sets;
+    * ``collapses_identical_workers`` — with a deterministic compressor
+      (``capabilities.deterministic``) workers that are the same function stay identical and the
+      iterates depend on their mean alone (no per-worker randomness), so the experiments may run
+      a group of identical workers as one weighted worker;
+    * ``authors_rounds_factor`` — how many times the base number of rounds the authors' configs
+      run the method (EF21: twice; ``horizon="rounds"``);
+    * ``table_rows`` — the rows of the paper's communication-complexity Tables for this method,
+      by compressor class (:func:`permk.theory.table_complexity`).
     """
 
     name: ClassVar[str]
+    label: ClassVar[str]
     state_type: ClassVar[type[State]]
     exchange: ClassVar[ex.Exchange]
     has_coin: ClassVar[bool] = False
+    takes_compressor: ClassVar[bool] = True
+    starts: ClassVar[tuple[str, ...]] = ()
+    collapses_identical_workers: ClassVar[bool] = False
+    authors_rounds_factor: ClassVar[int] = 1
+    table_rows: ClassVar[Mapping[type[Compressor], TableRow]] = {}
     #: The catalog a method object joins with :func:`permk.register`.
     catalog_kind: ClassVar[Catalog] = METHODS
 
@@ -365,28 +459,9 @@ class Method(abc.ABC):
 
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         """The shape of the largest array of the state for ``n`` workers (held by one process) in
-        dimension ``d``: what a grid checks against the memory before it starts."""
-        return (d,)
-
-    def resume(self, state: Any, backend: Backend) -> State:
-        """A state given to continue a run, checked against the backend: ``x`` and every other
-        array has shape ``(d,)``, except the per-worker ones (:attr:`State.per_worker`), which
-        hold all ``n`` rows (e.g. the simulator's state, cut here to the rows this process holds)
-        or this process's."""
-        n, d, ws = backend.n, backend.d, backend.workers
-        rows: dict[str, Array] = {}
-        for name in state.field_names():
-            value = getattr(state, name)
-            if name in state.per_worker:
-                held = np.asarray(value)
-                if held.shape == (n, d) and len(ws) != n:
-                    held = held[ws.start : ws.stop]
-                elif held.shape != (len(ws), d):
-                    raise ValueError(f"state.{name} must hold all {n} rows or this process's {len(ws)}, got shape {held.shape}")
-                rows[name] = np.array(held, dtype=np.float64)
-            elif (name == "x" or isinstance(value, np.ndarray)) and np.shape(value) != (d,):
-                raise ValueError(f"state.{name} must have shape ({d},), got {np.shape(value)}")
-        return replace(state, **rows) if rows else state  # type: ignore[no-any-return]
+        dimension ``d`` (from :attr:`State.arrays`): what a grid checks against the memory
+        before it starts."""
+        return (n, d) if self.state_type.per_worker_arrays() else (d,)
 
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
@@ -417,9 +492,11 @@ class Marina(Method):
     """
 
     name = "marina"
+    label = "MARINA"
     state_type = MarinaState
     exchange: ClassVar[ex.Exchange] = ex.compressed_mean_diff
     has_coin = True
+    table_rows = {PermK: MARINA_PERMK, RandK: MARINA_RANDK}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
         ab = compressor.ab_constants(n, d)
@@ -466,10 +543,13 @@ class GD(Marina):
     a compressor: ``permk.gd(problem, rounds=…, seed=…)``."""
 
     name = "gd"
+    label = "GD"
     exchange = ex.mean_grad
+    takes_compressor = False
+    table_rows = {}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
-        if not isinstance(compressor, Identity):
+        if not compressor.capabilities.lossless:
             raise ValueError(f"gd sends full gradients: its compressor must be None or Identity, got {compressor.name} "
                              "(use marina, dcgd or ef21 to compress)")
         return super().parameters(compressor, n, d, float_bits=float_bits, p=1.0)
@@ -499,8 +579,13 @@ class EF21(Method):
     """
 
     name = "ef21"
+    label = "EF21"
     state_type = EF21State
     exchange = ex.error_feedback
+    starts = ("full", "compressed")
+    collapses_identical_workers = True
+    authors_rounds_factor = 2
+    table_rows = {TopK: EF21_TOPK}
 
     #: The round index of the compressed start's message (``init="compressed"``).
     INIT_ROUND = 2**64 - 1
@@ -511,7 +596,7 @@ class EF21(Method):
         if alpha is None:
             raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
         return {"alpha": alpha, "bits": message_bits(compressor, n, d, float_bits, indices=_flag(count_indices, "count_indices")),
-                "init": check_choice(init, "init", ("full", "compressed"))}
+                "init": check_choice(init, "init", self.starts)}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
@@ -536,9 +621,6 @@ class EF21(Method):
         bits = params["bits"]["compressed"]
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
-    def state_shape(self, n: int, d: int) -> tuple[int, ...]:
-        return (n, d)  # the workers' estimators G
-
 
 class DCGD(Method):
     """Distributed compressed gradient descent with an unbiased compressor.
@@ -553,6 +635,7 @@ class DCGD(Method):
     PermK (AB constants ``A = B ≤ 1``); other compressors need ``gamma``."""
 
     name = "dcgd"
+    label = "DCGD"
     state_type = DCGDState
     exchange = ex.compressed_mean
 
@@ -602,6 +685,7 @@ class ShiftedDCGD(DCGD):
     ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
 
     name = "dcgd_shifted"
+    label = "shifted DCGD"
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32) -> dict[str, Any]:  # type: ignore[override]
         return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
@@ -628,6 +712,7 @@ class Diana(Method):
     """
 
     name = "diana"
+    label = "DIANA"
     state_type = DianaState
     exchange = ex.shifted
 
@@ -691,6 +776,7 @@ class RandDiana(Method):
     """
 
     name = "rand_diana"
+    label = "RandDIANA"
     state_type = RandDianaState
     exchange = ex.compressed_mean_diff
     has_coin = True
@@ -787,26 +873,34 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
     return params
 
 
-def start(method: Method, problem: Any, backend: Backend, compressor: Compressor, params: dict[str, Any],
-          state: Any, x0: Any, seed: int) -> State:
-    """The run's first state: ``method.init`` at ``x0`` (default ``problem.x0``), or ``state``
-    to resume (of the method's kind, with the run's seed)."""
+def check_start(method: Method, problem: Any, backend: Backend, state: Any, x0: Any, seed: int) -> State | Array:
+    """What a run starts from, checked before any exchange: the starting point ``x0`` (default
+    ``problem.x0``), or the given ``state`` to resume (of the method's kind, with the run's seed)
+    as the backend holds it (:meth:`State.held_by`)."""
+    seed = check_seed(seed)
     if state is None:
-        x = start_point(problem.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
-        return method.init(x, backend, compressor, params, seed=check_seed(seed))
+        return start_point(problem.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
     if not isinstance(state, method.state_type):
         raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
-    if state.seed != check_seed(seed):
+    if state.seed != seed:
         raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
-    return method.resume(state, backend)
+    return state.held_by(backend)
+
+
+def start(method: Method, backend: Backend, compressor: Compressor, params: dict[str, Any], begin: State | Array, seed: int) -> State:
+    """The run's first state from what :func:`check_start` returned: the resumed state, or
+    ``method.init`` at the starting point (its exchanges)."""
+    if isinstance(begin, State):
+        return begin
+    return method.init(begin, backend, compressor, params, seed=check_seed(seed))
 
 
 def drive(method: Method, backend: Backend, compressor: Compressor, params: dict[str, Any], state: State, *,
           rounds: int, record_every: int, progress: bool = False, on_round: Callable[[RoundInfo], None] | None = None) -> RunResult:
     """The loop shared by every method and backend: update, record, stop on divergence.
 
-    Metrics are recorded every ``record_every`` rounds (and at the end); a non-finite iterate (or
-    estimator) stops the run at once and is reported in ``diverged_at``. ``on_round`` sees every
+    Metrics are recorded every ``record_every`` rounds (and at the end); a state whose shared arrays are
+    not finite (:meth:`State.finite`: the same on every process) stops the run at once and is reported in ``diverged_at``. ``on_round`` sees every
     round's :class:`RoundInfo` (the MPI backend counts its bytes there). Whether a round is
     recorded is computed from its number, so the record costs memory in the points recorded,
     not in ``rounds``."""
@@ -857,9 +951,7 @@ def drive(method: Method, backend: Backend, compressor: Compressor, params: dict
             coins.append(bool(info.coin))
         if on_round is not None:
             on_round(info)
-        g = getattr(state, "g", None)
-        finite = bool(np.isfinite(state.x).all() and (g is None or np.isfinite(g).all()))
-        if not finite or (recorded(state.round) and not record(state)):
+        if not state.finite() or (recorded(state.round) and not record(state)):
             diverged_at = state.round
             break
         if bar is not None:
@@ -907,7 +999,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
     params["path"] = method.exchange.path(backend, compressor)
-    first = start(method, problem, backend, compressor, params, state, x0, seed)
+    first = start(method, backend, compressor, params, check_start(method, problem, backend, state, x0, seed), seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from . import _core
-from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, start_point
+from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, index_array, start_point
 from .theory.smoothness import ExactConstants, Smoothness
 
 __all__ = ["Problem", "Quadratic", "SyntheticQuadratic", "index_array"]
@@ -58,19 +58,6 @@ class Problem(Protocol):
     def local_grads(self, x: np.ndarray) -> np.ndarray:
         """``[∇f_1(x), …, ∇f_n(x)]``, shape ``(n, d)``."""
         ...
-
-
-
-
-def index_array(v: Any, name: str) -> np.ndarray:
-    """``v`` as a 1-D C-contiguous int64 array of indices: integer input only (a float such as
-    1.7 or a bool is a TypeError, not silently truncated)."""
-    arr = np.asarray(v)
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be a 1-D array of indices, got shape {arr.shape}")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integer indices, got dtype {arr.dtype}")
-    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 class Quadratic:
@@ -358,3 +345,13 @@ class SyntheticQuadratic(Quadratic):
 
     def __repr__(self) -> str:
         return f"Quadratic.synthetic(n={self.n}, d={self.d}, lam={self.lam}, noise_scale={self.noise_scale}, seed={self.seed})"
+
+
+from .classification import (  # noqa: E402 - the finite-sum problems, after the full-gradient ones
+    FiniteSumProblem as FiniteSumProblem,
+    NonconvexLogistic as NonconvexLogistic,
+    NonconvexMultiClass as NonconvexMultiClass,
+    NonconvexSigmoid as NonconvexSigmoid,
+)
+
+__all__ += ["FiniteSumProblem", "NonconvexSigmoid", "NonconvexMultiClass", "NonconvexLogistic"]

@@ -524,38 +524,6 @@ impl PyTridiagonal {
         Ok(py.detach(|| self.0.local_grad_coords(x, rows, cols))?.into_pyarray(py))
     }
 
-    /// One MARINA round in place on `x`, `g` (float64, writeable); returns the coin.
-    #[allow(clippy::too_many_arguments)]
-    fn marina_round(
-        &self,
-        py: Python<'_>,
-        spec: &PySpec,
-        mut x: PyReadwriteArray1<'_, f64>,
-        mut g: PyReadwriteArray1<'_, f64>,
-        gamma: f64,
-        p: f64,
-        seed: u64,
-        round: u64,
-    ) -> PyResult<bool> {
-        let (x, g) = (x.as_array_mut(), g.as_array_mut());
-        Ok(py.detach(|| self.0.marina_round(&spec.0, x, g, gamma, p, seed, round))?)
-    }
-
-    /// One fused EF21 + TopK(`k`) round in place on `x`, `g` (float64) and the `(n, d)`
-    /// C-contiguous float64 array `G` of the workers' estimators (issue 5).
-    fn ef21_topk_round(
-        &self,
-        py: Python<'_>,
-        mut x: PyReadwriteArray1<'_, f64>,
-        mut g: PyReadwriteArray1<'_, f64>,
-        mut gmat: PyReadwriteArray2<'_, f64>,
-        gamma: f64,
-        k: usize,
-    ) -> PyResult<()> {
-        let (x, g, gmat) = (x.as_array_mut(), g.as_array_mut(), gmat.as_array_mut());
-        Ok(py.detach(|| self.0.ef21_topk_round(x, g, gmat, gamma, k))?)
-    }
-
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` for a spec with a shared plan.
     fn compressed_mean_diff<'py>(
         &self,

@@ -3,10 +3,11 @@
 //! and `b_i = β_i e_1`. It stores `O(n)` numbers; every oracle costs `O(1)` per coordinate.
 //!
 //! Every method validates all its arguments and estimates its memory before computing; the
-//! in-place ones ([`Tridiagonal::marina_round`], [`Tridiagonal::error_feedback`],
-//! [`Tridiagonal::ef21_topk_round`]) compute into buffers and write their outputs last.
+//! in-place one ([`Tridiagonal::error_feedback`]) computes into buffers and writes its outputs
+//! last. The kernel holds no method: MARINA, EF21 and the others are defined once in Python
+//! (`permk.methods`) over these exchanges; whole rounds appear only in the tests, as references.
 
-use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut1, ArrayViewMut2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut2};
 use rayon::prelude::*;
 
 use crate::compress::{self, emit_worker, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
@@ -14,7 +15,7 @@ use crate::error::{CoreError, Result};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
 use crate::round::{with_post, Divisor, Emit, Post, Round};
-use crate::{rng, threads};
+use crate::threads;
 
 /// The plan values of [`Tridiagonal::round_values`], then `post`'s ([`crate::round::Post`]).
 struct GradValues<'a, P> {
@@ -437,8 +438,7 @@ impl Tridiagonal {
     }
 
     /// `(1/n) Σ_i C_i(∇f_i(x_new) − ∇f_i(x_old))` for a spec with a shared plan (round
-    /// `round`'s plan for `n` workers): exactly what [`Self::marina_round`] adds to `g` on
-    /// tails, without touching anything.
+    /// `round`'s plan for `n` workers): MARINA's compressed rounds add it to `g`.
     pub fn compressed_mean_diff(&self, spec: &Spec, x_new: ArrayView1<f64>, x_old: ArrayView1<f64>, seed: u64, round: u64) -> Result<Array1<f64>> {
         let d = x_new.len();
         nonempty("x_new", d)?;
@@ -456,62 +456,8 @@ impl Tridiagonal {
         Ok(Array1::from(self.mean_diff(&asg, x_new, x_old)?))
     }
 
-    /// One round of MARINA (Algorithm "MARINA") in place: `x ← x − γ g`; the shared coin of
-    /// `(seed, round)`; on heads `g ← ∇f(x)`, on tails `g ← g + (1/n) Σ_i C_i(∇f_i(x) − ∇f_i(x_old))`.
-    /// Returns the coin. `spec` must have a shared plan. Everything is validated and computed
-    /// before `x` and `g` are written.
-    #[allow(clippy::too_many_arguments)]
-    pub fn marina_round(
-        &self,
-        spec: &Spec,
-        mut x: ArrayViewMut1<f64>,
-        mut g: ArrayViewMut1<f64>,
-        gamma: f64,
-        p: f64,
-        seed: u64,
-        round: u64,
-    ) -> Result<bool> {
-        let d = x.len();
-        nonempty("x", d)?;
-        if g.len() != d {
-            return Err(CoreError::invalid("g", "x and g must have the same length"));
-        }
-        Self::check_shared(spec)?;
-        spec.check(self.n(), d)?;
-        let fp = spec.sparsifier.footprint(self.n(), d);
-        Need::new().bytes("the round's plan", fp.assign).bytes("the round's temporaries", Self::mean_diff_bytes(d) + 24 * d as u128).check()?;
-        let heads = rng::coin(seed, round, p);
-        let (mut bx, mut bg) = (Vec::new(), Vec::new());
-        let (xv, gv) = (x.view(), g.view());
-        let x_old = contiguous(&xv, &mut bx, "a copy of x")?;
-        let g_old = contiguous(&gv, &mut bg, "a copy of g")?;
-        let x_new = mem::collect("the new x", d, x_old.iter().zip(g_old).map(|(&xi, &gi)| xi - gamma * gi))?;
-        let g_new = if heads {
-            self.grad_of(&x_new)?
-        } else {
-            let asg = spec.sparsifier.assign::<f64>(self.n(), d, seed, round, None)?;
-            let mut m = self.mean_diff(&asg, &x_new, x_old)?;
-            for (mi, &gi) in m.iter_mut().zip(g_old) {
-                let sum = gi + *mi; // g + m, in this order (as before)
-                *mi = sum;
-            }
-            m
-        };
-        drop((bx, bg));
-        match x.as_slice_mut() {
-            Some(s) => s.copy_from_slice(&x_new),
-            None => x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v),
-        }
-        match g.as_slice_mut() {
-            Some(s) => s.copy_from_slice(&g_new),
-            None => g.iter_mut().zip(&g_new).for_each(|(gi, &v)| *gi = v),
-        }
-        Ok(heads)
-    }
-
-    /// EF21's worker step for workers `start .. start + m` at `x` (issue 5's fused round,
-    /// generalised): worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly (never the
-    /// `(m, d)` local gradients), sends `c_i = C_i(r_i)` (the plan of `spec` for the kernel's
+    /// EF21's worker step for workers `start .. start + m` at `x`: worker `i` computes
+    /// `r_i = ∇f_i(x) − G_i` row by row on the fly (never the `(m, d)` local gradients), sends `c_i = C_i(r_i)` (the plan of `spec` for the kernel's
     /// `n` workers; worker index `start + row`) and sets `G_i ← G_i + c_i`. `G` is the
     /// C-contiguous `(m, d)` array of their estimators. Returns the messages in worker order.
     /// TopK without quantizer keeps the fused round's selection (bit for bit); any other spec
@@ -721,59 +667,6 @@ impl Tridiagonal {
         }
     }
 
-    /// One EF21 round with TopK(`k`) in place, without ever forming the `(n, d)` local gradients:
-    /// `x ← x − γ g`; worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly, sends
-    /// `c_i = TopK_k(r_i)` (largest magnitudes, ties: lower index), and sets `G_i ← G_i + c_i`;
-    /// `g ← g + (1/n) Σ_i c_i` (summed in worker order, then divided by `n`). Bit for bit the
-    /// dense round `ef21_update(local_grads, TopK.compress_all, C.sum(0)/n)`. Everything is
-    /// validated before anything is written. A non-finite residual sets `g` to NaN (the driver
-    /// reports divergence) and leaves `G` unchanged (`x` takes its step).
-    pub fn ef21_topk_round(
-        &self,
-        mut x: ArrayViewMut1<f64>,
-        mut g: ArrayViewMut1<f64>,
-        mut gmat: ArrayViewMut2<f64>,
-        gamma: f64,
-        k: usize,
-    ) -> Result<()> {
-        let d = x.len();
-        let n = self.n();
-        nonempty("x", d)?;
-        if g.len() != d {
-            return Err(CoreError::invalid("g", "x and g must have the same length"));
-        }
-        if gmat.dim() != (n, d) {
-            return Err(CoreError::invalid("G", format!("G must have shape ({n}, {d}), got {:?}", gmat.dim())));
-        }
-        if k == 0 || k > d {
-            return Err(CoreError::invalid("k", format!("k must be in [1, d = {d}], got {k}")));
-        }
-        if !gmat.is_standard_layout() {
-            return Err(CoreError::invalid("G", "G must be C-contiguous"));
-        }
-        let spec = Spec::new(TopK { k }, Quantizer::None)?;
-        spec.check(n, d)?;
-        Self::feedback_need(&spec, n, d, n)?;
-        Need::new().bytes("the round's vectors", 16 * d as u128).check()?;
-        let x_new = mem::collect("the new x", d, x.iter().zip(g.iter()).map(|(&xi, &gi)| xi - gamma * gi))?;
-        let (tx, cx) = self.tx_cx(&x_new)?;
-        let mut acc = mem::zeros::<f64>("the messages' sum", &[d])?;
-        let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
-        let list = self.feedback(&spec, &tx, &cx, rows, n, d, 0, 0, 0)?;
-        x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
-        let Some(list) = list else {
-            g.fill(f64::NAN);
-            return Ok(());
-        };
-        // summed in worker order (and message order within a worker)
-        for w in &list {
-            w.for_each(|j, v| acc[j] += v);
-        }
-        let nf = n as f64;
-        g.iter_mut().zip(&acc).for_each(|(gi, &ai)| *gi += ai / nf);
-        Ok(())
-    }
-
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)` (with the stored `ā`).
     pub fn solve_mean(&self, rhs: &[f64]) -> Result<Vec<f64>> {
         solve_mean(self.a_mean, self.c, rhs)
@@ -808,7 +701,118 @@ pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Result<Vec<f64>> {
 mod tests {
     use super::*;
     use crate::compress::{BlockPermK, CoordinateSampling, Identity, Partition, PermK, RandK, Sparsifier};
+    use crate::rng;
+    use ndarray::ArrayViewMut1;
     use ndarray::{arr1, s, Array2};
+
+    /// The reference rounds of the tests: the methods themselves are defined once, in Python
+    /// (`permk.methods`), over the kernel's exchanges; these check the exchanges against whole
+    /// rounds computed in place.
+    /// One round of MARINA (Algorithm "MARINA") in place: `x ← x − γ g`; the shared coin of
+    /// `(seed, round)`; on heads `g ← ∇f(x)`, on tails `g ← g + (1/n) Σ_i C_i(∇f_i(x) − ∇f_i(x_old))`.
+    /// Returns the coin. `spec` must have a shared plan. Everything is validated and computed
+    /// before `x` and `g` are written.
+    #[allow(clippy::too_many_arguments)]
+    fn marina_round(
+        q: &Tridiagonal,
+        spec: &Spec,
+        mut x: ArrayViewMut1<f64>,
+        mut g: ArrayViewMut1<f64>,
+        gamma: f64,
+        p: f64,
+        seed: u64,
+        round: u64,
+    ) -> Result<bool> {
+        let d = x.len();
+        nonempty("x", d)?;
+        if g.len() != d {
+            return Err(CoreError::invalid("g", "x and g must have the same length"));
+        }
+        Tridiagonal::check_shared(spec)?;
+        spec.check(q.n(), d)?;
+        let fp = spec.sparsifier.footprint(q.n(), d);
+        Need::new().bytes("the round's plan", fp.assign).bytes("the round's temporaries", Tridiagonal::mean_diff_bytes(d) + 24 * d as u128).check()?;
+        let heads = rng::coin(seed, round, p);
+        let (mut bx, mut bg) = (Vec::new(), Vec::new());
+        let (xv, gv) = (x.view(), g.view());
+        let x_old = contiguous(&xv, &mut bx, "a copy of x")?;
+        let g_old = contiguous(&gv, &mut bg, "a copy of g")?;
+        let x_new = mem::collect("the new x", d, x_old.iter().zip(g_old).map(|(&xi, &gi)| xi - gamma * gi))?;
+        let g_new = if heads {
+            q.grad_of(&x_new)?
+        } else {
+            let asg = spec.sparsifier.assign::<f64>(q.n(), d, seed, round, None)?;
+            let mut m = q.mean_diff(&asg, &x_new, x_old)?;
+            for (mi, &gi) in m.iter_mut().zip(g_old) {
+                let sum = gi + *mi; // g + m, in this order (as before)
+                *mi = sum;
+            }
+            m
+        };
+        drop((bx, bg));
+        match x.as_slice_mut() {
+            Some(s) => s.copy_from_slice(&x_new),
+            None => x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v),
+        }
+        match g.as_slice_mut() {
+            Some(s) => s.copy_from_slice(&g_new),
+            None => g.iter_mut().zip(&g_new).for_each(|(gi, &v)| *gi = v),
+        }
+        Ok(heads)
+    }
+
+    /// One EF21 round with TopK(`k`) in place, without ever forming the `(n, d)` local gradients:
+    /// `x ← x − γ g`; worker `i` computes `r_i = ∇f_i(x) − G_i` row by row on the fly, sends
+    /// `c_i = TopK_k(r_i)` (largest magnitudes, ties: lower index), and sets `G_i ← G_i + c_i`;
+    /// `g ← g + (1/n) Σ_i c_i` (summed in worker order, then divided by `n`). Bit for bit the
+    /// dense round `ef21_update(local_grads, TopK.compress_all, C.sum(0)/n)`. Everything is
+    /// validated before anything is written. A non-finite residual sets `g` to NaN (the driver
+    /// reports divergence) and leaves `G` unchanged (`x` takes its step).
+    fn ef21_topk_round(
+        q: &Tridiagonal,
+        mut x: ArrayViewMut1<f64>,
+        mut g: ArrayViewMut1<f64>,
+        mut gmat: ArrayViewMut2<f64>,
+        gamma: f64,
+        k: usize,
+    ) -> Result<()> {
+        let d = x.len();
+        let n = q.n();
+        nonempty("x", d)?;
+        if g.len() != d {
+            return Err(CoreError::invalid("g", "x and g must have the same length"));
+        }
+        if gmat.dim() != (n, d) {
+            return Err(CoreError::invalid("G", format!("G must have shape ({n}, {d}), got {:?}", gmat.dim())));
+        }
+        if k == 0 || k > d {
+            return Err(CoreError::invalid("k", format!("k must be in [1, d = {d}], got {k}")));
+        }
+        if !gmat.is_standard_layout() {
+            return Err(CoreError::invalid("G", "G must be C-contiguous"));
+        }
+        let spec = Spec::new(TopK { k }, Quantizer::None)?;
+        spec.check(n, d)?;
+        Tridiagonal::feedback_need(&spec, n, d, n)?;
+        Need::new().bytes("the round's vectors", 16 * d as u128).check()?;
+        let x_new = mem::collect("the new x", d, x.iter().zip(g.iter()).map(|(&xi, &gi)| xi - gamma * gi))?;
+        let (tx, cx) = q.tx_cx(&x_new)?;
+        let mut acc = mem::zeros::<f64>("the messages' sum", &[d])?;
+        let rows = gmat.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
+        let list = q.feedback(&spec, &tx, &cx, rows, n, d, 0, 0, 0)?;
+        x.iter_mut().zip(&x_new).for_each(|(xi, &v)| *xi = v);
+        let Some(list) = list else {
+            g.fill(f64::NAN);
+            return Ok(());
+        };
+        // summed in worker order (and message order within a worker)
+        for w in &list {
+            w.for_each(|j, v| acc[j] += v);
+        }
+        let nf = n as f64;
+        g.iter_mut().zip(&acc).for_each(|(gi, &ai)| *gi += ai / nf);
+        Ok(())
+    }
 
     fn problem() -> Tridiagonal {
         Tridiagonal::new(vec![0.25, 0.3, 0.2], 0.01, vec![-0.25, 0.1, -0.3]).unwrap()
@@ -1010,7 +1014,7 @@ mod tests {
                 }
                 let g_ref = &g + &(c.sum_axis(ndarray::Axis(0)) / 3.0);
                 let gm_ref = &gm + &c;
-                q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.view_mut(), 0.3, k).unwrap();
+                ef21_topk_round(&q, x.view_mut(), g.view_mut(), gm.view_mut(), 0.3, k).unwrap();
                 assert_eq!(x, x_new);
                 for j in 0..d {
                     assert!((g[j] - g_ref[j]).abs() <= 1e-12 * (1.0 + g_ref[j].abs()));
@@ -1038,7 +1042,7 @@ mod tests {
                 for round in 0..3 {
                     let (mut x, mut g) = (x0.clone(), g0.clone());
                     // p = 0: always tails
-                    let heads = q.marina_round(sp, x.view_mut(), g.view_mut(), 0.1, 0.0, 5, round).unwrap();
+                    let heads = marina_round(&q, sp, x.view_mut(), g.view_mut(), 0.1, 0.0, 5, round).unwrap();
                     assert!(!heads);
                     let x_new = &x0 - &(0.1 * &g0);
                     assert_eq!(x, x_new);
@@ -1060,7 +1064,7 @@ mod tests {
         // heads: g is the gradient at the new x
         let q = problem_n(4);
         let (mut x, mut g) = (vector(6, 1), vector(6, 2));
-        assert!(q.marina_round(&spec(PermK), x.view_mut(), g.view_mut(), 0.1, 1.0, 0, 0).unwrap());
+        assert!(marina_round(&q, &spec(PermK), x.view_mut(), g.view_mut(), 0.1, 1.0, 0, 0).unwrap());
         assert_eq!(g, q.grad(x.view()).unwrap());
     }
 
@@ -1070,19 +1074,19 @@ mod tests {
         let (x0, g0) = (vector(5, 1), vector(5, 2));
         let (mut x, mut g) = (x0.clone(), g0.clone());
         let topk = spec(crate::compress::TopK { k: 1 });
-        assert!(q.marina_round(&topk, x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
-        assert!(q.marina_round(&spec(BlockPermK { partition: Partition::Contiguous { m: 4 } }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
-        assert!(q.marina_round(&spec(RandK { k: 9 }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(marina_round(&q, &topk, x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(marina_round(&q, &spec(BlockPermK { partition: Partition::Contiguous { m: 4 } }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(marina_round(&q, &spec(RandK { k: 9 }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
         let mut short = g0.slice(s![..4]).to_owned();
-        assert!(q.marina_round(&spec(PermK), x.view_mut(), short.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(marina_round(&q, &spec(PermK), x.view_mut(), short.view_mut(), 0.1, 0.0, 0, 0).is_err());
         assert_eq!((&x, &g), (&x0, &g0));
         // EF21: wrong shapes, k, or a non-contiguous G change nothing
         let mut gm = Array2::<f64>::ones((3, 10));
         let gm0 = gm.clone();
-        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..;2]), 0.1, 1).is_err());
-        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 1).is_err());
-        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 0).is_err());
-        assert!(q.ef21_topk_round(x.view_mut(), g.view_mut(), gm.slice_mut(s![..2, ..5]), 0.1, 1).is_err());
+        assert!(ef21_topk_round(&q, x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..;2]), 0.1, 1).is_err());
+        assert!(ef21_topk_round(&q, x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 1).is_err());
+        assert!(ef21_topk_round(&q, x.view_mut(), g.view_mut(), gm.slice_mut(s![.., ..5]), 0.1, 0).is_err());
+        assert!(ef21_topk_round(&q, x.view_mut(), g.view_mut(), gm.slice_mut(s![..2, ..5]), 0.1, 1).is_err());
         assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![.., ..;2]), 0, 0, 0).is_err());
         assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![.., ..4]), 0, 0, 0).is_err());
         assert!(q.error_feedback(&topk, x.view(), gm.slice_mut(s![..2, ..5]), 0, 0, 2).is_err());
@@ -1101,7 +1105,7 @@ mod tests {
             let sp = spec(crate::compress::TopK { k });
             // the fused round
             let (mut x1, mut g1, mut gm1) = (x0.clone(), g0.clone(), gm.clone());
-            q.ef21_topk_round(x1.view_mut(), g1.view_mut(), gm1.view_mut(), 0.2, k).unwrap();
+            ef21_topk_round(&q, x1.view_mut(), g1.view_mut(), gm1.view_mut(), 0.2, k).unwrap();
             // the worker step at x - γ g, in two pieces
             let x_new = &x0 - &(0.2 * &g0);
             assert_eq!(x1, x_new);
@@ -1177,7 +1181,7 @@ mod tests {
         // the fused round reports it as g = NaN, G unchanged
         let (mut x1, mut g1) = (x.clone(), vector(d, 2));
         let before = gm.clone();
-        q.ef21_topk_round(x1.view_mut(), g1.view_mut(), gm.view_mut(), 0.1, 2).unwrap();
+        ef21_topk_round(&q, x1.view_mut(), g1.view_mut(), gm.view_mut(), 0.1, 2).unwrap();
         assert!(g1.iter().all(|v| v.is_nan()));
         assert!(gm.iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()));
     }

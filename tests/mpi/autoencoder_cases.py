@@ -37,7 +37,7 @@ def compressor(name: str) -> permk.Compressor:
 
 
 def method(name: str) -> Any:
-    return {"marina": permk.marina, "ef21": permk.ef21}[CASES[name][0]]
+    return permk.methods.catalog()[CASES[name][0]]
 
 
 OPTIONS = dict(rounds=ROUNDS, seed=11, gamma=2e-3)

@@ -9,11 +9,13 @@ MPI side (``run_cases.py``) and the test (the simulator) build the same problem 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 
 import permk
+import permk.exchanges as ex
 
 CASES: dict[str, dict[str, Any]] = {
     # bit for bit (reduce="ordered": every sum of the run in worker order)
@@ -118,6 +120,63 @@ class LeastSquaresGlobal(LeastSquaresShard):
         return acc / self.n
 
 
+@dataclass(frozen=True, eq=False)
+class MomentumState(permk.State):
+    """The state of :class:`LocalMomentum`: the iterate, the workers' momenta ``M`` (one row per
+    held worker) and their mean ``m``."""
+
+    x: np.ndarray
+    m: np.ndarray
+    M: np.ndarray
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "m": "shared", "M": "per_worker"}
+
+
+class LocalMomentum(permk.Method):
+    """A user's method with a per-worker state, defined outside the package: worker ``i`` keeps
+    the momentum ``M_i ← β M_i + ∇f_i(x)`` and the iterate steps along their mean,
+    ``x ← x − γ (1/n) Σ_i M_i`` (full vectors: no compressor; pass ``gamma``). Only its state's
+    ``arrays`` tell the driver, the resume checks, ``load_state`` and the MPI digests what it holds."""
+
+    name = "local_momentum"
+    label = "Local momentum"
+    state_type = MomentumState
+    exchange = permk.exchanges.mean_grad
+    takes_compressor = False
+
+    def parameters(self, compressor: permk.Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
+                   beta: float = 0.5) -> dict[str, Any]:
+        if not compressor.capabilities.lossless:
+            raise ValueError(f"local momentum sends full vectors: its compressor must be Identity, got {compressor.name}")
+        bits = float(d * float_bits)
+        return {"beta": float(beta), "bits": {"compressed": bits, "expected": bits}}
+
+    def step(self, compressor: permk.Compressor, n: int, d: int, params: dict[str, Any], constants: Any,
+             problem: Any = None) -> tuple[float, str]:
+        raise ValueError("local momentum has no theory step: pass gamma=")
+
+    def floats_per_round(self, compressor: permk.Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(d)
+
+    def init(self, x0: np.ndarray, backend: Any, compressor: permk.Compressor, params: dict[str, Any], *, seed: int) -> MomentumState:
+        M = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        return MomentumState(x=x0, m=ex.mean_rows(backend, M), M=M, seed=seed)
+
+    def update(self, state: MomentumState, backend: Any, compressor: permk.Compressor,
+               params: dict[str, Any]) -> tuple[MomentumState, permk.RoundInfo]:
+        x = state.x - params["gamma"] * state.m
+        M = params["beta"] * state.M + ex.local_grads(backend, x)
+        bits = params["bits"]["compressed"]
+        return (MomentumState(x=x, m=ex.mean_rows(backend, M), M=M, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
+                permk.RoundInfo(bits))
+
+
+local_momentum = LocalMomentum()
+
+
 class Rand1(permk.Compressor):
     """A user's compressor, written in Python outside the package: each worker sends one
     coordinate drawn from its own stream, scaled by d (independent Rand1: ω = d − 1). It has no
@@ -157,8 +216,8 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
     kw: dict[str, Any] = dict(rounds=case.get("rounds", ROUNDS), seed=SEED, record_every=case.get("record_every", 1))
     if "gamma" in case:
         kw["gamma"] = case["gamma"]
-    elif case["method"] == "marina":
-        kw["gamma_multiplier"] = 0.9
+    elif METHODS[case["method"]].has_coin:
+        kw["gamma_multiplier"] = 0.9  # MARINA: below the theory's step
     if "p" in case:
         kw["p"] = case["p"]
     if "init" in case:
@@ -167,7 +226,28 @@ def run_kwargs(case: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
+#: Every method of the package's catalog, by name (a case's ``method``).
 METHODS = permk.methods.catalog()
+
+
+def example_compressor(method: permk.Method, n: int, d: int) -> permk.Compressor:
+    """A compressor that suits ``method`` at ``(n, d)``, chosen by the method's and the
+    compressors' attributes: the identity for a method that takes no compressor
+    (``takes_compressor``), else the first compressor of the catalog that compresses (not
+    ``capabilities.lossless``) whose default the method's ``parameters`` accept."""
+    from permk.compressors import catalog
+
+    if not method.takes_compressor:
+        return permk.Identity()
+    for cls in catalog().values():
+        try:
+            c = cls.default(n, d)
+            method.parameters(c, n, d)
+        except (TypeError, ValueError):
+            continue
+        if not c.capabilities.lossless:
+            return c
+    raise ValueError(f"no compressor of the catalog suits {method!r} at n={n}, d={d}")
 
 
 class WorkerOrderMean:
@@ -198,12 +278,11 @@ class WorkerOrderMean:
 
 
 def simulate(case: dict[str, Any]) -> permk.RunResult:
-    """The single-process reference run (path="dense": messages summed in worker order; EF21 may
-    take its Rust path, which is bit for bit the dense one)."""
+    """The single-process reference run (path="dense": messages summed in worker order, bit for
+    bit what the MPI runs' rust and fused paths compute)."""
     prob = LeastSquaresGlobal(case["n"], case["d"]) if case.get("problem") == "lsq" else problem(case)
     comp = compressor(case) or permk.Identity()
-    path = "auto" if case["method"] == "ef21" else "dense"
-    return permk.run(METHODS[case["method"]], prob, comp, path=path, **run_kwargs(case))
+    return permk.run(METHODS[case["method"]], prob, comp, path="dense", **run_kwargs(case))
 
 
 def run_mpi(case: dict[str, Any], comm: Any = None) -> Any:

@@ -27,7 +27,7 @@ def main() -> None:
     for name in names:
         res = run_mpi(CASES[name], comm)
         arrays = {k: np.asarray(getattr(res, k)) for k in ARRAYS if getattr(res, k) is not None}
-        arrays["g"] = getattr(res.state, "g", res.state.x)  # DCGD has no estimator
+        arrays.update({f"state.{k}": getattr(res.state, k) for k in res.state.shared_arrays()})
         h = hashlib.sha256()
         for k in sorted(arrays):
             h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())

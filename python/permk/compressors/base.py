@@ -279,6 +279,8 @@ class Capabilities:
     * ``deterministic`` — ``C_i(x) = C(x)``, one deterministic, positively homogeneous map for
       every worker, seed and round (TopK, Identity): workers with equal inputs send equal
       messages, whatever ``n`` (the experiments use it to simulate identical workers once).
+    * ``lossless`` — ``C_i(x) = x``: every worker sends its vector whole (Identity); a method
+      whose rounds send full gradients (``permk.gd``) takes only such a compressor.
     * ``tunable`` — the constructor argument that sets the message size (``"k"``), which
       :func:`permk.theory.complexity` optimises and the experiments set to ``⌈d/n⌉``.
     """
@@ -289,6 +291,7 @@ class Capabilities:
     random_size: bool = False
     needs_indices: bool = False
     deterministic: bool = False
+    lossless: bool = False
     tunable: str | None = None
 
 

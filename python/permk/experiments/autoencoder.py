@@ -158,6 +158,12 @@ class LinearAutoencoder:
         computed from ``seed`` for all workers, identically on every rank), and has the
         :class:`~permk.distributed.LocalProblem` oracles for them; ``grad``, ``loss`` and
         ``f_star`` stay global (the second moment is computed from all of ``X`` once).
+
+    Attributes
+    ----------
+    local : whether the problem holds only the workers given by ``workers=`` (a local problem,
+        whose ``workers`` attribute :func:`permk.distributed.run` reads; a global problem has none).
+    held_workers : the workers whose images the problem holds (``range(n)`` when not local).
     """
 
     def __init__(self, X: Any, n: int, p_hat: float, lam: float, *, d_e: int = 16, seed: int = 0, dtype: Any = np.float64,
@@ -220,14 +226,16 @@ class LinearAutoencoder:
         self.sigma = Y.T @ Y
         del Y
         # the held splits' images, one column per image, each split padded to m columns
+        self.local = workers is not None
         if workers is None:
+            self.held_workers = range(n)
             held = np.arange(S)
         else:
             ws_ = [check_int(i, "worker", high=n) for i in workers]
             if not ws_ or ws_ != list(range(ws_[0], ws_[0] + len(ws_))):
                 raise ValueError(f"workers must be a non-empty contiguous range of worker indices in range({n}), got {ws_}")
-            self.workers = range(ws_[0], ws_[0] + len(ws_))
-            held = np.unique(self.worker_split[self.workers.start : self.workers.stop])
+            self.workers = self.held_workers = range(ws_[0], ws_[0] + len(ws_))
+            held = np.unique(self.worker_split[self.held_workers.start : self.held_workers.stop])
         self._held = held
         self._slot = np.full(S, -1, dtype=np.int64)
         self._slot[held] = np.arange(len(held))
@@ -258,7 +266,7 @@ class LinearAutoencoder:
         """The images of distinct split ``s`` (held by this problem), ``(m_s, d_f)`` float64."""
         k = int(self._slot[check_int(s, "s", high=self.n_splits)])
         if k < 0:
-            raise ValueError(f"split {s} is not held by this problem (it holds the splits of workers {self.workers})")
+            raise ValueError(f"split {s} is not held by this problem (it holds the splits of workers {self.held_workers})")
         return self._AT[:, k * self._m : k * self._m + int(self.sizes[s])].T.astype(np.float64)
 
     # -- the closed forms through a second moment ---------------------------------------------
@@ -364,8 +372,8 @@ class LinearAutoencoder:
         r = index_array(rows, "rows")
         if r.size and (int(r.min()) < 0 or int(r.max()) >= self.n):
             raise ValueError(f"rows must be worker indices in range({self.n})")
-        ws = getattr(self, "workers", None)
-        if ws is not None and r.size and (int(r.min()) < ws.start or int(r.max()) >= ws.stop):
+        ws = self.held_workers
+        if self.local and r.size and (int(r.min()) < ws.start or int(r.max()) >= ws.stop):
             raise ValueError(f"rows must be workers held by this problem ({ws})")
         return self._slot[self.worker_split[r]]
 
@@ -441,7 +449,7 @@ class LinearAutoencoder:
         return self._full[1]
 
     def _worker_rows(self) -> np.ndarray:
-        ws = getattr(self, "workers", range(self.n))
+        ws = self.held_workers
         return self._slot[self.worker_split[ws.start : ws.stop]]
 
     def local_grads(self, x: Any) -> np.ndarray:
@@ -460,12 +468,12 @@ class LinearAutoencoder:
 
     def grouped(self) -> "GroupedAutoencoder":
         """The problem with one virtual worker per distinct split (for EF21, see the module docstring)."""
-        if hasattr(self, "workers"):
+        if self.local:
             raise ValueError("a local problem (workers=...) cannot be grouped: group the global problem, or run EF21 on the workers")
         return GroupedAutoencoder(self)
 
     def __repr__(self) -> str:
-        where = f", workers={self.workers}" if hasattr(self, "workers") else ""
+        where = f", workers={self.held_workers}" if self.local else ""
         return (f"LinearAutoencoder(n={self.n}, d={self.d}, p_hat={self.p_hat}, lam={self.lam}, splits={self.n_splits}, "
                 f"split={self.split!r}, loss={self.loss_kind!r}, dtype={self.dtype.name}{where})")
 

@@ -39,10 +39,11 @@ of :class:`SearchOptions` (``--protocol authors`` sets them all, :data:`AUTHORS`
 The options are recorded with every run, so the figures (:func:`best_runs`, :func:`cell_budget`)
 use the rule the grid ran with.
 
-**Pruning** (EF21 only, by default): multipliers are tried from the largest (the stability
-edge ``2^j γ_theory ≤ 2/L_−``) downwards; EF21 runs are the expensive ones (``O(nd)`` per round)
-and below the edge they only get slower, so the scan of a method stops after ``patience``
-consecutive non-diverged runs worse than its best so far. ``--no-prune`` runs every multiplier.
+**Pruning** (by default, of the methods whose state keeps per-worker arrays: EF21):
+multipliers are tried from the largest (the stability edge ``2^j γ_theory ≤ 2/L_−``) downwards;
+such runs are the expensive ones (``O(nd)`` per round) and below the edge they only get
+slower, so the scan of a method stops after ``patience`` consecutive non-diverged runs worse
+than its best so far. ``--no-prune`` runs every multiplier.
 """
 
 from __future__ import annotations
@@ -121,16 +122,16 @@ class Spec:
 
     def identical_workers_collapse(self, compressor: Any) -> bool:
         """Whether workers that are the same function stay identical under this method with
-        ``compressor``: error feedback with a deterministic compressor (TopK) keeps equal ``g_i``,
-        so the iterates do not depend on how many such workers there are (the experiments then
-        run as few as they can)."""
-        return bool(self.method.exchange.name == "error_feedback" and compressor.capabilities.deterministic)
+        ``compressor``: a method that says so (``collapses_identical_workers``: EF21 keeps equal
+        ``g_i``) with a deterministic compressor (TopK), so the iterates do not depend on how
+        many such workers there are (the experiments then run as few as they can)."""
+        return bool(self.method.collapses_identical_workers and compressor.capabilities.deterministic)
 
     @property
     def label(self) -> str:
-        """The legend label, the method's name and the compressor's class name:
+        """The legend label, the method's ``label`` and the compressor's class:
         ``MARINA + PermK``, ``EF21 + TopK``."""
-        return f"{self.method.name.upper()} + {self.compressor_class.__name__}"
+        return f"{self.method.label} + {self.compressor_class.__name__}"
 
 
 def available_specs(n: int = 10, d: int = 100) -> list[str]:
@@ -146,7 +147,7 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     probe = Quadratic.synthetic(n, d, lam=1e-3, noise_scale=0.1)
     consts = Constants.of(probe)
     for mname, method in methods().items():
-        if method.exchange.name == "mean_grad":
+        if not method.takes_compressor:
             continue  # GD: no compressor (it is MARINA with the identity)
         for cname, cls in catalog().items():
             try:
@@ -210,7 +211,7 @@ class SearchOptions:
     budget_factor: float = 20.0
     max_rounds: int = 20000
     div_factor: float = 1e2
-    prune: tuple[str, ...] = ("ef21-topk",)
+    prune: tuple[str, ...] | None = None
     patience: int = 1
     pl: bool = False
     constants: str = "pessimistic"
@@ -230,19 +231,27 @@ class SearchOptions:
         check_choice(self.ef21_init, "ef21_init", ("full", "compressed"))
 
     def rounds_for(self, spec: Spec) -> int:
-        """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, twice
-        that for error feedback (EF21), as the authors' configs."""
-        twice = self.horizon == "rounds" and spec.method.exchange.name == "error_feedback"
-        return 2 * self.max_rounds if twice else self.max_rounds
+        """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, times
+        the method's ``authors_rounds_factor`` (EF21: twice), as the authors' configs."""
+        factor = spec.method.authors_rounds_factor if self.horizon == "rounds" else 1
+        return int(factor) * self.max_rounds
+
+    def prunes(self, spec: Spec) -> bool:
+        """Whether the multiplier scan of ``spec`` stops early (see *Pruning*): the specs listed
+        in ``prune``; by default (None) those whose method keeps per-worker arrays in its state
+        (:attr:`permk.State.arrays`: ``O(nd)`` per round, as EF21's estimators)."""
+        if self.prune is None:
+            return bool(spec.method.state_type.per_worker_arrays())
+        return spec.key in self.prune
 
     def budget(self, bits_to_target: float) -> float:
         """The bits budget given the fewest bits to the target (infinite with ``horizon="rounds"``)."""
         return math.inf if self.horizon == "rounds" else self.budget_factor * bits_to_target
 
     def method_options(self, spec: Spec) -> dict[str, Any]:
-        """The method's own options of a run of ``spec``: an error-feedback method's start
-        ``init`` (the methods :meth:`rounds_for` gives twice the rounds)."""
-        return {"init": self.ef21_init} if spec.method.exchange.name == "error_feedback" else {}
+        """The method's own options of a run of ``spec``: the start ``init`` of a method that
+        has a choice of starts (``Method.starts``: EF21's)."""
+        return {"init": self.ef21_init} if self.ef21_init in spec.method.starts else {}
 
 
 #: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the
@@ -542,7 +551,7 @@ def search_cell(
                 best_hit = min(best_hit, float(s["bits_to_target"]))
             if on_run is not None:
                 on_run(rec)
-            if method in opts.prune and not s.get("diverged"):
+            if opts.prunes(Spec.parse(method)) and not s.get("diverged"):
                 sc = score(s, rec["curve"], opts.budget(best_hit) if math.isfinite(best_hit) else math.inf, opts.best)
                 if best_score is None or sc < best_score:
                     best_score, streak = sc, 0

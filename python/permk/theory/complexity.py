@@ -25,7 +25,7 @@ from .._validate import check_int, check_real
 from ..compressors import Compressor
 from .steps import Constants
 
-__all__ = ["Complexity", "complexity", "table_complexity", "format_complexity_table"]
+__all__ = ["Complexity", "TableRow", "MARINA_PERMK", "MARINA_RANDK", "EF21_TOPK", "complexity", "table_complexity", "format_complexity_table"]
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,10 @@ def _checked(method: Any, n: Any, d: Any, L_minus: Any, L_plus: Any, L_pm: Any, 
     return n, d, constants, eps, delta0
 
 
-class _Row(NamedTuple):
+class TableRow(NamedTuple):
+    """One row of the paper's communication-complexity Tables (nonconvex and PL), declared by
+    its method for a compressor class (``Method.table_rows``)."""
+
     label: str
     #: the inner ``min{…}`` of the closed form at ``(n, d, L−, L+, L±)``
     inner: Callable[[int, int, float, float, float], float]
@@ -215,14 +218,12 @@ class _Row(NamedTuple):
     pl_at_least_d: bool = True
 
 
-#: The paper's communication-complexity Tables (nonconvex and PL), by (method, compressor).
-_TABLE: dict[tuple[str, str], _Row] = {
-    ("marina", "PermK"): _Row("MARINA + PermK", lambda n, d, Lm, Lp, Lpm: min(
-        d * Lm, (d / n if d >= n else 1.0) * Lm + d / math.sqrt(n) * Lpm)),
-    ("marina", "RandK"): _Row("MARINA + RandK", lambda n, d, Lm, Lp, Lpm: min(
-        d * Lm, (0.0 if d >= n else Lm) + d / math.sqrt(n) * Lp)),
-    ("ef21", "TopK"): _Row("EF21 + TopK", lambda n, d, Lm, Lp, Lpm: d * Lm, pl_at_least_d=False),
-}
+#: MARINA with PermK, with RandK (optimal ``K``) and EF21 with TopK (optimal ``K``).
+MARINA_PERMK = TableRow("MARINA + PermK", lambda n, d, Lm, Lp, Lpm: min(
+    d * Lm, (d / n if d >= n else 1.0) * Lm + d / math.sqrt(n) * Lpm))
+MARINA_RANDK = TableRow("MARINA + RandK", lambda n, d, Lm, Lp, Lpm: min(
+    d * Lm, (0.0 if d >= n else Lm) + d / math.sqrt(n) * Lp))
+EF21_TOPK = TableRow("EF21 + TopK", lambda n, d, Lm, Lp, Lpm: d * Lm, pl_at_least_d=False)
 
 
 def table_complexity(
@@ -238,7 +239,8 @@ def table_complexity(
     delta0: float,
     mu: float | None = None,
 ) -> tuple[float, str] | None:
-    """The paper's closed form for MARINA+PermK, MARINA+RandK or EF21+TopK, or None.
+    """The paper's closed form for the method with the compressor (its ``table_rows``:
+    MARINA+PermK, MARINA+RandK, EF21+TopK), or None.
 
     The paper's communication-complexity Table, from its Lemmas on the optimal parameters of the
     methods (``d ≥ n`` and ``n ≥ d``), optimised over ``p`` and ``K``:
@@ -256,7 +258,7 @@ def table_complexity(
 
 def _table(method: Any, compressor: Any, n: int, d: int, c: Constants, eps: float, delta0: float) -> tuple[float, str] | None:
     kind = compressor if isinstance(compressor, type) else type(compressor)
-    row = _TABLE.get((method.name, kind.__name__))
+    row = getattr(method, "table_rows", {}).get(kind)
     if row is None:
         return None
     inner = row.inner(n, d, c.L_minus, c.L_plus, c.L_pm)

@@ -1,0 +1,691 @@
+"""Finite-sum classification problems: the authors' nonconvex tasks on labelled data.
+
+**The finite-sum protocol** (:class:`FiniteSumProblem`). Worker ``i`` holds ``m_i`` samples and
+``f_i = (1/m_i) Σ_j f_ij``; ``f = (1/n) Σ_i f_i``. Besides the full-gradient oracles of
+:class:`permk.problems.Problem` (so ``permk.marina``, ``permk.ef21``, ``permk.gd`` run on these
+problems unchanged), such a problem exposes
+
+* ``sample_counts`` — the ``m_i``, shape ``(n,)``;
+* ``minibatch_grads(x, b, *, seed, round, workers=None)`` — ``∇f_{iB_i}(x) = (1/b) Σ_{j ∈ B_i}
+  ∇f_ij(x)`` of every requested worker at once, shape ``(len(workers), d)``;
+* ``minibatch_grads_pair(x, y, b, *, seed, round, workers=None)`` — the same minibatches at two
+  points, ``(∇f_{iB_i}(x), ∇f_{iB_i}(y))``: the difference is what VR-MARINA, DASHA-PAGE and
+  DASHA-MVR send (:func:`minibatch_indices` is the sampling).
+
+Worker ``i``'s minibatch ``B_i`` in round ``t`` is ``b`` indices drawn **uniformly with
+replacement** from ``0 … m_i − 1`` by ``numpy.random.default_rng([seed, t, i, MINIBATCH_TAG])``:
+a pure function of ``(seed, t, i)``, so every backend, process and call order draws the same
+samples, and no worker's samples depend on which other workers are asked. With replacement
+because that is the sampling of the analyses of VR-MARINA (Gorbunov et al. 2021) and DASHA
+(Tyurin and Richtárik 2022) — ``b`` i.i.d. uniform indices, so ``E ∇f_{iB}(x) = ∇f_i(x)`` and
+the variance is ``1/b`` of one sample's, for any ``b`` (also ``b > m_i``) — and the authors'
+code (``SamplingType.UNIFORM_WITH_REPLACEMENT``).
+
+**The problems** (the authors' ``function.py`` of mysteryresearcher/sampling-in-optimal-sgd,
+with their features: each sample ``a_j`` is the data row with a constant 1 appended, the bias,
+``bias=False`` drops it; ``D`` is the length of ``a_j``). The parameter ``x`` holds the weights
+``W ∈ R^{D×C}`` row-major (their ``np.reshape(point, [-1, C])``), ``z_j = Wᵀa_j``:
+
+* :class:`NonconvexSigmoid` (``NonConvexLossFunction``), ``C = 1``, labels ``±1``:
+  ``f_ij(x) = (1 − σ(y_j a_jᵀx))²``;
+* :class:`NonconvexMultiClass` (``NonConvexLossMultiClassFunction``), labels ``0 … C−1``:
+  ``f_ij(W) = (1 − softmax(Wᵀa_j)_{y_j})² + (λ/2)‖W‖²`` (their default λ = 1e-4);
+* :class:`NonconvexLogistic` (``LogisticRegressionFunction`` with ``nonconvex_regularizer``):
+  ``f_ij(W) = −log softmax(Wᵀa_j)_{y_j} + λ Σ_k w_k²/(1 + w_k²)`` (cross-entropy over ``C``
+  classes; their binary tasks use ``C = 2``).
+
+**Smoothness constants in closed form.** Each ``f_ij(W) = h(Wᵀa_j, y_j) + r(W)``, so
+``∇²f_ij = (a_j a_jᵀ) ⊗ ∇²_z h + ∇²r``. With ``−c I ⪯ ∇²_z h ⪯ c I`` for every ``z`` and
+``|r''| ≤ ρ`` coordinatewise, and since ``a aᵀ ⊗ (cI ∓ ∇²_z h) ⪰ 0``:
+
+* ``L_ij = c‖a_j‖² + ρ`` (``L_max = max L_ij``);
+* ``L_i = c λ_max(A_iᵀA_i)/m_i + ρ`` (``A_i``: worker ``i``'s samples as rows), at most
+  ``c · mean_j ‖a_j‖² + ρ``;
+* ``L_−`` (of ``f``) ``= c λ_max(Σ_i A_iᵀA_i/(n m_i)) + ρ``;
+* ``L_+`` and ``L_±`` are bounded by ``sqrt((1/n) Σ L_i²)`` (``L_±² ≤ L_+² ≤ (1/n)Σ L_i²``);
+* VR-MARINA's mean-squared constant ``(1/m_i) Σ_j ‖∇f_ij(x) − ∇f_ij(y)‖² ≤ ℒ_i²‖x − y‖²``
+  holds with ``ℒ_i² = mean_j L_ij²`` (``L_sample_rms``).
+
+The curvature bounds ``c`` and ``ρ``:
+
+* sigmoid loss, ``φ(t) = (1 − σ(t))²`` at ``t = y aᵀx`` (``y² = 1``): with ``s = σ(t)``,
+  ``φ'' = −2s(1 − s)²(1 − 3s)``, whose extremes over ``s ∈ (0, 1)`` are at the roots of
+  ``12s² − 9s + 1``, ``s± = (9 ± √33)/24``: ``max φ'' = 0.1540586`` (at ``s₊``, the authors'
+  0.15406) and ``min φ'' = −0.1202044``; ``c = max φ''``, ``ρ = 0``;
+* multi-class loss, ``h = (1 − q)²`` with ``q = p_y``, ``p = softmax(z)``, ``v = e_y − p``:
+  ``∇²h = 2q(2q − 1) v vᵀ + 2q(1 − q)(diag p − p pᵀ)``; ``‖v‖² ≤ 2(1 − q)²`` and
+  ``‖diag p − p pᵀ‖ ≤ 1/2`` (Gershgorin: row ``k`` sums to ``2p_k(1 − p_k)``), so
+  ``c = max_q 4q|2q − 1|(1 − q)² + q(1 − q) = 0.4717068`` for every ``C`` (the authors' 12C is
+  looser); ``ρ = λ``;
+* cross-entropy, ``∇²h = diag p − p pᵀ ∈ [0, 1/2]``: ``c = 1/2`` (the authors' 0.25 holds for a
+  single weight vector, not for their ``C = 2`` columns); the regulariser ``λ w²/(1 + w²)`` has
+  ``r'' = λ(2 − 6w²)/(1 + w²)³ ∈ [−λ/2, 2λ]``: ``ρ = 2λ``.
+
+The tests check every constant against finite-difference Hessians at random points.
+
+**Vectorised over workers.** Dense data are held as one ``(n, m_max, D)`` array (each shard
+padded with zero rows, which carry zero weight): every oracle is a batched matrix product
+(``numpy.matmul``, BLAS) over the workers. Sparse data (any scipy.sparse input) are one CSR
+matrix of the stacked shards; the per-worker sums are one sparse product with an ``(n·C, M)``
+assignment matrix. ``dtype=np.float32`` keeps the data and the products in float32 (as the
+authors' PyTorch code did); the oracles return float64. The coordinate oracle
+``local_grad_coords`` needs one forward product (kept for the last two points, MARINA asks
+``x^{t+1}`` then ``x^t``) and ``O(m_i)`` per coordinate, instead of the second product.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cached_property
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+from ._validate import as_vector, check_int, check_real, check_seed, index_array, start_point
+from .datasets import binary_labels, class_labels, shard_indices
+
+__all__ = [
+    "FiniteSumProblem",
+    "NonconvexSigmoid",
+    "NonconvexMultiClass",
+    "NonconvexLogistic",
+    "minibatch_indices",
+    "MINIBATCH_TAG",
+    "SIGMOID_CURVATURE",
+    "MULTICLASS_CURVATURE",
+]
+
+#: The fourth word of every minibatch seed ``[seed, round, worker, MINIBATCH_TAG]`` ("mb"): keeps
+#: the minibatch streams apart from any other stream seeded with ``(seed, round, worker)``.
+MINIBATCH_TAG = 0x6D62
+
+
+def _sigmoid_curvature() -> tuple[float, float]:
+    """``(max φ'', −min φ'')`` of ``φ(t) = (1 − σ(t))²``: ``φ'' = −2s(1 − s)²(1 − 3s)`` at the
+    roots ``s = (9 ± √33)/24`` of its derivative in ``s``."""
+
+    def phi2(s: float) -> float:
+        return -2.0 * s * (1.0 - s) ** 2 * (1.0 - 3.0 * s)
+
+    return phi2((9.0 + math.sqrt(33.0)) / 24.0), -phi2((9.0 - math.sqrt(33.0)) / 24.0)
+
+
+def _multiclass_curvature() -> float:
+    """``max_{q ∈ [0,1]} 4q|2q − 1|(1 − q)² + q(1 − q)``: on each side of ``q = 1/2`` a
+    polynomial, maximised at the real roots of its derivative in the interval."""
+    best = 0.0
+    for sign, lo, hi in ((-1.0, 0.0, 0.5), (1.0, 0.5, 1.0)):
+        # 4q·sign(2q − 1)(1 − q)² + q(1 − q)
+        poly = np.polynomial.Polynomial([0, 4]) * np.polynomial.Polynomial([-sign, 2 * sign]) * np.polynomial.Polynomial([1, -1]) ** 2
+        poly = poly + np.polynomial.Polynomial([0, 1, -1])
+        roots = [complex(r) for r in poly.deriv().roots()]
+        cands = [lo, hi] + [r.real for r in roots if abs(r.imag) < 1e-12 and lo <= r.real <= hi]
+        best = max(best, max(float(poly(q)) for q in cands))
+    return best
+
+
+#: ``max φ''`` of the sigmoid loss ``φ(t) = (1 − σ(t))²`` (``−min φ''`` is smaller, 0.1202044).
+SIGMOID_CURVATURE = _sigmoid_curvature()[0]
+#: The bound ``c`` on ``‖∇²_z (1 − softmax(z)_y)²‖`` for any number of classes.
+MULTICLASS_CURVATURE = _multiclass_curvature()
+
+
+@runtime_checkable
+class FiniteSumProblem(Protocol):
+    """A problem ``f = (1/n) Σ_i f_i`` with ``f_i = (1/m_i) Σ_j f_ij`` (see the module docstring):
+    the full-gradient oracles of :class:`permk.problems.Problem` plus the minibatch oracles.
+    Optional, used when present: ``local_grad_coords(x, rows, cols)`` and the constants
+    ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``L_max``, ``L_sample_rms``."""
+
+    n: int
+    d: int
+    x0: np.ndarray
+    sample_counts: np.ndarray
+
+    def loss(self, x: np.ndarray) -> float:
+        """``f(x)``."""
+        ...
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        """``∇f(x)``, shape ``(d,)``."""
+        ...
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        """``[∇f_1(x), …, ∇f_n(x)]``, shape ``(n, d)``."""
+        ...
+
+    def minibatch_grads(self, x: np.ndarray, batch_size: int, *, seed: int, round: int,
+                        workers: Sequence[int] | None = None) -> np.ndarray:
+        """``[∇f_{iB_i}(x)]`` for ``i`` in ``workers`` (default all), shape ``(len(workers), d)``."""
+        ...
+
+    def minibatch_grads_pair(self, x: np.ndarray, y: np.ndarray, batch_size: int, *, seed: int, round: int,
+                             workers: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``([∇f_{iB_i}(x)], [∇f_{iB_i}(y)])`` with the same minibatches at both points."""
+        ...
+
+
+def minibatch_indices(sample_counts: Any, batch_size: int, *, seed: int, round: int, workers: Sequence[int]) -> np.ndarray:
+    """The minibatches of ``workers`` in round ``round``: row ``k`` holds ``batch_size`` indices
+    into worker ``workers[k]``'s samples, uniform with replacement, drawn by
+    ``numpy.random.default_rng([seed, round, workers[k], MINIBATCH_TAG])``.
+
+    >>> minibatch_indices([5, 3], 4, seed=0, round=1, workers=[1]).shape
+    (1, 4)
+    """
+    counts = np.asarray(sample_counts)
+    b = check_int(batch_size, "batch_size", low=1)
+    seed, rnd = check_seed(seed), check_int(round, "round")
+    out = np.empty((len(workers), b), dtype=np.int64)
+    for k, w in enumerate(workers):
+        out[k] = np.random.default_rng([seed, rnd, int(w), MINIBATCH_TAG]).integers(int(counts[w]), size=b)
+    return out
+
+
+class _DenseBlock:
+    """Samples of ``k`` workers as a zero-padded ``(k, m, D)`` array, their labels ``(k, m)`` and
+    weights ``(k, m)`` (``1/m_i`` on a worker's samples, 0 on padding)."""
+
+    kind = "dense"
+
+    def __init__(self, A: np.ndarray, Y: np.ndarray, wt: np.ndarray) -> None:
+        self.A, self.Y, self.wt = A, Y, wt
+        self.k = A.shape[0]
+
+    def scaled_rows(self, rows: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """The samples ``rows`` (in stacked order, padding skipped) times ``scale``, float64."""
+        valid = np.flatnonzero(self.wt.ravel() > 0)
+        return self.A.reshape(-1, self.A.shape[2])[valid[rows]].astype(np.float64) * scale[:, None]
+
+    def weighted_gram(self, workers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """``Σ_k weights[k] A_kᵀA_k`` over the block's workers ``workers`` (float64, ``D × D``)."""
+        D = self.A.shape[2]
+        gram = np.zeros((D, D))
+        for i, w in zip(workers, weights):
+            Ai = self.A[i, self.wt[i] > 0].astype(np.float64)
+            gram += w * (Ai.T @ Ai)
+        return gram
+
+    def take(self, workers: np.ndarray) -> _DenseBlock:
+        return _DenseBlock(self.A[workers], self.Y[workers], self.wt[workers])
+
+    def sample(self, workers: np.ndarray, idx: np.ndarray) -> _DenseBlock:
+        w = workers[:, None]
+        return _DenseBlock(self.A[w, idx], self.Y[w, idx], np.full(idx.shape, 1.0 / idx.shape[1]))
+
+    def forward(self, W: np.ndarray) -> np.ndarray:
+        return np.matmul(self.A, W)  # (k, m, C): one batched product
+
+    def backward(self, G: np.ndarray) -> np.ndarray:
+        return np.matmul(self.A.transpose(0, 2, 1), G)  # (k, D, C)
+
+    def backward_sum(self, G: np.ndarray) -> np.ndarray:
+        k, m, D = self.A.shape
+        return self.A.reshape(k * m, D).T @ G.reshape(k * m, -1)  # (D, C)
+
+    def per_worker(self, v: np.ndarray) -> np.ndarray:
+        return v.sum(axis=1)
+
+    def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
+        out = np.empty(w.size, dtype=np.float64)
+        step = max(1, (1 << 21) // max(1, self.A.shape[1]))
+        for s in range(0, w.size, step):
+            ws, fs, cs = w[s : s + step], f[s : s + step], c[s : s + step]
+            out[s : s + step] = np.einsum("km,km->k", self.A[ws, :, fs], G[ws, :, cs])
+        return out
+
+
+class _SparseBlock:
+    """Samples of ``k`` workers as one CSR matrix ``(M, D)`` of the stacked shards (worker ``g``'s
+    rows ``offsets[g] … offsets[g+1] − 1``), their labels and weights ``(M,)``."""
+
+    kind = "sparse"
+
+    def __init__(self, A: Any, Y: np.ndarray, wt: np.ndarray, offsets: np.ndarray) -> None:
+        self.A, self.Y, self.wt, self.offsets = A, Y, wt, offsets
+        self.k = offsets.size - 1
+        self.group = np.repeat(np.arange(self.k), np.diff(offsets))
+        self._csc: tuple[Any, np.ndarray] | None = None
+
+    def scaled_rows(self, rows: np.ndarray, scale: np.ndarray) -> Any:
+        """The samples ``rows`` times ``scale``, a float64 CSR matrix."""
+        import scipy.sparse as sp
+
+        return sp.csr_array(sp.csr_array(self.A[rows], dtype=np.float64).multiply(scale[:, None]))
+
+    def _rows(self, rows: np.ndarray, offsets: np.ndarray, wt: np.ndarray) -> _SparseBlock:
+        return _SparseBlock(self.A[rows], self.Y[rows], wt, offsets)
+
+    def weighted_gram(self, workers: np.ndarray, weights: np.ndarray) -> np.ndarray:
+        """``Σ_k weights[k] A_kᵀA_k`` over the block's workers ``workers`` (float64, ``D × D``)."""
+        rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in workers])
+        B = self.scaled_rows(rows, np.sqrt(np.repeat(weights, np.diff(self.offsets)[workers])))
+        return np.asarray((B.T @ B).toarray())
+
+    def take(self, workers: np.ndarray) -> _SparseBlock:
+        lens = np.diff(self.offsets)[workers]
+        rows = np.concatenate([np.arange(self.offsets[w], self.offsets[w + 1]) for w in workers])
+        return self._rows(rows, np.concatenate([[0], np.cumsum(lens)]), self.wt[rows])
+
+    def sample(self, workers: np.ndarray, idx: np.ndarray) -> _SparseBlock:
+        k, b = idx.shape
+        rows = (self.offsets[workers][:, None] + idx).ravel()
+        return self._rows(rows, np.arange(k + 1) * b, np.full(k * b, 1.0 / b))
+
+    def forward(self, W: np.ndarray) -> np.ndarray:
+        return np.asarray(self.A @ W)  # (M, C)
+
+    def backward(self, G: np.ndarray) -> np.ndarray:
+        import scipy.sparse as sp
+
+        M, C = G.shape
+        rows = (self.group[:, None] * C + np.arange(C)).ravel()
+        P = sp.csr_array((G.ravel(), (rows, np.repeat(np.arange(M), C))), shape=(self.k * C, M))
+        return np.asarray((P @ self.A).toarray()).reshape(self.k, C, -1).transpose(0, 2, 1)  # (k, D, C)
+
+    def backward_sum(self, G: np.ndarray) -> np.ndarray:
+        return np.asarray(self.A.T @ G)
+
+    def per_worker(self, v: np.ndarray) -> np.ndarray:
+        return np.bincount(self.group, weights=v, minlength=self.k)
+
+    def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
+        if self._csc is None:
+            csc = self.A.tocsc()
+            csc.sort_indices()
+            M = self.A.shape[0]
+            keys = np.repeat(np.arange(csc.shape[1], dtype=np.int64), np.diff(csc.indptr)) * M + csc.indices
+            self._csc = (csc, keys)
+        csc, keys = self._csc
+        M = self.A.shape[0]
+        lo = np.searchsorted(keys, f * M + self.offsets[w])
+        hi = np.searchsorted(keys, f * M + self.offsets[w + 1])
+        lens = hi - lo
+        seg = np.repeat(np.arange(w.size), lens)
+        pos = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(lo, lens)
+        vals = csc.data[pos].astype(np.float64) * G[csc.indices[pos], c[seg]]
+        return np.bincount(seg, weights=vals, minlength=w.size)
+
+
+class _LinearFiniteSum:
+    """The shared machinery of the problems ``f_ij(W) = h(Wᵀa_j, y_j) + r(W)``: the data split
+    into shards, the oracles and the constants. A problem defines ``_encode`` (its labels),
+    ``_head`` (``h`` and ``∂h/∂z`` per sample), ``_reg`` (``r`` and ``∇r``) and the curvature
+    bounds ``_c`` and ``_rho`` (module docstring)."""
+
+    _c: float
+    _rho: float
+
+    def __init__(self, X: Any, y: Any, *, n: int, classes: int, seed: int = 0, p_hat: float | None = None,
+                 shuffle: bool = True, dtype: Any = np.float64, bias: bool = True, x0: Any = None) -> None:
+        import scipy.sparse as sp
+
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+            raise ValueError(f"dtype must be np.float64 or np.float32, got {dtype!r}")
+        sparse = sp.issparse(X)
+        if sparse:
+            X = sp.csr_array(X)
+            values = X.data
+        else:
+            X = np.asarray(X)
+            values = X
+        if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] < 1 or values.dtype.kind not in "biuf":
+            raise ValueError(f"X must be a non-empty real (N, features) matrix, got shape {X.shape} and dtype {values.dtype}")
+        if not np.isfinite(values).all():
+            raise ValueError("X must be finite")
+        N = X.shape[0]
+        labels = np.asarray(y)
+        if labels.shape != (N,):
+            raise ValueError(f"y must have shape ({N},) (one label per row of X), got {labels.shape}")
+        self.n = check_int(n, "n", low=1)
+        self.seed = check_seed(seed)
+        self.classes = check_int(classes, "classes", low=1)
+        Y = self._encode(labels)
+        if bias:
+            X = sp.hstack([X, np.ones((N, 1))], format="csr") if sparse else np.hstack([X, np.ones((N, 1), dtype=X.dtype)])
+        self.D = int(X.shape[1])
+        self.d = self.D * self._columns
+        self.shards = shard_indices(N, self.n, seed=self.seed, p_hat=p_hat, shuffle=shuffle)
+        self.sample_counts = np.array([s.size for s in self.shards], dtype=np.int64)
+        if (self.sample_counts == 0).any():
+            raise ValueError("every worker needs at least one sample")
+        rows = np.concatenate(self.shards)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sample_counts)])
+        wt = np.repeat(1.0 / self.sample_counts, self.sample_counts)
+        if sparse:
+            A = sp.csr_array(X[rows], dtype=self.dtype)
+            A.sort_indices()
+            self._data: _DenseBlock | _SparseBlock = _SparseBlock(A, Y[rows], wt, self.offsets)
+            sq = np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel()
+        else:
+            m = int(self.sample_counts.max())
+            A3 = np.zeros((self.n, m, self.D), dtype=self.dtype)
+            Y3 = np.zeros((self.n, m), dtype=Y.dtype)
+            W3 = np.zeros((self.n, m))
+            for i, s in enumerate(self.shards):
+                A3[i, : s.size], Y3[i, : s.size], W3[i, : s.size] = X[s], Y[s], 1.0 / s.size
+            self._data = _DenseBlock(A3, Y3, W3)
+            sq = np.einsum("kj,kj->k", *(2 * [A3.reshape(-1, self.D).astype(np.float64)])).reshape(self.n, m)
+            sq = np.concatenate([sq[i, : c] for i, c in enumerate(self.sample_counts)])
+        #: ``‖a_j‖²`` of every held sample, shard by shard (worker ``i``'s at ``offsets[i] …``).
+        self.sample_sq_norms = sq
+        self.x0 = np.zeros(self.d) if x0 is None else start_point(x0, self.d)
+        self._points: list[tuple[bytes, np.ndarray]] = []
+
+    # -- per-problem definitions -----------------------------------------------------------------
+    @property
+    def _columns(self) -> int:
+        return self.classes
+
+    def _encode(self, labels: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _head(self, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        raise NotImplementedError
+
+    def _reg(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        return 0.0, np.zeros_like(x)
+
+    # -- the oracles ----------------------------------------------------------------------------
+    def _weights(self, x: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(x.reshape(self.D, self._columns), dtype=self.dtype)
+
+    def _workers(self, workers: Sequence[int] | None) -> np.ndarray | None:
+        if workers is None:
+            return None
+        w = index_array(workers, "workers")
+        if w.size and (w.min() < 0 or w.max() >= self.n):
+            raise ValueError(f"workers must be worker indices in range({self.n}), got {w.tolist()[:10]}")
+        return w
+
+    def _block(self, workers: np.ndarray | None) -> _DenseBlock | _SparseBlock:
+        return self._data if workers is None else self._data.take(workers)
+
+    def _dz(self, block: _DenseBlock | _SparseBlock, Z: np.ndarray) -> np.ndarray:
+        """``wt_j ∂h/∂z`` per sample (the backward product's input)."""
+        return self._head(Z, block.Y)[1] * block.wt[..., None]
+
+    def _grads(self, block: _DenseBlock | _SparseBlock, xs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Each point's per-worker gradients on ``block``: one forward and one backward product
+        for all the points (their weights side by side)."""
+        C = self._columns
+        Z = block.forward(np.hstack([self._weights(x) for x in xs]))
+        G = np.concatenate([self._dz(block, Z[..., k * C : (k + 1) * C]) for k in range(len(xs))], axis=-1)
+        out = block.backward(G.astype(self.dtype, copy=False)).astype(np.float64)
+        return [out[..., k * C : (k + 1) * C].reshape(block.k, self.d) + self._reg(x)[1] for k, x in enumerate(xs)]
+
+    def loss(self, x: Any) -> float:
+        x = as_vector(x, self.d)
+        h = self._head(self._data.forward(self._weights(x)), self._data.Y)[0]
+        return float(np.sum(h * self._data.wt) / self.n + self._reg(x)[0])
+
+    def local_loss(self, i: int, x: Any) -> float:
+        """``f_i(x)``."""
+        x = as_vector(x, self.d)
+        block = self._data.take(np.array([check_int(i, "i", high=self.n)]))
+        return float(np.sum(self._head(block.forward(self._weights(x)), block.Y)[0] * block.wt) + self._reg(x)[0])
+
+    def local_losses(self, x: Any) -> np.ndarray:
+        """``[f_1(x), …, f_n(x)]``."""
+        x = as_vector(x, self.d)
+        h = self._head(self._data.forward(self._weights(x)), self._data.Y)[0]
+        return self._data.per_worker(h * self._data.wt) + self._reg(x)[0]
+
+    def grad(self, x: Any) -> np.ndarray:
+        x = as_vector(x, self.d)
+        G = self._dz(self._data, self._data.forward(self._weights(x))) / self.n
+        return self._data.backward_sum(G.astype(self.dtype, copy=False)).astype(np.float64).reshape(self.d) + self._reg(x)[1]
+
+    def local_grads(self, x: Any, *, workers: Sequence[int] | None = None) -> np.ndarray:
+        """``[∇f_i(x)]`` for ``i`` in ``workers`` (default all), shape ``(len(workers), d)``."""
+        return self._grads(self._block(self._workers(workers)), [as_vector(x, self.d)])[0]
+
+    def local_grad(self, i: int, x: Any) -> np.ndarray:
+        return self.local_grads(x, workers=[check_int(i, "i", high=self.n)])[0]
+
+    def _sampled(self, batch_size: int, seed: int, round: int, workers: Sequence[int] | None) -> _DenseBlock | _SparseBlock:
+        w = self._workers(workers)
+        w = np.arange(self.n) if w is None else w
+        idx = minibatch_indices(self.sample_counts, batch_size, seed=seed, round=round, workers=w.tolist())
+        return self._data.sample(w, idx)
+
+    def minibatch_grads(self, x: Any, batch_size: int, *, seed: int, round: int, workers: Sequence[int] | None = None) -> np.ndarray:
+        """``∇f_{iB_i}(x)`` of each worker in ``workers`` (default all), shape ``(len(workers), d)``;
+        ``B_i`` from :func:`minibatch_indices` (module docstring)."""
+        return self._grads(self._sampled(batch_size, seed, round, workers), [as_vector(x, self.d)])[0]
+
+    def minibatch_grads_pair(self, x: Any, y: Any, batch_size: int, *, seed: int, round: int,
+                             workers: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` with the same ``B_i`` at both points (one product each
+        way for both)."""
+        gx, gy = self._grads(self._sampled(batch_size, seed, round, workers), [as_vector(x, self.d), as_vector(y, self.d, "y")])
+        return gx, gy
+
+    def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
+        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``: one forward product at ``x`` (kept for the
+        last two points) and ``O(m_i)`` per coordinate."""
+        x = as_vector(x, self.d)
+        r, c = index_array(rows, "rows"), index_array(cols, "cols")
+        if r.shape != c.shape:
+            raise ValueError(f"rows and cols must have the same length, got {r.size} and {c.size}")
+        if r.size and (r.min() < 0 or r.max() >= self.n or c.min() < 0 or c.max() >= self.d):
+            raise ValueError(f"rows must be in range({self.n}) and cols in range({self.d})")
+        key = x.tobytes()
+        G = next((g for k, g in self._points if k == key), None)
+        if G is None:
+            G = self._dz(self._data, self._data.forward(self._weights(x))).astype(np.float64)
+            self._points = [(key, G)] + self._points[:1]
+        C = self._columns
+        return self._data.coords(r, c // C, c % C, G) + self._reg(x)[1][c]
+
+    # -- the smoothness constants (module docstring) -----------------------------------------------
+    def _gram_max(self, workers: np.ndarray, weights: np.ndarray) -> float:
+        """``λ_max(Σ_{i ∈ workers} weights_i A_iᵀA_i)`` in float64: the ``D × D`` Gram matrix
+        accumulated worker by worker when ``D ≤ 2000``, else from the weighted rows
+        (:func:`_lambda_max_gram`)."""
+        if self.D <= _DIRECT:
+            return float(np.linalg.eigvalsh(self._data.weighted_gram(workers, weights))[-1])
+        rows = np.concatenate([np.arange(self.offsets[i], self.offsets[i + 1]) for i in workers])
+        return _lambda_max_gram(self._data.scaled_rows(rows, np.sqrt(np.repeat(weights, self.sample_counts[workers]))))
+
+    @property
+    def L_ij(self) -> np.ndarray:
+        """``c‖a_j‖² + ρ`` of every held sample, shard by shard (``offsets``)."""
+        return self._c * self.sample_sq_norms + self._rho
+
+    @property
+    def L_max(self) -> float:
+        """``max_ij L_ij``."""
+        return float(self.L_ij.max())
+
+    @property
+    def L_sample_rms(self) -> np.ndarray:
+        """``ℒ_i = sqrt(mean_j L_ij²)`` per worker (VR-MARINA's mean-squared smoothness)."""
+        return np.sqrt(np.add.reduceat(self.L_ij**2, self.offsets[:-1]) / self.sample_counts)
+
+    @cached_property
+    def L_i(self) -> np.ndarray:
+        """``c λ_max(A_iᵀA_i)/m_i + ρ`` per worker (computed when first read)."""
+        return np.array([self._c * self._gram_max(np.array([i]), 1.0 / self.sample_counts[[i]]) + self._rho for i in range(self.n)])
+
+    @cached_property
+    def L_minus(self) -> float:
+        """A bound on ``L_−``: ``c λ_max(Σ_i A_iᵀA_i/(n m_i)) + ρ`` (computed when first read)."""
+        return self._c * self._gram_max(np.arange(self.n), 1.0 / (self.n * self.sample_counts)) + self._rho
+
+    @property
+    def L_sq_mean(self) -> float:
+        """``(1/n) Σ L_i²``."""
+        return float(np.mean(self.L_i**2))
+
+    @property
+    def L_plus(self) -> float:
+        """A bound on ``L_+`` of Assumption "L+": ``sqrt((1/n) Σ L_i²)``."""
+        return math.sqrt(self.L_sq_mean)
+
+    @property
+    def L_pm(self) -> float:
+        """A bound on ``L_±`` (Definition "Hessian variance"): ``L_± ≤ L_+ ≤ sqrt((1/n) Σ L_i²)``."""
+        return self.L_plus
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n={self.n}, d={self.d}, samples={int(self.offsets[-1])}, {self._data.kind}, {self.dtype.name})"
+
+
+#: The largest Gram matrix side whose eigenvalues are computed directly (else Lanczos).
+_DIRECT = 2000
+
+
+def _lambda_max_gram(B: Any) -> float:
+    """``λ_max(BᵀB)`` (float64): from the smaller Gram matrix when one side is at most
+    ``_DIRECT``, else by Lanczos (``eigsh``, tolerance 1e-10, seeded start)."""
+    import scipy.sparse as sp
+
+    if min(B.shape) > _DIRECT:
+        import scipy.sparse.linalg as sla
+
+        op = sla.LinearOperator((B.shape[1],) * 2, matvec=lambda v: B.T @ (B @ v), dtype=np.float64)
+        v0 = np.random.default_rng(0).standard_normal(B.shape[1])
+        return float(sla.eigsh(op, k=1, which="LA", v0=v0, tol=1e-10, return_eigenvectors=False)[0])
+    if sp.issparse(B):
+        B = B.toarray()
+    gram = B @ B.T if B.shape[0] <= B.shape[1] else B.T @ B
+    return float(np.linalg.eigvalsh(gram)[-1])
+
+
+def _softmax(Z: np.ndarray) -> np.ndarray:
+    E = np.exp(Z - Z.max(axis=-1, keepdims=True))
+    return E / E.sum(axis=-1, keepdims=True)
+
+
+class NonconvexSigmoid(_LinearFiniteSum):
+    """The nonconvex sigmoid loss ``f_ij(x) = (1 − σ(y_j a_jᵀx))²`` of a binary task (the authors'
+    ``NonConvexLossFunction``), ``d = features + 1`` (the bias).
+
+    Parameters
+    ----------
+    X : (N, features) dense array or scipy.sparse matrix; y : N labels, two values (``±1``,
+        ``0/1`` or any two: :func:`permk.datasets.binary_labels`).
+    n : workers; seed : the shards' shuffle; p_hat : the authors' heterogeneity (None: equal
+        shards, :func:`permk.datasets.shard_indices`); shuffle : False for contiguous shards.
+    dtype : np.float64 or np.float32 (the data and the products); bias : append the constant 1.
+
+    Constants (module docstring): ``L_ij = c‖a_j‖²``, ``L_i = c λ_max(A_iᵀA_i)/m_i`` with
+    ``c = max φ'' = 0.1540586``.
+
+    >>> import numpy as np
+    >>> p = NonconvexSigmoid(np.eye(4), [1, -1, 1, -1], n=2, seed=0)
+    >>> p.d, p.sample_counts.tolist(), p.loss(p.x0)
+    (5, [2, 2], 0.25)
+    """
+
+    _rho = 0.0
+    _c = SIGMOID_CURVATURE
+
+    def __init__(self, X: Any, y: Any, *, n: int, seed: int = 0, p_hat: float | None = None, shuffle: bool = True,
+                 dtype: Any = np.float64, bias: bool = True, x0: Any = None) -> None:
+        super().__init__(X, y, n=n, classes=1, seed=seed, p_hat=p_hat, shuffle=shuffle, dtype=dtype, bias=bias, x0=x0)
+
+    def _encode(self, labels: np.ndarray) -> np.ndarray:
+        return binary_labels(labels).astype(self.dtype)
+
+    def _head(self, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from scipy.special import expit
+
+        t = Z[..., 0] * Y
+        s, r = expit(t), expit(-t)  # σ(t) and 1 − σ(t), each accurate
+        return r * r, (-2.0 * s * r * r * Y)[..., None]
+
+
+class NonconvexMultiClass(_LinearFiniteSum):
+    """The multi-class nonconvex loss ``f_ij(W) = (1 − softmax(Wᵀa_j)_{y_j})² + (λ/2)‖W‖²``
+    (the authors' ``NonConvexLossMultiClassFunction``, their default ``λ = 1e-4``), ``W ∈
+    R^{D×C}`` row-major: ``d = (features + 1)·C`` (7,850 for Fashion-MNIST's 10 classes).
+
+    ``y`` holds the class labels (any ``C`` distinct values, encoded ``0 … C−1`` in sorted order
+    by :func:`permk.datasets.class_labels`; ``classes`` fixes ``C`` when some class has no
+    sample, then the labels must be ``0 … classes−1``). The other parameters are
+    :class:`NonconvexSigmoid`'s. Constants: ``c = 0.4717068`` for every ``C``, ``ρ = λ``.
+
+    >>> import numpy as np
+    >>> p = NonconvexMultiClass(np.eye(3), [0, 1, 2], n=3, seed=0)
+    >>> p.d, round(p.loss(p.x0), 12)  # (1 − 1/3)²
+    (12, 0.444444444444)
+    """
+
+    _c = MULTICLASS_CURVATURE
+
+    def __init__(self, X: Any, y: Any, *, n: int, lam: float = 1e-4, classes: int | None = None, seed: int = 0,
+                 p_hat: float | None = None, shuffle: bool = True, dtype: Any = np.float64, bias: bool = True, x0: Any = None) -> None:
+        self.lam = check_real(lam, "lam", low=0.0)
+        self._rho = self.lam
+        C = _class_count(y, classes)
+        super().__init__(X, y, n=n, classes=C, seed=seed, p_hat=p_hat, shuffle=shuffle, dtype=dtype, bias=bias, x0=x0)
+
+    def _encode(self, labels: np.ndarray) -> np.ndarray:
+        return _class_codes(labels, self.classes)
+
+    def _head(self, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        P = _softmax(Z)
+        q = np.take_along_axis(P, Y[..., None], axis=-1)  # p_y, shape (..., 1)
+        V = -P
+        np.put_along_axis(V, Y[..., None], 1.0 - q, axis=-1)  # e_y − p
+        return ((1.0 - q) ** 2)[..., 0], -2.0 * (1.0 - q) * q * V
+
+    def _reg(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        return 0.5 * self.lam * float(x @ x), self.lam * x
+
+
+class NonconvexLogistic(_LinearFiniteSum):
+    """Logistic (softmax cross-entropy) regression with the nonconvex regulariser,
+    ``f_ij(W) = −log softmax(Wᵀa_j)_{y_j} + λ Σ_k w_k²/(1 + w_k²)`` (the authors'
+    ``LogisticRegressionFunction`` with ``nonconvex_regularizer=True``; ``C = 2`` columns for a
+    binary task, as theirs), ``d = (features + 1)·C``. Labels and parameters as
+    :class:`NonconvexMultiClass`. Constants: ``c = 1/2``, ``ρ = 2λ``.
+
+    >>> import numpy as np
+    >>> p = NonconvexLogistic(np.eye(2), [0, 1], n=1, lam=0.1)
+    >>> p.d, round(p.loss(p.x0), 12)  # log 2
+    (6, 0.69314718056)
+    """
+
+    _c = 0.5
+
+    def __init__(self, X: Any, y: Any, *, n: int, lam: float = 1e-3, classes: int | None = None, seed: int = 0,
+                 p_hat: float | None = None, shuffle: bool = True, dtype: Any = np.float64, bias: bool = True, x0: Any = None) -> None:
+        self.lam = check_real(lam, "lam", low=0.0)
+        self._rho = 2.0 * self.lam
+        C = _class_count(y, classes)
+        super().__init__(X, y, n=n, classes=C, seed=seed, p_hat=p_hat, shuffle=shuffle, dtype=dtype, bias=bias, x0=x0)
+
+    def _encode(self, labels: np.ndarray) -> np.ndarray:
+        return _class_codes(labels, self.classes)
+
+    def _head(self, Z: np.ndarray, Y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        zmax = Z.max(axis=-1, keepdims=True)
+        lse = (zmax + np.log(np.exp(Z - zmax).sum(axis=-1, keepdims=True)))[..., 0]
+        P = _softmax(Z)
+        zy = np.take_along_axis(Z, Y[..., None], axis=-1)[..., 0]
+        dZ = P.copy()
+        np.put_along_axis(dZ, Y[..., None], np.take_along_axis(P, Y[..., None], axis=-1) - 1.0, axis=-1)
+        return lse - zy, dZ
+
+    def _reg(self, x: np.ndarray) -> tuple[float, np.ndarray]:
+        sq = x * x
+        return self.lam * float(np.sum(sq / (1.0 + sq))), 2.0 * self.lam * x / (1.0 + sq) ** 2
+
+
+def _class_count(y: Any, classes: int | None) -> int:
+    return len(np.unique(np.asarray(y))) if classes is None else check_int(classes, "classes", low=1)
+
+
+def _class_codes(labels: np.ndarray, classes: int) -> np.ndarray:
+    """Labels as codes ``0 … classes−1``: the sorted distinct values when there are ``classes``
+    of them, else labels already in ``0 … classes−1``."""
+    codes, values = class_labels(labels)
+    if values.size == classes:
+        return codes
+    if values.size > classes or not (np.equal(np.mod(values, 1), 0).all() and values.min() >= 0 and values.max() < classes):
+        raise ValueError(f"y has {values.size} distinct labels {values[:10].tolist()}: with classes={classes} they must be integers in range({classes})")
+    return labels.astype(np.int64)
