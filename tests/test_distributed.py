@@ -40,7 +40,7 @@ import permk.distributed as pd
 from conftest import MPI_DIR, MPIEXEC, final_grad_norms
 
 sys.path.insert(0, str(MPI_DIR))
-from mpi_cases import CASES, SEED, compressor, simulate  # noqa: E402
+from mpi_cases import CASES, SEED, compressor, sent, simulate  # noqa: E402
 
 #: a test that launches mpiexec (skipped, with the reason, without MPI: see conftest.py)
 needs_mpi = pytest.mark.mpi
@@ -52,7 +52,8 @@ ALLREDUCE = [k for k, c in CASES.items() if c["reduce"] == "allreduce"]
 # on 3 ranks every case's workers split unevenly ((2, 1, 1) of 4, (3, 3, 2) of 8)
 UNEVEN = ["marina_permk_d_ge_n_uneven", "marina_randk_server", "marina_blockpermk_n_in_place", "marina_blockpermk_n_blocks_per_rank",
           "marina_group_permk", "marina_coordinate_sampling", "ef21_topk_blocks_server", "marina_python_compressor", "gd",
-          "diana_randk_server", "rand_diana_permk", "dcgd_shifted_permk"]
+          "diana_randk_server", "rand_diana_permk", "dcgd_shifted_permk",
+          "dasha_permk", "dasha_pp_randk_blocks_server", "marina_pp_permk"]
 SMALL = ["marina_permk_d_ge_n", "marina_permk_n_ge_d_blocks_server", "marina_randk", "ef21_topk", "marina_permk_own_data"]
 
 
@@ -167,7 +168,7 @@ def test_two_processes_give_the_same_bits(runs2: Path, runs4: Path, name: str) -
         assert np.array_equal(two[k], four[k]), k
     # the ranks' bytes follow the layout, their total does not (but for the 8-byte message
     # lengths each rank sends on compressed rounds when the sizes vary)
-    comp = compressor(CASES[name])
+    comp = sent(CASES[name])
     varying = comp is not None and not comp.capabilities.shared_plan and not comp.capabilities.fixed_size
     coins = two["coins"] if "coins" in two else np.zeros(two["bytes_sent"].shape[1], dtype=bool)
     lengths = np.where(coins, 0, 8) if varying else 0
@@ -230,7 +231,7 @@ def _expected_rank_bytes(case: dict[str, Any], t: int, heads: bool, rank: int, s
 
 def _compressed_rank_bytes(case: dict[str, Any], t: int, block: range) -> int:
     n, d = case["n"], case["d"]
-    comp = compressor(case)
+    comp = sent(case)
     assert comp is not None
     plan = comp.plan(n, d, seed=SEED, round=t)
     if plan is None:  # TopK, Rand1: k (uint32 index, float64 value) pairs per worker
@@ -248,7 +249,7 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
     rounds = len(arrays["bytes_per_worker"])
     assert rounds == len(arrays["rounds"]) - 1 or case.get("record_every", 1) != 1
     heads = arrays["coins"] if "coins" in arrays else np.zeros(rounds, dtype=bool)
-    comp = compressor(case)
+    comp = sent(case)
     if comp is not None and comp.capabilities.random_size:  # the theory's size is a bound
         assert (arrays["bytes_per_worker"] <= arrays["theory_bytes_per_worker"]).all()
         assert (arrays["bytes_per_worker"][~heads] < arrays["theory_bytes_per_worker"][~heads]).any()
@@ -259,10 +260,10 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
         compressed = arrays["theory_bytes_per_worker"][t] - full
         if heads[t] and not case.get("full_with_compressed", False):
             assert compressed == 0
-        elif isinstance(comp, permk.PermK):
+        elif isinstance(compressor(case), permk.PermK):
             assert compressed == (8 * -(-d // n) if d >= n else 8)
-        elif isinstance(comp, permk.RandK):
-            assert compressed == 8 * comp.k
+        elif isinstance(compressor(case), permk.RandK):
+            assert compressed == 8 * compressor(case).k
         elif comp is not None and comp.plan(n, d, seed=0, round=0) is None:  # TopK, Rand1: pairs
             assert compressed == 12 * comp.floats_per_worker(n, d)
         for r in range(4):
@@ -380,10 +381,12 @@ def test_argument_errors_and_resume_on_one_process() -> None:
         "x0": ("ValueError", "x0 must have shape (6,)"),
         "ef21_state_rows": ("ValueError", "state.G must hold all 2 rows"),
         "resume_seed": ("ValueError", "seed=1 differs from the resumed state's seed 2"),
+        "participation": ("ValueError", "participation must be in 1..n = 1..2, got 3"),
         "not_held": ("ValueError", "worker 0 is not held by this process"),
         "not_contiguous": ("ValueError", "contiguous range"),
         "resume": ("True", ""),
         "ef21_resume_from_simulator": ("True", ""),
+        "dasha_pp_resume_from_simulator": ("True", ""),
     }
     assert set(got) == set(expect)
     for name, (kind, fragment) in expect.items():
@@ -495,4 +498,5 @@ def test_shifted_methods_resume_on_mpi_from_a_simulator_state(nprocs: int) -> No
     rows; RandDIANA and shifted DCGD resume their shift point: the run continues bit for bit."""
     proc = _launch(nprocs, "resume.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.split() == ["diana|True", "rand_diana|True", "dcgd_shifted|True"]
+    assert proc.stdout.split() == ["diana|True", "rand_diana|True", "dcgd_shifted|True", "dasha|True", "dasha_pp|True",
+                                   "marina_pp|True"]

@@ -852,7 +852,8 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch)
         params = method_setup(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
                               record_every=record_every, step=rank == 0, **options)
-        params.update(path=method.exchange.path(backend, compressor), backend="mpi", mode=mode, reduce=reduce,
+        sent = holder["sent"] = method.sent_compressor(compressor, params)
+        params.update(path=method.exchange.path(backend, sent), backend="mpi", mode=mode, reduce=reduce,
                       n_procs=comm.Get_size())
         begin = check_start(method, local, backend, state, x0, seed)
         start_digest = _shared_digest(begin) if isinstance(begin, State) else _digest(begin)
@@ -870,7 +871,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
 
     def go() -> DistributedRunResult:
         backend.counting = False  # the initial exchanges are not counted
-        first = start(method, backend, compressor, params, holder["begin"], seed)
+        first = start(method, backend, holder["sent"], params, holder["begin"], seed)
         backend.counting = True
         backend.take()
         per_round: list[tuple[int, int, int, int]] = []
@@ -878,7 +879,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
         def count(info: RoundInfo) -> None:
             per_round.append(backend.take())
 
-        res = drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every,
+        res = drive(method, backend, holder["sent"], params, first, rounds=rounds, record_every=record_every,
                     progress=progress and rank == 0, on_round=count)
         return _finish(backend, res, per_round)
 

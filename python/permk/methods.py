@@ -1,5 +1,6 @@
 """Distributed methods, each defined once: MARINA, EF21, GD and DCGD with the paper's step sizes,
-DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps).
+DIANA (its nonconvex step), RandDIANA and shifted DCGD (the authors' steps), DASHA and DASHA-PP
+(their theorems' steps).
 
 A method is a :class:`Method`: its theory (``parameters`` — validated, with the theory's
 defaults such as MARINA's ``p = ζ/d`` —, the theorem's ``step``, the floats a worker sends per
@@ -12,8 +13,8 @@ single-process simulator (:class:`permk.backends.Simulator`) and on MPI
 (:mod:`permk.distributed`), through the one driver loop :func:`drive`.
 
 ``permk.marina``, ``permk.ef21``, ``permk.gd``, ``permk.dcgd`` (``permk.dcgd_shifted``),
-``permk.diana`` and ``permk.rand_diana`` are the method objects themselves; calling one runs it
-in the simulator::
+``permk.diana``, ``permk.rand_diana`` and ``permk.dasha`` are the method objects themselves;
+calling one runs it in the simulator::
 
     permk.marina(problem, permk.PermK(), rounds=1000, seed=1)
 
@@ -37,7 +38,7 @@ import os
 import time
 import zipfile
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Mapping, NamedTuple
+from typing import Any, Callable, ClassVar, Mapping, NamedTuple, cast
 
 import numpy as np
 
@@ -47,10 +48,14 @@ from ._validate import check_choice, check_int, check_probability, check_real, c
 from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity, PermK, RandK, TopK
+from .participation import Participation, check_participation, participation_mask
 from .registry import Catalog
 from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.steps import (
     Constants,
+    dasha_momentum,
+    dasha_pp_stepsize,
+    dasha_stepsize,
     diana_stepsize,
     ef21_stepsize,
     marina_variance_stepsize,
@@ -68,6 +73,8 @@ __all__ = [
     "ShiftedDCGDState",
     "DianaState",
     "RandDianaState",
+    "DashaState",
+    "DashaPPState",
     "RoundInfo",
     "RunResult",
     "Method",
@@ -78,6 +85,7 @@ __all__ = [
     "dcgd_shifted",
     "diana",
     "rand_diana",
+    "dasha",
     "run",
     "save_state",
     "load_state",
@@ -264,6 +272,34 @@ class RandDianaState(State):
     bits: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "y": "shared", "h": "shared"}
+
+
+@dataclass(frozen=True, eq=False)
+class DashaState(State):
+    """DASHA's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the estimators
+    ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation); ``h_i^t`` is
+    ``∇f_i(x^t)`` itself, nothing to keep (see :class:`Dasha`)."""
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker"}
+
+    x: Array
+    g: Array
+    G: Array
+    round: int = 0
+    seed: int = 0
+    bits: float = 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class DashaPPState(DashaState):
+    """DASHA-PP's state: DASHA's, with ``H = [h_i^t]`` of the held workers and the rows
+    ``G = [g_i^t + w h_i^t]`` the round's shifted exchange starts from, ``w = h_weight =
+    (b − a)/a`` (see :class:`Dasha`)."""
+
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker", "H": "per_worker"}
+
+    H: Array = field(kw_only=True)
+    h_weight: float = field(kw_only=True)
 
 
 def save_state(state: State, path: Any) -> None:
@@ -457,6 +493,13 @@ class Method(abc.ABC):
     def update(self, state: Any, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[State, RoundInfo]:
         """One round: the new state and what was sent."""
 
+    def sent_compressor(self, compressor: Compressor, params: dict[str, Any]) -> Compressor:
+        """The compressor whose messages the run's exchanges carry, built once per run: the
+        run's own, or with ``params["participation"] = s`` (the option of MARINA and DASHA) the
+        :class:`permk.Participation` of ``s`` workers per round around it."""
+        s = params.get("participation")
+        return compressor if s is None else Participation(compressor, s)
+
     def state_shape(self, n: int, d: int) -> tuple[int, ...]:
         """The shape of the largest array of the state for ``n`` workers (held by one process) in
         dimension ``d`` (from :attr:`State.arrays`): what a grid checks against the memory
@@ -488,7 +531,14 @@ class Marina(Method):
     over a full gradient's; MARINA's ``ζ_Q``) and
     ``γ = 1/M``, ``M = L− + sqrt((1−p)/p · L̂²)`` with ``L̂² = (A−B)L+² + B·L±²`` (Theorem "AB";
     with ``pl=True`` Theorem "AB-PL"'s ``min{1/M_PL, p/(2μ)}``), or the compressor's own
-    variance bound (``GroupPermK``: Theorem "AB_group"). Option: ``p``.
+    variance bound (``GroupPermK``: Theorem "AB_group"). Options: ``p``; ``participation=s``:
+    MARINA with partial participation (PP-MARINA of Gorbunov et al. 2021, the authors'
+    ``marina_partial_participation``): the compressed rounds are those of ``s`` of the ``n``
+    workers sampled uniformly from ``(seed, t)``, each message counting ``n/s`` times (the
+    :class:`permk.Participation` family; the full-gradient rounds are every worker's); its
+    ``A``, ``B`` give the step (Theorem "AB", which holds for any unbiased family with AB
+    constants; its step is never below PP-MARINA's ``1/(L(1 + sqrt((1−p)(1+ω)/(ps))))``) and
+    its expected size ``p``.
     """
 
     name = "marina"
@@ -498,7 +548,10 @@ class Marina(Method):
     has_coin = True
     table_rows = {PermK: MARINA_PERMK, RandK: MARINA_RANDK}
 
-    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None) -> dict[str, Any]:  # type: ignore[override]
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, p: Any = None,  # type: ignore[override]
+                   participation: Any = None) -> dict[str, Any]:
+        own = {} if participation is None else {"participation": check_participation(participation, n)}
+        compressor = self.sent_compressor(compressor, own)
         ab = compressor.ab_constants(n, d)
         if ab is None or not compressor.capabilities.unbiased:
             raise ValueError(f"MARINA needs an unbiased compressor with AB constants; {compressor.name} has none (use ef21 for TopK)")
@@ -508,17 +561,17 @@ class Marina(Method):
         full = float(d * float_bits)
         p = min(1.0, mean / full) if p is None else check_probability(p)
         expected = p * full + (1 - p) * mean
-        return {"p": p, "A": A, "B": B, "bits": {"full": full, "compressed": tail, "expected": expected}}
+        return {"p": p, "A": A, "B": B, **own, "bits": {"full": full, "compressed": tail, "expected": expected}}
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        bound = compressor.variance_bound(n, d, constants, problem=problem)
+        bound = self.sent_compressor(compressor, params).variance_bound(n, d, constants, problem=problem)
         gamma = marina_variance_stepsize(constants.L_minus, bound.L_hat_sq, params["p"], mu=constants.mu)
         return gamma, bound.theorem if constants.mu is None else bound.pl_theorem
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         p = params["p"]
-        return float(p * d + (1 - p) * compressor.expected_floats_per_worker(n, d))
+        return float(p * d + (1 - p) * self.sent_compressor(compressor, params).expected_floats_per_worker(n, d))
 
     def tunable_range(self, compressor: Compressor, n: int, d: int) -> dict[str, tuple[float, float]]:
         return {"p": (1e-3 * min(compressor.expected_floats_per_worker(n, d) / d, 1.0), 1.0)}
@@ -824,6 +877,113 @@ class RandDiana(Method):
                               bits=state.bits + bits), RoundInfo(bits, heads)
 
 
+class Dasha(Method):
+    """DASHA (Tyurin & Richtárik 2022, "DASHA: Distributed nonconvex optimization with
+    communication compression, optimal oracle complexity, and no client synchronization") in the
+    gradient setting, and with ``participation=s`` its partial-participation form DASHA-PP
+    (Tyurin & Richtárik 2022, "A computation and communication efficient method for distributed
+    nonconvex problems in the partial participation setting").
+
+    DASHA (the authors' ``zero_marina``): ``g_i⁰ = ∇f_i(x⁰)``, ``g⁰ = (1/n) Σ g_i⁰``;
+    ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends
+    ``m_i = C_i(∇f_i(x^{t+1}) − ∇f_i(x^t) − a(g_i^t − ∇f_i(x^t)))`` and keeps
+    ``g_i^{t+1} = g_i^t + m_i``; ``g^{t+1} = g^t + (1/n) Σ m_i``: the shifted exchange with
+    ``v_i = ∇f_i(x^{t+1}) − (1 − a)∇f_i(x^t)`` and ``β = a``. Defaults ``a = 1/(2ω + 1)`` and the
+    step of :func:`~permk.theory.steps.dasha_stepsize` (``params["gamma_source"]``:
+    ``"DASHA theorem"``); it needs an unbiased compressor with ``ω`` and AB constants.
+
+    DASHA-PP (the authors' ``zero_marina_partial_participation``): ``s`` of the ``n`` workers,
+    sampled uniformly from ``(seed, t)`` (:func:`permk.participation.participants`),
+    participate; ``p_a = s/n``, ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``, ``h_i⁰ = g_i⁰ =
+    ∇f_i(x⁰)``. A participant computes ``k_i = ∇f_i(x^{t+1}) − ∇f_i(x^t) − b(h_i^t −
+    ∇f_i(x^t))``, sends ``m_i = (1/p_a) C_i(k_i − a(g_i^t − h_i^t))`` and keeps
+    ``h_i^{t+1} = h_i^t + k_i/p_a``, ``g_i^{t+1} = g_i^t + m_i``; the others send nothing and
+    keep ``h_i``, ``g_i``; ``g^{t+1} = g^t + (1/n) Σ m_i``. (The authors compress
+    ``(1/p_a)(k_i − …)``: the same for the positively homogeneous sparsifiers.) The message is
+    the :class:`permk.Participation` family's shifted exchange with
+    ``v_i = ∇f_i(x^{t+1}) − (1 − b)∇f_i(x^t)`` and ``β = a`` from the rows
+    ``G_i = g_i + ((b − a)/a) h_i``, whose ``a G_i = a g_i + (b − a) h_i`` is the whole shift;
+    ``G`` then follows ``g_i`` and ``h_i``. Step: :func:`~permk.theory.steps.dasha_pp_stepsize`
+    (``"DASHA-PP theorem"``).
+
+    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
+    ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+    """
+
+    name = "dasha"
+    label = "DASHA"
+    state_type = DashaState
+    exchange = ex.shifted
+
+    def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, a: Any = None,  # type: ignore[override]
+                   participation: Any = None) -> dict[str, Any]:
+        s = None if participation is None else check_participation(participation, n)
+        if not compressor.capabilities.unbiased:
+            raise ValueError(f"DASHA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
+        omega, ab = compressor.omega(n, d), compressor.ab_constants(n, d)
+        if omega is None or ab is None:
+            raise ValueError(f"DASHA needs a compressor with omega and AB constants; {compressor.name} states none")
+        p_a = 1.0 if s is None else s / n
+        if a is None:
+            a = dasha_momentum(omega, p_a)
+        else:
+            a = check_real(a, "a")
+            if not 0.0 < a <= 1.0:
+                raise ValueError(f"a must be in (0, 1], got {a}")
+        own: dict[str, Any] = {"omega": float(omega), "A": float(ab[0]), "a": a}
+        if s is not None:
+            own.update(participation=s, b=p_a / (2 - p_a))
+        return {**own, "bits": message_bits(self.sent_compressor(compressor, own), n, d, float_bits)}
+
+    def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
+             problem: Any = None) -> tuple[float, str]:
+        if constants.mu is not None:
+            raise ValueError("DASHA has no PL step in permk: pass gamma= (or leave pl=False)")
+        s = params.get("participation")
+        if s is None:
+            return dasha_stepsize(params["omega"], params["A"], constants.L_minus, constants.L_plus), "DASHA theorem"
+        return dasha_pp_stepsize(params["omega"], params["A"], n, s, constants.L_minus, constants.L_plus), "DASHA-PP theorem"
+
+    def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
+        return float(self.sent_compressor(compressor, params).expected_floats_per_worker(n, d))
+
+    def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaState:
+        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
+        if params.get("participation") is None:
+            return DashaState(x=x0, g=g, G=grads, round=0, seed=seed)
+        w = self._h_weight(params)
+        return DashaPPState(x=x0, g=g, G=grads + w * grads, H=grads, h_weight=w, round=0, seed=seed)
+
+    @staticmethod
+    def _h_weight(params: dict[str, Any]) -> float:
+        """``(b − a)/a``: the weight of ``h_i`` in DASHA-PP's rows ``G``."""
+        return (params["b"] - params["a"]) / params["a"]
+
+    def update(self, state: DashaState, backend: Backend, compressor: Compressor, params: dict[str, Any]) -> tuple[DashaState, RoundInfo]:
+        s, a, t = params.get("participation"), params["a"], state.round
+        pp = isinstance(state, DashaPPState)
+        if pp != (s is not None) or (pp and cast(DashaPPState, state).h_weight != self._h_weight(params)):
+            raise ValueError("the state does not fit the run: a DashaState continues a run without participation, "
+                             "a DashaPPState one with the same participation and a")
+        x = state.x - params["gamma"] * state.g
+        bits = params["bits"]["compressed"]
+        if s is None:
+            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
+            return DashaState(x=x, g=state.g + mean, G=G, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+        prev = cast(DashaPPState, state)
+        b, n, ws, w = params["b"], backend.n, backend.workers, prev.h_weight
+        mean, G = ex.shifted(backend, compressor, prev.G, x, prev.x, c=1 - b, beta=a, seed=prev.seed, round=t)
+        new, old = ex.local_grads(backend, x), ex.local_grads(backend, prev.x)
+        held = participation_mask(n, s, seed=prev.seed, round=t)[ws.start : ws.stop, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            dh = np.where(held, (new - old - b * (prev.H - old)) / (s / n), 0.0)
+            H = prev.H + dh
+            G += w * dh
+        return DashaPPState(x=x, g=state.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=state.seed,
+                            bits=state.bits + bits), RoundInfo(bits)
+
+
 def _flag(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {value!r}")
@@ -998,6 +1158,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
+    compressor = method.sent_compressor(compressor, params)
     params["path"] = method.exchange.path(backend, compressor)
     first = start(method, backend, compressor, params, check_start(method, problem, backend, state, x0, seed), seed)
     return drive(method, backend, compressor, params, first, rounds=rounds, record_every=record_every, progress=progress)
@@ -1011,6 +1172,7 @@ dcgd = DCGD()
 dcgd_shifted = ShiftedDCGD()
 diana = Diana()
 rand_diana = RandDiana()
+dasha = Dasha()
 
 
 def catalog() -> dict[str, Method]:

@@ -38,6 +38,7 @@ def main() -> None:
         "ef21_state_rows": lambda: pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=permk.EF21State(
             x=np.zeros(6), g=np.zeros(6), G=np.zeros((3, 6)), round=0, seed=0)),
         "resume_seed": lambda: pd.marina(v, permk.PermK(), rounds=3, seed=1, state=permk.MarinaState(x=q.x0, g=q.grad(q.x0), seed=2)),
+        "participation": lambda: pd.run(permk.dasha, v, permk.PermK(), rounds=3, seed=0, participation=3),
         "not_held": lambda: pd.LocalView(q, workers=[1]).local_grad(0, q.x0),
         "not_contiguous": lambda: pd.LocalView(permk.Quadratic.synthetic(n=4, d=6, lam=1e-3, noise_scale=0.1), workers=[0, 2]),
     }
@@ -55,6 +56,13 @@ def main() -> None:
     s = permk.ef21(q, permk.TopK(2), rounds=5, seed=0)
     e = pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=s.state, reduce="ordered")
     print(f"ef21_resume_from_simulator|{e.state.round == 8 and e.state.G.shape == (2, 6)}|")
+    # DASHA-PP's rows G and H of all workers, resumed on MPI: the simulator's uninterrupted run
+    kw: dict[str, Any] = dict(seed=0, participation=1, reduce="ordered")
+    s = permk.dasha(q, permk.PermK(), rounds=5, seed=0, participation=1)
+    m = pd.run(permk.dasha, v, permk.PermK(), rounds=3, state=s.state, **kw)
+    whole = permk.dasha(q, permk.PermK(), rounds=8, seed=0, participation=1)
+    same = m.state.round == 8 and m.state.H.shape == (2, 6) and np.allclose(m.x, whole.x, rtol=1e-12, atol=1e-14)
+    print(f"dasha_pp_resume_from_simulator|{same}|")
 
 
 if __name__ == "__main__":

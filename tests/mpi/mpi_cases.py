@@ -66,6 +66,18 @@ CASES: dict[str, dict[str, Any]] = {
     "rand_diana_randk_server": dict(method="rand_diana", n=4, d=20, comp=("RandK", 5), mode="server", reduce="ordered", p=0.3,
                                     full_with_compressed=True),
     "dcgd_shifted_permk": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", options={"shifts": "initial"}),
+    # DASHA (the shifted exchange), DASHA-PP and MARINA with partial participation: s of n
+    # workers per round from (seed, t), a non-participant sends nothing
+    "dasha_permk": dict(method="dasha", n=4, d=12, comp=("PermK",), mode="p2p", reduce="ordered"),
+    "dasha_randk_server": dict(method="dasha", n=4, d=20, comp=("RandK", 3), mode="server", reduce="ordered"),
+    "dasha_permk_fused": dict(method="dasha", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", path="fused"),
+    "dasha_natural_pairs": dict(method="dasha", n=4, d=12, comp=("NaturalCompression",), mode="p2p", reduce="ordered"),
+    "dasha_pp_permk": dict(method="dasha", n=4, d=14, comp=("PermK",), mode="p2p", reduce="ordered", options={"participation": 2}),
+    "dasha_pp_randk_blocks_server": dict(method="dasha", n=8, d=10, comp=("RandK", 2), mode="server", reduce="ordered",
+                                         options={"participation": 5}),
+    "marina_pp_permk": dict(method="marina", n=4, d=14, comp=("PermK",), mode="p2p", reduce="ordered", p=0.3, options={"participation": 2}),
+    "marina_pp_randk_blocks_server": dict(method="marina", n=8, d=10, comp=("RandK", 2), mode="server", reduce="ordered",
+                                          p=0.3, options={"participation": 5}),
     # rounding differences bounded (full gradients by Allreduce vs the closed-form ∇f)
     "marina_permk_allreduce": dict(method="marina", n=4, d=12, comp=("PermK",), mode="p2p", reduce="allreduce"),
     "marina_permk_allreduce_server": dict(method="marina", n=4, d=12, comp=("PermK",), mode="server", reduce="allreduce"),
@@ -203,6 +215,12 @@ def compressor(case: dict[str, Any]) -> permk.Compressor | None:
     if name == "default":
         return getattr(permk, args[0]).default(case["n"], case["d"])  # type: ignore[no-any-return]
     return getattr(permk, name)(*args)  # type: ignore[no-any-return]
+
+
+def sent(case: dict[str, Any]) -> permk.Compressor | None:
+    """The compressor whose messages travel: the case's, or its participation family."""
+    comp, s = compressor(case), case.get("options", {}).get("participation")
+    return comp if comp is None or s is None else permk.Participation(comp, s)
 
 
 def problem(case: dict[str, Any]) -> Any:

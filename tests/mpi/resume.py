@@ -1,6 +1,6 @@
 """Runs resumed on MPI from a simulator's state equal the uninterrupted runs (``mpiexec -n N
-python resume.py``): DIANA (its per-worker shifts cut to each rank's rows), RandDIANA and shifted
-DCGD. Rank 0 prints one line ``name|same`` per method."""
+python resume.py``): DIANA (its per-worker shifts cut to each rank's rows), RandDIANA, shifted
+DCGD, DASHA and DASHA-PP (their rows G and H cut likewise) and MARINA with partial participation. Rank 0 prints one line ``name|same`` per method."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import permk.distributed as pd
 from mpi_cases import WorkerOrderMean
 
 CASES = {"diana": (permk.diana, {}), "rand_diana": (permk.rand_diana, {"p": 0.3}),
-         "dcgd_shifted": (permk.dcgd, {"shifts": "initial"})}
+         "dcgd_shifted": (permk.dcgd, {"shifts": "initial"}), "dasha": (permk.dasha, {}),
+         "dasha_pp": (permk.dasha, {"participation": 3}), "marina_pp": (permk.marina, {"participation": 3, "p": 0.3})}
 
 
 def main() -> None:

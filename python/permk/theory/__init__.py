@@ -2,8 +2,8 @@
 and the communication complexity of the methods.
 
 * :mod:`permk.theory.steps` — the theorems' step sizes (MARINA: Theorems "AB", "AB-PL",
-  "AB_group"; EF21; DIANA; the authors' RandDIANA and shifted DCGD) and the :class:`Constants`
-  they read from a problem;
+  "AB_group"; EF21; DIANA; the authors' RandDIANA and shifted DCGD; DASHA and DASHA-PP) and the
+  :class:`Constants` they read from a problem;
 * :mod:`permk.theory.smoothness` — ``L_−``, ``L_+``, ``L_±`` (Assumption "L+", Definition
   "Hessian variance") of any problem or group of workers: exact for quadratics, a lower
   estimate from pairs of points, or a local estimate at a point;
@@ -27,6 +27,9 @@ from .group import GroupHessianVariance as GroupHessianVariance, group_hessian_v
 from .smoothness import ExactConstants as ExactConstants, Smoothness as Smoothness, smoothness as smoothness
 from .steps import (
     Constants as Constants,
+    dasha_momentum as dasha_momentum,
+    dasha_pp_stepsize as dasha_pp_stepsize,
+    dasha_stepsize as dasha_stepsize,
     diana_stepsize as diana_stepsize,
     ef21_stepsize as ef21_stepsize,
     marina_stepsize as marina_stepsize,
@@ -40,6 +43,9 @@ __all__ = [
     "marina_stepsize",
     "marina_variance_stepsize",
     "ef21_stepsize",
+    "dasha_momentum",
+    "dasha_stepsize",
+    "dasha_pp_stepsize",
     "diana_stepsize",
     "rand_diana_stepsize",
     "shifted_dcgd_stepsize",

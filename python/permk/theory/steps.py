@@ -13,6 +13,8 @@ calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
   with the AB inequality); :func:`rand_diana_stepsize` and :func:`shifted_dcgd_stepsize` — the
   authors' RandDIANA and shifted-DCGD steps (their ``algorithm.py``), chosen by
   :func:`shift_step_class` from a compressor's AB constants;
+* :func:`dasha_momentum`, :func:`dasha_stepsize`, :func:`dasha_pp_stepsize` — DASHA and its
+  partial-participation form DASHA-PP (Tyurin & Richtárik 2022), gradient setting;
 * :class:`Constants` — ``L_−``, ``L_+``, ``L_±`` (and ``μ``) read from a problem, exactly or
   with the paper's pessimistic choice, each read only when needed.
 
@@ -35,7 +37,8 @@ import numpy as np
 from .._validate import check_choice, check_int, check_probability, check_real
 
 __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
-           "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants"]
+           "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants",
+           "dasha_momentum", "dasha_stepsize", "dasha_pp_stepsize"]
 
 
 def _mu(mu: Any) -> float | None:
@@ -278,3 +281,80 @@ def worker_constants(problem: Any, n: int) -> tuple[float, float]:
     if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
         raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
     return float(L_i.mean()), float(L_i.max())
+
+
+# ---------------------------------------------------------------------------------------------
+# DASHA and DASHA-PP (Tyurin & Richtárik 2022), gradient setting
+# ---------------------------------------------------------------------------------------------
+def dasha_momentum(omega: float, p_a: float = 1.0) -> float:
+    """DASHA's momentum ``a = p_a/(2ω + 1)`` (``p_a = 1``: DASHA's ``1/(2ω + 1)``; DASHA-PP with
+    participation probability ``p_a = s/n``): the authors' ``_estimate_momentum`` of
+    ``zero_marina`` and ``zero_marina_partial_participation``.
+
+    >>> dasha_momentum(1.0), dasha_momentum(1.0, 0.5)
+    (0.3333333333333333, 0.16666666666666666)
+    """
+    omega = check_real(omega, "omega", low=0.0)
+    p_a = check_real(p_a, "p_a", low=0.0, strict=True, high=1.0)
+    return p_a / (2 * omega + 1)
+
+
+def dasha_stepsize(omega: float, A: float, L_minus: float, L_plus: float) -> float:
+    """DASHA's step (theorem of "DASHA: Distributed nonconvex optimization with communication
+    compression, optimal oracle complexity, and no client synchronization", gradient setting, as
+    the authors' code computes it, ``ZeroMarinaMasterAlgorithm._estimate_gamma``):
+    ``1/(L_− + L_+ sqrt(A(4ω + 1)))`` with ``a = 1/(2ω + 1)``.
+
+    The authors write ``ω/n`` for ``A``: for independent compressors (``A = ω/n``) it is their
+    step exactly. The proof uses independence in one place only, the variance of the mean of the
+    compressed messages ``E‖(1/n)Σ(C_i(u_i) − u_i)‖² ≤ (ω/n)(1/n)Σ‖u_i‖²``, which the AB
+    inequality bounds by ``A (1/n)Σ‖u_i‖²`` for any unbiased family (PermK: ``A = 1``); each
+    ``C_i``'s own ``ω`` bounds the workers' estimators. ``L_−`` and ``L_+`` stand for the
+    authors' mean of the ``L_i`` and ``sqrt((1/n)Σ L_i²)``: ``f`` is ``L_−``-smooth and
+    ``(1/n)Σ‖∇f_i(x) − ∇f_i(y)‖² ≤ L_+²‖x − y‖²``, all the theorem reads.
+
+    >>> dasha_stepsize(1.0, 0.5, 1.0, 2.0) == 1 / (1 + 2 * 2.5 ** 0.5)
+    True
+    """
+    omega = check_real(omega, "omega", low=0.0)
+    A = check_real(A, "A", low=0.0)
+    L_minus = check_real(L_minus, "L_minus", low=0.0)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    M = L_minus + L_plus * math.sqrt(A * (4 * omega + 1))
+    if M <= 0:
+        raise ValueError("the smoothness constants give M = 0 (L_minus = 0 and no variance): f is constant")
+    return 1.0 / M
+
+
+def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_plus: float) -> float:
+    """DASHA-PP's step (theorem of "A computation and communication efficient method for
+    distributed nonconvex problems in the partial participation setting", gradient setting) for
+    ``s`` of ``n`` workers sampled uniformly without replacement (``p_a = s/n``, the probability
+    that a worker participates, ``p_aa = s(s − 1)/(n(n − 1))`` that two given workers do):
+    ``1/(L_− + L_+ sqrt(48A(2ω + 1)/p_a² + 16(1 − p_aa/p_a)/(n p_a²)))`` with
+    ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``. ``A`` stands for the theorem's ``ω/n`` as in
+    :func:`dasha_stepsize` (independent compressors: ``A = ω/n``), and is taken at least ``ω/n``
+    (what one worker's message alone forces when ``ω`` is tight). The tests check this step
+    against a Lyapunov analysis of the method written out from its updates (the terms
+    ``‖g − h‖²``, ``(1/n)Σ‖g_i − h_i‖²``, ``‖h − ∇f‖²``, ``(1/n)Σ‖h_i − ∇f_i‖²``, with
+    sampling without replacement and the AB inequality): its conditions hold at this step.
+
+    >>> dasha_pp_stepsize(0.0, 0.0, 4, 4, 1.0, 1.0)  # every worker, no compression: GD's 1/L
+    1.0
+    """
+    omega = check_real(omega, "omega", low=0.0)
+    A = check_real(A, "A", low=0.0)
+    if isinstance(n, bool) or isinstance(s, bool) or not isinstance(n, (int, np.integer)) or not isinstance(s, (int, np.integer)):
+        raise TypeError(f"n and s must be integers, got {n!r} and {s!r}")
+    if not 1 <= s <= n:
+        raise ValueError(f"participation must be in 1..n = 1..{n}, got {s}")
+    L_minus = check_real(L_minus, "L_minus", low=0.0)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    A = max(A, omega / n)
+    p_a = s / n
+    p_aa = s * (s - 1) / (n * (n - 1)) if n > 1 else 1.0
+    variance = 48 * A * (2 * omega + 1) / p_a**2 + 16 * (1 - p_aa / p_a) / (n * p_a**2)
+    M = L_minus + L_plus * math.sqrt(variance)
+    if M <= 0:
+        raise ValueError("the smoothness constants give M = 0 (L_minus = 0 and no variance): f is constant")
+    return 1.0 / M
