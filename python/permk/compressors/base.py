@@ -279,6 +279,8 @@ class Capabilities:
     * ``deterministic`` — ``C_i(x) = C(x)``, one deterministic, positively homogeneous map for
       every worker, seed and round (TopK, Identity): workers with equal inputs send equal
       messages, whatever ``n`` (the experiments use it to simulate identical workers once).
+    * ``dense`` — every message holds all ``d`` coordinates in order (Identity, the
+      quantizers): the receiver knows the indices, so only the values travel on MPI.
     * ``lossless`` — ``C_i(x) = x``: every worker sends its vector whole (Identity); a method
       whose rounds send full gradients (``permk.gd``) takes only such a compressor.
     * ``tunable`` — the constructor argument that sets the message size (``"k"``), which
@@ -291,6 +293,7 @@ class Capabilities:
     random_size: bool = False
     needs_indices: bool = False
     deterministic: bool = False
+    dense: bool = False
     lossless: bool = False
     tunable: str | None = None
 

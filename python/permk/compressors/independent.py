@@ -111,7 +111,7 @@ class Identity(Sparsifier):
     ((0.0, 0.0), 0.0)
     """
 
-    capabilities = Capabilities(fixed_size=True, deterministic=True, lossless=True)
+    capabilities = Capabilities(fixed_size=True, deterministic=True, dense=True, lossless=True)
     ab_exact = True
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:

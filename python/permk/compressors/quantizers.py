@@ -23,7 +23,7 @@ class Quantizer(RustCompressor):
     ``(A, B) = (ω/n, 0)``) or inside :class:`Compose`; a subclass names its kernel in
     :meth:`quantizer_args`."""
 
-    capabilities = Capabilities(fixed_size=True)
+    capabilities = Capabilities(fixed_size=True, dense=True)
 
     @abc.abstractmethod
     def quantizer_args(self) -> dict[str, Any]:
