@@ -6,10 +6,9 @@ synthetic quadratic, ``n`` workers in blocks over the ranks); the bytes of each 
 are measured on the buffers handed to MPI (``bytes_per_worker``: the largest message of one
 worker). The theory's message, at 64-bit values: ``8 · floats_per_worker(n, d)`` bytes for a
 compressor with a shared plan (the receiver recomputes the coordinates: only values travel),
-plus a 32-bit index per value where the receiver needs the indices (TopK). Compressors without
-a shared plan that need no indices in theory (Identity, the quantizers) travel as (index,
-float64 value) pairs: their rows show the gap. Full-gradient rounds (MARINA's coin, GD) send
-``8d`` and are left out.
+plus a 32-bit index per value where the receiver needs the indices (TopK). Quantized values
+travel as float64 (the quantizers' own code is counted in ``bits_per_worker``, not on MPI).
+Full-gradient rounds (MARINA's coin, GD) send ``8d`` and are left out.
 
     python benches/bench_mpi_bytes.py                 # launches mpiexec -n 4 itself
     python benches/bench_mpi_bytes.py --procs 2 --n 8 --d 1000
@@ -46,10 +45,11 @@ def theory_bytes(c: Any, n: int, d: int) -> int:
 
 
 def claimed(c: Any) -> bool:
-    """Whether permk claims the theory's bytes on MPI for ``c``: shared-plan compressors send
-    values only, TopK sends (index, value) pairs. The others (Identity, quantizers, independent
-    compressors without a plan) travel as (index, value) pairs of float64 values."""
-    return bool(c.capabilities.shared_plan or c.capabilities.needs_indices)
+    """Whether permk claims the theory's bytes on MPI for ``c``: shared-plan compressors and
+    dense ones (every coordinate in order: Identity, the quantizers) send values only, TopK sends
+    (index, value) pairs. The others (an independent compressor without a plan, a composition)
+    travel as (index, float64 value) pairs."""
+    return bool(c.capabilities.shared_plan or c.capabilities.dense or c.capabilities.needs_indices)
 
 
 def inner(args: argparse.Namespace) -> int:

@@ -235,6 +235,8 @@ def _compressed_rank_bytes(case: dict[str, Any], t: int, block: range) -> int:
     comp = sent(case)
     assert comp is not None
     plan = comp.plan(n, d, seed=SEED, round=t)
+    if comp.capabilities.dense:  # every coordinate in order (Identity, the quantizers): values only
+        return len(block) * d * 8
     if plan is None:  # TopK, Rand1: k (uint32 index, float64 value) pairs per worker
         lengths = 0 if comp.capabilities.fixed_size else 8  # messages of a varying size: the length first
         return len(block) * comp.floats_per_worker(n, d) * 12 + lengths
@@ -267,6 +269,8 @@ def test_measured_bytes_equal_theory(runs4: Path, name: str) -> None:
             assert compressed == (8 * -(-d // n) if d >= n else 8)
         elif isinstance(compressor(case), permk.RandK):
             assert compressed == 8 * compressor(case).k
+        elif comp is not None and comp.capabilities.dense:  # QSGD, Identity: d values, no indices
+            assert compressed == 8 * d
         elif comp is not None and comp.plan(n, d, seed=0, round=0) is None:  # TopK, Rand1: pairs
             assert compressed == 12 * comp.floats_per_worker(n, d)
         for r in range(4):

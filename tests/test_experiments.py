@@ -1,4 +1,4 @@
-"""The experiments of issue 5 end to end: the quick quadratic grid through the CLI (files,
+"""The experiments end to end: the quick quadratic grid through the CLI (files,
 figures, the paper's qualitative claims), resume after a killed run, the IDX reader on real and
 corrupt files, the autoencoder problem, and the fused EF21 kernel."""
 

@@ -7,6 +7,8 @@ The layers, bottom up: the Rust core (``permk._core``); :mod:`permk.compressors`
 :mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity);
 :mod:`permk.backends` (how workers exchange messages) and :mod:`permk.methods` (MARINA, EF21,
 GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
+:func:`permk.register` adds a compressor or a method defined outside the package to the
+catalogs (:mod:`permk.registry`).
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.
 """
 
@@ -23,6 +25,7 @@ from .methods import __all__ as _methods
 from .participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
 from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
+from .registry import register as register
 from .theory.steps import ef21_stepsize as ef21_stepsize, marina_stepsize as marina_stepsize
 
 __all__ = [
@@ -38,6 +41,7 @@ __all__ = [
     "NonconvexSigmoid",
     "NonconvexMultiClass",
     "NonconvexLogistic",
+    "register",
     "marina_stepsize",
     "ef21_stepsize",
 ]

@@ -139,11 +139,36 @@ def _method_spec(v: str) -> str:
     return v
 
 
+class _PluginAction(argparse.Action):
+    """``--plugin MODULE``: import the module as the option is read (before the command's
+    ``--methods`` is checked), and name it in ``PERMK_PLUGINS`` so that the processes a grid
+    starts load it too."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        import importlib
+
+        from .registry import ENV_VAR
+
+        module = str(values)
+        try:
+            importlib.import_module(module)
+        except Exception as e:  # any failure of the plugin's own code is the user's error to see
+            parser.error(f"--plugin {module}: {type(e).__name__}: {e}")
+        listed = [m for m in os.environ.get(ENV_VAR, "").split(",") if m]
+        if module not in listed:
+            os.environ[ENV_VAR] = ",".join([*listed, module])
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p = argparse.ArgumentParser(prog="permk", description="Permutation compressors (PermK): the paper's experiments and tools.")
     p.add_argument("--version", action="version", version=f"permk {__version__}")
+    p.add_argument("--plugin", action=_PluginAction, metavar="MODULE", default=argparse.SUPPRESS,
+                   help="import MODULE first, so that the compressors and methods it registers (permk.register) are "
+                        "selectable in --methods; repeatable, before the command. Plugins installed with a "
+                        "'permk.plugins' entry point, and the modules of PERMK_PLUGINS, are loaded without it")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 

@@ -103,7 +103,6 @@ __all__ = [
     "run",
     "shorthand",
     "install_excepthook",
-    "synthetic_local",
 ]
 
 Array = np.ndarray
@@ -366,13 +365,6 @@ class LocalView:
         return f"LocalView({self.problem!r}, workers={self.workers})"
 
 
-def synthetic_local(n: int, d: int, lam: float, noise_scale: float, seed: int = 0, *, comm: Any = None) -> LocalView:
-    """This process's view of :meth:`permk.Quadratic.synthetic` (what ``permk quadratic --mpi`` runs)."""
-    from .problems import SyntheticQuadratic
-
-    return LocalView(SyntheticQuadratic(n, d, lam, noise_scale, seed=seed), comm=comm)
-
-
 def as_local(problem: Any, comm: Any = None) -> Any:
     """``problem`` as this process's local problem: a :class:`LocalProblem` as it is, a global
     problem wrapped in :class:`LocalView`."""
@@ -592,7 +584,8 @@ class MPIBackend(HeldWorkers):
         hit = self._theory.get(id(compressor))
         if hit is None or hit[0] is not compressor:
             k = compressor.floats_per_worker(self.n, self.d)
-            hit = self._theory[id(compressor)] = (compressor, 8 * k if compressor.capabilities.shared_plan else k * (8 + (4 if self.d < 2**32 else 8)))
+            values_only = compressor.capabilities.shared_plan or compressor.capabilities.dense
+            hit = self._theory[id(compressor)] = (compressor, 8 * k if values_only else k * (8 + (4 if self.d < 2**32 else 8)))
         return hit[1]
 
     def _mean_round(self, r: Round, values: Array) -> Array:
@@ -608,10 +601,31 @@ class MPIBackend(HeldWorkers):
         recv = self._gather(values, counts, self.MPI.DOUBLE)
         return self._share(None if recv is None else r.mean(recv, out=self._aggregate_buffer()))
 
+    def _mean_dense(self, msgs: Messages) -> Array:
+        """``(1/n) Σ_i C_i(a_i)`` from messages that hold every coordinate in order
+        (``capabilities.dense``): only the values travel, and the rows are summed in worker
+        order from 0 (the bits of the pairs' sum)."""
+        d = self.d
+        lens = np.diff(msgs.offsets)
+        if lens.size and (lens != d).any():
+            raise ValueError(f"a dense compressor's message has {lens.tolist()} values, expected d = {d} per worker")
+        val = np.ascontiguousarray(msgs.values, dtype=np.float64)
+        self._sent(val.nbytes, 8 * d)
+        recv = self._gather(val, [len(b) * d for b in self.blocks], self.MPI.DOUBLE)
+        if recv is None:
+            return self._share(None)
+        acc = np.zeros(d)
+        for row in recv.reshape(-1, d):
+            acc += row
+        return self._share(acc / self.n)
+
     def _mean_pairs(self, msgs: Messages, compressor: Compressor) -> Array:
-        """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs.
-        Fixed-size messages (``capabilities.fixed_size``) need no lengths; otherwise the lengths
-        are exchanged first (8 bytes per rank, counted)."""
+        """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs
+        (only the values for a compressor with ``capabilities.dense``). Fixed-size messages
+        (``capabilities.fixed_size``) need no lengths; otherwise the lengths are exchanged first
+        (8 bytes per rank, counted)."""
+        if compressor.capabilities.dense:
+            return self._mean_dense(msgs)
         MPI = self.MPI
         wide = self.d >= 2**32
         idx = np.ascontiguousarray(msgs.indices.astype(np.uint64 if wide else np.uint32))

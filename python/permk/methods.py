@@ -52,6 +52,7 @@ from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity, PermK, RandK, TopK
 from .participation import Participation, check_participation, participation_mask
+from .registry import Catalog
 from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.steps import (
     Constants,
@@ -441,6 +442,20 @@ class RunResult:
 # ---------------------------------------------------------------------------------------------
 # the method definition
 # ---------------------------------------------------------------------------------------------
+def _check_registrable(obj: Any) -> None:
+    if not isinstance(obj, Method):
+        raise TypeError(f"register: a method is registered as its object, an instance of a permk.Method subclass, got {obj!r}")
+
+
+def _package_methods() -> dict[str, Method]:
+    """The method objects this module defines, by name."""
+    return {m.name: m for m in globals().values() if isinstance(m, Method)}
+
+
+#: The catalog of method objects (:func:`catalog`, :func:`permk.register`).
+METHODS = Catalog("method", key=lambda m: m.name, check=_check_registrable, builtins=_package_methods)
+
+
 class Method(abc.ABC):
     """One distributed method, defined once (see the module docstring).
 
@@ -497,6 +512,8 @@ class Method(abc.ABC):
     parameters_read_problem: ClassVar[bool] = False
     needs_finite_sum: ClassVar[bool] = False
     example_options: ClassVar[Mapping[str, Any]] = {}
+    #: The catalog a method object joins with :func:`permk.register`.
+    catalog_kind: ClassVar[Catalog] = METHODS
 
     @abc.abstractmethod
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, **options: Any) -> dict[str, Any]:
@@ -1512,6 +1529,7 @@ sgd = SGD()
 
 
 def catalog() -> dict[str, Method]:
-    """The package's method objects by name (``"marina"``, ``"ef21"``, …): what the experiments'
-    ``--methods METHOD-COMPRESSOR`` resolves."""
-    return {m.name: m for m in globals().values() if isinstance(m, Method)}
+    """The method objects by name (``"marina"``, ``"ef21"``, …): the package's, then those
+    registered from outside it (:func:`permk.register`, the ``permk.plugins`` entry points).
+    What the experiments' ``--methods METHOD-COMPRESSOR`` resolves."""
+    return METHODS.all()

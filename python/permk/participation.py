@@ -48,6 +48,7 @@ import numpy as np
 
 from ._validate import as_float_array, check_int, check_seed
 from .compressors import Capabilities, Compressor, Message, PermK, Plan, RandK, VarianceBound
+from .testing import magnitude_bound
 
 __all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
@@ -190,7 +191,7 @@ class Participation(Compressor):
         return bound._replace(theorem="Theorem AB (partial participation)", pl_theorem="Theorem AB-PL (partial participation)")
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray | None:
-        bound = self.inner.magnitude_bound(A)
+        bound = magnitude_bound(self.inner, A)
         return None if bound is None else np.shape(A)[0] / self.s * bound
 
     def disjoint(self, n: int, d: int) -> bool:

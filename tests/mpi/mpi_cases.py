@@ -54,6 +54,10 @@ CASES: dict[str, dict[str, Any]] = {
     "marina_coordinate_sampling": dict(method="marina", n=4, d=12, comp=("CoordinateSampling",), mode="p2p", reduce="ordered", p=0.3),
     "marina_group_permk": dict(method="marina", n=8, d=16, comp=("GroupPermK", ((0, 2, 4, 6), (1, 3, 5, 7))), mode="p2p", reduce="ordered"),
     "marina_permutation_of_mappings": dict(method="marina", n=4, d=12, comp=("default", "PermutationOfMappings"), mode="p2p", reduce="ordered"),
+    # dense compressors (every coordinate in order): only the values travel
+    "marina_qsgd": dict(method="marina", n=4, d=12, comp=("QSGD", 4), mode="p2p", reduce="ordered"),
+    "dcgd_natural_server": dict(method="dcgd", n=8, d=10, comp=("NaturalCompression",), mode="server", reduce="ordered", gamma=0.1),
+    "ef21_identity": dict(method="ef21", n=4, d=10, comp=("Identity",), mode="p2p", reduce="ordered"),
     # DCGD, defined once (permk.methods) and run on both backends
     "dcgd_randk": dict(method="dcgd", n=4, d=20, comp=("RandK", 4), mode="p2p", reduce="ordered", gamma=0.2),
     "dcgd_permk_fused": dict(method="dcgd", n=8, d=20, comp=("PermK",), mode="p2p", reduce="ordered", gamma=0.2),

@@ -1,4 +1,4 @@
-"""The paper's experiments end to end (issue 5): the synthetic quadratic grid, the linear
+"""The paper's experiments end to end: the synthetic quadratic grid, the linear
 autoencoder on MNIST-format data, the IDX reader, result files and figures. The command line
 is ``permk`` (:mod:`permk.cli`); everything here is also usable from Python::
 

@@ -77,7 +77,7 @@ def _is_quadratic(rec: dict[str, Any]) -> bool:
 
 def method_label(key: str, fallback: str | None = None) -> str:
     """The legend name of ``METHOD-COMPRESSOR`` (``"MARINA + PermK"``: :attr:`Spec.label`); a
-    key the catalogs no longer know keeps ``fallback`` (the label its records were written with)."""
+    key no catalog knows (e.g. a plugin's, not loaded) keeps ``fallback`` (the label in its records)."""
     try:
         return Spec.parse(key).label
     except ValueError:
