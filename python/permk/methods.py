@@ -1023,7 +1023,7 @@ class Diana(Method):
         if params["A"] is None or params["omega"] is None:
             raise ValueError(f"DIANA's step needs the compressor's ω and AB constants; {compressor.name} states none: pass gamma=")
         gamma = diana_stepsize(params["alpha"], params["omega"], params["A"], constants.L_minus, constants.L_plus)
-        return gamma, "DIANA nonconvex theorem (Horváth et al. 2019, with the AB inequality)"
+        return gamma, "DIANA nonconvex theorem (permk's Lyapunov derivation after Horváth et al. 2019, with the AB inequality)"
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: dict[str, Any]) -> float:
         return float(compressor.expected_floats_per_worker(n, d))

@@ -173,7 +173,9 @@ def diana_stepsize(alpha: float, omega: float, A: float, L_minus: float, L_plus:
     ``E Φ^{t+1} ≤ E Φ^t − (γ/2) E‖∇f(x^t)‖²``, hence, from ``h_i^0 = ∇f_i(x^0)``,
     ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)``. With ``A = ω/n`` (independent
     compressors) and ``α = 1/(ω + 1)`` this is DIANA's known
-    ``Θ((L_− + (ω + 1) sqrt(ω/n) L_+)/ε)`` rounds.
+    ``Θ((L_− + (ω + 1) sqrt(ω/n) L_+)/ε)`` rounds. The constants are permk's own derivation
+    along that Lyapunov argument (the paper's text was not at hand; the authors' library has no
+    DIANA step): the tests check the bound it implies, which a 16× larger step breaks.
 
     >>> round(diana_stepsize(0.5, 1.0, 0.5, 1.0, 2.0), 12)  # α/(2 L_+ sqrt(A(2+α))) = 1/(4√5)
     0.111803398875
@@ -337,7 +339,9 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
     (what one worker's message alone forces when ``ω`` is tight). The tests check this step
     against a Lyapunov analysis of the method written out from its updates (the terms
     ``‖g − h‖²``, ``(1/n)Σ‖g_i − h_i‖²``, ``‖h − ∇f‖²``, ``(1/n)Σ‖h_i − ∇f_i‖²``, with
-    sampling without replacement and the AB inequality): its conditions hold at this step.
+    sampling without replacement and the AB inequality): its conditions hold at this step. The
+    constants are the theorem's as recalled (the paper's text was not at hand, and the authors'
+    library tunes DASHA-PP's step by powers of two): that test is what backs them here.
 
     >>> dasha_pp_stepsize(0.0, 0.0, 4, 4, 1.0, 1.0)  # every worker, no compression: GD's 1/L
     1.0
