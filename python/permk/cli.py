@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--p-hat", type=_probability, nargs="+", default=None,
                    help="heterogeneity p̂ values in [0, 1], one panel each (default: equal shuffled shards)")
     c.add_argument("--batch-size", type=_positive, default=None, help="minibatch size b of the stochastic methods (default 32; 16 with --quick)")
-    c.add_argument("--samples", type=_positive, default=None, help="use only the first N samples (default all; 4000 with --quick)")
+    c.add_argument("--samples", type=_positive, default=None, help="use only the first N samples (default all; 3000 with --quick)")
     c.set_defaults(func=_cmd_classify, parser=c)
 
     pl = sub.add_parser("plot", help="rebuild the figures (the best steps and every step of each method) from result files")

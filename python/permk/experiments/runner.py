@@ -203,6 +203,7 @@ def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: st
     ``L_+² = L_±² = (1/n) Σ L_i²``) unless ``constants`` overrides it."""
     from permk.methods import setup
 
+    spec.check_problem(problem)
     n, d = int(problem.n), int(problem.d)
     params = setup(spec.method, problem, spec.compressor(n, d), n=n, d=d, rounds=1, seed=opts.seed,
                    pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits, **opts.method_options(spec))
