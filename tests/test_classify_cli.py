@@ -4,6 +4,7 @@ two x axes, the projection of ``--estimate``, and one-line errors for bad data a
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from permk.experiments.runner import Spec, available_specs
 
 from conftest import run_cli
 
-#: A small grid through the command line: a few hundred samples, two workers' worth of rounds.
+#: A small grid through the command line: 400 samples over 5 workers, 30 rounds, one step each.
 SMALL = ["--samples", "400", "--n", "5", "--rounds", "30", "--max-multipliers", "1", "--batch-size", "4", "--no-progress", "--threads", "1"]
 
 
@@ -22,10 +23,10 @@ def _libsvm(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def _one_line_error(r: object) -> str:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)  # type: ignore[attr-defined]
-    lines = r.stderr.strip().splitlines()  # type: ignore[attr-defined]
-    assert len(lines) == 1 and lines[0].startswith("permk classify: error: "), r.stderr  # type: ignore[attr-defined]
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("permk classify: error: "), r.stderr
     return lines[0]
 
 

@@ -137,9 +137,9 @@ class Spec:
     @property
     def label(self) -> str:
         """The legend label, the method's ``label`` and the compressor's class:
-        ``MARINA + PermK``, ``EF21 + TopK``; a method that takes no compressor, its label alone
-        (``SGD``)."""
-        if not self.method.takes_compressor:
+        ``MARINA + PermK``, ``EF21 + TopK``; a spec that names no compressor (a method that
+        takes none, ``sgd``), the method's label alone (``SGD``)."""
+        if not self.key.partition("-")[2]:
             return str(self.method.label)
         return f"{self.method.label} + {self.compressor_class.__name__}"
 
