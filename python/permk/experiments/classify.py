@@ -109,7 +109,7 @@ def make_problem(grid_json: dict[str, Any], p_hat: float | None) -> tuple[Any, s
     return cls(X, y, n=n, seed=grid_json["problem_seed"], p_hat=p_hat), source
 
 
-def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[str, Any]) -> dict[str, str]:
+def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
     """What the figures write of a cell (:mod:`.plotting`): the problem line of the title, the
     panel's title and how to read the panels."""
     loss = "nonconvex sigmoid loss (1 − σ(y aᵀx))²" if grid_json["task"] == "binary" else \
@@ -124,7 +124,7 @@ def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[s
         "how": ("γ: step size, a multiple of the method's theory step (from the data's smoothness constants). "
                 "Stochastic methods (VR-MARINA, SGD) compute b sample gradients a round, full-gradient ones every "
                 "sample of their shard; p̂: probability that a sample is replaced by a shared one."),
-        "oracle_axis": "yes",
+        "oracle_axis": True,
     }
 
 

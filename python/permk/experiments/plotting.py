@@ -10,6 +10,11 @@ own ``d``, ``n`` and λ (taken from the records, never assumed), the methods as 
 compressor's names), and each step as ``γ = 8 × theory`` (the autoencoder's legends also give
 γ itself).
 
+An experiment whose records describe their own figure (a ``"figure"`` entry: the problem line
+of the title, each panel's title, how to read the panels; ``permk classify``) is drawn with that
+text; when it asks for ``oracle_axis``, ``<experiment>_best_oracle_calls`` draws the same best
+runs against the gradient-oracle calls per worker (the runs' ``oracle_calls``).
+
 ``<experiment>_best`` has one curve per method (its best step,
 :func:`permk.experiments.runner.best_runs`); ``<experiment>_steps_<METHOD-COMPRESSOR>_vs_<first>``
 has every non-diverged step of one method and of the grid's first method (the appendix's full
@@ -57,7 +62,7 @@ def load_experiment(root: str | Path) -> tuple[dict[str, Any], dict[str, list[di
     cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
     files = list(iter_result_files(root))
     if not files:
-        raise FileNotFoundError(f"no result files (*.jsonl) under {root}: run `permk quadratic --out ...` or `permk autoencoder --out ...` first")
+        raise FileNotFoundError(f"no result files (*.jsonl) under {root}: run `permk quadratic|autoencoder|classify --out ...` first")
     for f in files:
         for r in read_records(f):
             if r.get("kind") == "run":
