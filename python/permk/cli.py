@@ -6,6 +6,7 @@
     permk quadratic --jobs 2           # the paper's full grid (Section "Experiments")
     permk quadratic --pl               # the PL variant (λ = 1e-4, PL step sizes)
     permk autoencoder --quick          # linear autoencoder on MNIST-format data
+    permk classify --quick             # nonconvex classification on Fashion-MNIST (--data FILE: LibSVM)
     permk plot permk-out/quadratic     # every figure (best steps, every step) from the result files
     permk demo                         # the AB inequality, measured
 """
@@ -211,6 +212,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the images' and products' type (default float64; float32 as the authors ran it)")
     a.set_defaults(func=_cmd_autoencoder, parser=a)
 
+    c = sub.add_parser("classify", help="the authors' nonconvex classification tasks (Fashion-MNIST or a LibSVM file)",
+                       description="MARINA+PermK/RandK, EF21+TopK, VR-MARINA+PermK and minibatch SGD on the nonconvex sigmoid "
+                                   "loss of a binary task (or the multi-class loss), each with its theory step times 2^j; "
+                                   "figures against bits and against gradient-oracle calls per worker.")
+    _common(c)
+    c.add_argument("--data", default=None, metavar="FILE|fashion-mnist",
+                   help="a LibSVM/svmlight file, or fashion-mnist (default: Debian's /usr/share/datasets/fashion-mnist, "
+                        "or $PERMK_DATA; the binary task is T-shirt/top vs Shirt)")
+    c.add_argument("--task", choices=("binary", "multiclass"), default="binary",
+                   help="binary: nonconvex sigmoid loss, two label values (default); multiclass: the multi-class nonconvex loss")
+    c.add_argument("--n", type=_positive, default=None, help="number of workers (default 100; 10 with --quick)")
+    c.add_argument("--p-hat", type=_probability, nargs="+", default=None,
+                   help="heterogeneity p̂ values in [0, 1], one panel each (default: equal shuffled shards)")
+    c.add_argument("--batch-size", type=_positive, default=None, help="minibatch size b of the stochastic methods (default 32; 16 with --quick)")
+    c.add_argument("--samples", type=_positive, default=None, help="use only the first N samples (default all; 3000 with --quick)")
+    c.set_defaults(func=_cmd_classify, parser=c)
+
     pl = sub.add_parser("plot", help="rebuild the figures (the best steps and every step of each method) from result files")
     pl.add_argument("dirs", nargs="+", help="experiment directories (e.g. permk-out/quadratic) or an --out directory")
     pl.add_argument("--figures", default=None, help="where to write the figures (default DIR/figures)")
@@ -387,6 +405,10 @@ def _cmd_quadratic(args: argparse.Namespace) -> int:
 
 def _cmd_autoencoder(args: argparse.Namespace) -> int:
     return _run_experiment(args, "autoencoder")
+
+
+def _cmd_classify(args: argparse.Namespace) -> int:
+    return _run_experiment(args, "classify")
 
 
 def _report(root: os.PathLike[str] | str, no_plot: bool) -> None:

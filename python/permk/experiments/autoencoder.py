@@ -71,7 +71,7 @@ import numpy as np
 
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -684,12 +684,7 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
 def grid_from_args(args: Any) -> AutoencoderGrid:
     """The grid a ``permk autoencoder`` command line asks for."""
     g = QUICK_GRID if args.quick else PAPER_GRID
-    o = replace(g.options, **protocol_options(args, "autoencoder"))
-    o = replace(o, seed=args.seed if args.seed is not None else o.seed,
-                max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
-                tol=args.tol if args.tol is not None else o.tol,
-                budget_factor=args.budget_factor if args.budget_factor is not None else o.budget_factor,
-                prune=() if args.no_prune else o.prune)
+    o = options_from_args(g.options, args, "autoencoder")
     g = replace(g, options=o, problem_seed=args.seed if args.seed is not None else g.problem_seed,
                 data=os.path.abspath(args.data) if args.data else (os.environ.get("PERMK_DATA") or None))
     if args.workers is not None:

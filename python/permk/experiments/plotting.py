@@ -10,6 +10,11 @@ own ``d``, ``n`` and λ (taken from the records, never assumed), the methods as 
 compressor's names), and each step as ``γ = 8 × theory`` (the autoencoder's legends also give
 γ itself).
 
+An experiment whose records describe their own figure (a ``"figure"`` entry: the problem line
+of the title, each panel's title, how to read the panels; ``permk classify``) is drawn with that
+text; when it asks for ``oracle_axis``, ``<experiment>_best_oracle_calls`` draws the same best
+runs against the gradient-oracle calls per worker (the runs' ``oracle_calls``).
+
 ``<experiment>_best`` has one curve per method (its best step,
 :func:`permk.experiments.runner.best_runs`); ``<experiment>_steps_<METHOD-COMPRESSOR>_vs_<first>``
 has every non-diverged step of one method and of the grid's first method (the appendix's full
@@ -57,7 +62,7 @@ def load_experiment(root: str | Path) -> tuple[dict[str, Any], dict[str, list[di
     cells: dict[str, list[dict[str, Any]]] = defaultdict(list)
     files = list(iter_result_files(root))
     if not files:
-        raise FileNotFoundError(f"no result files (*.jsonl) under {root}: run `permk quadratic --out ...` or `permk autoencoder --out ...` first")
+        raise FileNotFoundError(f"no result files (*.jsonl) under {root}: run `permk quadratic|autoencoder|classify --out ...` first")
     for f in files:
         for r in read_records(f):
             if r.get("kind") == "run":
@@ -99,6 +104,8 @@ def step_label(rec: dict[str, Any]) -> str:
 
 def _panel_title(rec: dict[str, Any]) -> str:
     c = rec["cell"]
+    if "figure" in rec:  # an experiment that describes its own panels (permk classify)
+        return str(rec["figure"]["panel"])
     if _is_quadratic(rec):
         return f"n = {c['n']:,} workers, noise scale s = {c['noise_scale']:g}, L± = {rec['constants']['L_pm']:.2g}"
     return f"λ = {c['lam']:g}, p̂ = {c['p_hat']:g}"
@@ -139,7 +146,9 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
         budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
                   "or to the end of the longest run where that comes first"
                   + ("." if all(reached) else "; in panels where none reached it, the most bits any run sent."))
-    if _is_quadratic(rec):
+    if "figure" in rec:
+        head, how = f"{what}\n{rec['figure']['problem']}", str(rec["figure"]["how"])
+    elif _is_quadratic(rec):
         lams = sorted({float(r["cell"]["lam"]) for r in recs})
         pl = ", step sizes of the PL theorems" if str(rec["experiment"]).endswith("-pl") else ""
         head = f"{what}\nsynthetic quadratics, d = {d_txt}, λ = {', '.join(f'{v:g}' for v in lams)}{pl}"
@@ -169,7 +178,13 @@ def _power_of_ten(v: float, _pos: Any = None) -> str:
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-def _curve(rec: dict[str, Any], budget: float) -> tuple[np.ndarray, np.ndarray]:
+#: The x axes a figure can have: the curve's array and the axis label.
+X_AXES = {"bits": ("bits", "bits sent per worker"), "oracle_calls": ("oracle_calls", "gradient-oracle calls per worker (sample gradients)")}
+
+
+def _curve(rec: dict[str, Any], budget: float, x: str = "bits") -> tuple[np.ndarray, np.ndarray]:
+    """The part of a run's curve within the cell's bits budget, against the x axis ``x``
+    (:data:`X_AXES`)."""
     b = np.asarray(rec["curve"]["bits"], dtype=float)
     g = np.asarray(rec["curve"]["grad_norm_sq"], dtype=float)
     keep = b <= budget * (1 + 1e-9)
@@ -177,7 +192,7 @@ def _curve(rec: dict[str, Any], budget: float) -> tuple[np.ndarray, np.ndarray]:
     past = np.nonzero(~keep)[0]
     if len(past):
         keep[past[0]] = True
-    return b[keep], g[keep]
+    return np.asarray(rec["curve"][X_AXES[x][0]], dtype=float)[keep], g[keep]
 
 
 def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[int, int, dict[str, tuple[int, int]]]:
@@ -195,7 +210,7 @@ LEFT, RIGHT, GAP_W = 0.75, 0.25, 0.6
 
 
 def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, what: str,
-            styles: dict[str, tuple[Any, ...]]) -> Any:
+            styles: dict[str, tuple[Any, ...]], axis: str = "bits") -> Any:
     import textwrap
 
     import matplotlib
@@ -241,7 +256,7 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
             cmap = matplotlib.colormaps[cmap_name]
             name = method_label(m, mine[0].get("label"))
             for k, rec in enumerate(mine):
-                b, g = _curve(rec, budget)
+                b, g = _curve(rec, budget, axis)
                 color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.5 * k / max(1, len(mine) - 1))
                 # steps: a round's bits are paid before its ‖∇f‖² is seen (MARINA's full-gradient
                 # rounds show as long flat steps of d floats)
@@ -256,14 +271,17 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
         # and drawing a figure ~3x and carry no labels here
         ax.yaxis.set_minor_locator(NullLocator())
         # the budget, or the end of the longest run drawn where that comes first (no empty stretch)
-        reach = max((float(x["summary"]["bits_sent"]) for x in chosen), default=budget)
-        shown = min(budget, reach) if reach > 0 else budget
+        if axis == "bits":
+            reach = max((float(r["summary"]["bits_sent"]) for r in chosen), default=budget)
+            shown = min(budget, reach) if reach > 0 else budget
+        else:
+            shown = max((float(_curve(r, budget, axis)[0][-1]) for r in chosen), default=0.0)
         if shown > 0 and math.isfinite(shown):
             ax.set_xlim(0, shown)
         ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits: no offset text to miss
         ax.set_title(_panel_title(recs[0]), fontsize=9, y=1.0, pad=5)  # a fixed place: no layout pass to find one
         ax.tick_params(labelsize=8)
-        ax.set_xlabel("bits sent per worker", fontsize=8, labelpad=2)
+        ax.set_xlabel(X_AXES[axis][1], fontsize=8, labelpad=2)
         if c == 0:
             ax.set_ylabel("‖∇f(xᵗ)‖²", fontsize=9)
         ax.grid(True, which="major", alpha=0.3)
@@ -291,6 +309,9 @@ def experiment_figures(root: str | Path, *, every_step: bool = True) -> list[tup
     styles = {m: STYLES[k % len(STYLES)] for k, m in enumerate(present)}
     labels = {m: method_label(m) for m in present}
     out = [(f"{name}_best", _figure(cells, cfg, present, True, "The best step of each method", styles))]
+    if all("oracle_calls" in r["curve"] and r.get("figure", {}).get("oracle_axis") for recs in cells.values() for r in recs):
+        out.append((f"{name}_best_oracle_calls", _figure(cells, cfg, present, True, "The best step of each method (best by bits), "
+                                                         "against gradient-oracle calls", styles, axis="oracle_calls")))
     if every_step:
         first = present[0]
         for m in present[1:]:

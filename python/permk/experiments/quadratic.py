@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, protocol_options, run_grid, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -177,12 +177,7 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
 def grid_from_args(args: Any) -> QuadraticGrid:
     """The grid a ``permk quadratic`` command line asks for."""
     g = QUICK_GRID if args.quick else PAPER_GRID
-    o = replace(g.options, **protocol_options(args, "quadratic"))
-    o = replace(o, pl=bool(args.pl), seed=args.seed if args.seed is not None else o.seed,
-                max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
-                tol=args.tol if args.tol is not None else o.tol,
-                budget_factor=args.budget_factor if args.budget_factor is not None else o.budget_factor,
-                prune=() if args.no_prune else o.prune)
+    o = replace(options_from_args(g.options, args, "quadratic"), pl=bool(args.pl))
     g = replace(g, options=o, problem_seed=args.seed if args.seed is not None else g.problem_seed)
     if args.n:
         g = replace(g, ns=tuple(args.n))

@@ -73,6 +73,7 @@ __all__ = [
     "step_exponents",
     "AUTHORS",
     "protocol_options",
+    "options_from_args",
     "score",
     "search_cell",
     "best_runs",
@@ -111,10 +112,16 @@ class Spec:
         from permk.compressors import catalog
         from permk.methods import catalog as methods
 
+        from permk.compressors import Identity
+
         name, _, comp = str(key).partition("-")
-        if name not in methods() or comp not in catalog():
-            raise ValueError(f"unknown method {key!r}; expected METHOD-COMPRESSOR, one of {', '.join(available_specs())}")
-        return cls(key=str(key), method=methods()[name], compressor_class=catalog()[comp])
+        method = methods().get(name)
+        if method is not None and not method.takes_compressor and not comp:
+            return cls(key=str(key), method=method, compressor_class=Identity)
+        if method is None or not method.takes_compressor or comp not in catalog():
+            raise ValueError(f"unknown method {key!r}; expected METHOD-COMPRESSOR (METHOD alone for a method that takes "
+                             f"no compressor), one of {', '.join(available_specs())}")
+        return cls(key=str(key), method=method, compressor_class=catalog()[comp])
 
     def compressor(self, n: int, d: int) -> Any:
         """The compressor of this spec for ``n`` workers in dimension ``d``."""
@@ -130,34 +137,63 @@ class Spec:
     @property
     def label(self) -> str:
         """The legend label, the method's ``label`` and the compressor's class:
-        ``MARINA + PermK``, ``EF21 + TopK``."""
+        ``MARINA + PermK``, ``EF21 + TopK``; a spec that names no compressor (a method that
+        takes none, ``sgd``), the method's label alone (``SGD``)."""
+        if not self.key.partition("-")[2]:
+            return str(self.method.label)
         return f"{self.method.label} + {self.compressor_class.__name__}"
+
+    def check_problem(self, problem: Any) -> None:
+        """Refuse (ValueError) a problem this spec cannot run on: a method that needs a finite-sum
+        problem (``needs_finite_sum``: minibatch oracles) on one without ``minibatch_grads``."""
+        if self.method.needs_finite_sum and not callable(getattr(problem, "minibatch_grads", None)):
+            raise ValueError(f"{self.key} needs a finite-sum problem with minibatch oracles (permk classify), "
+                             f"not {type(problem).__name__}")
 
 
 def available_specs(n: int = 10, d: int = 100) -> list[str]:
     """Every ``METHOD-COMPRESSOR`` the experiments can run: the methods with a theory step
-    (MARINA, EF21, DIANA, RandDIANA, …) and the compressors whose defaults suit them (checked at
-    ``(n, d)`` on a synthetic quadratic, whose constants every step can read: ``L_i`` too)."""
-    from permk.compressors import catalog
+    (MARINA, EF21, DIANA, RandDIANA, VR-MARINA, …) and the compressors whose defaults suit them
+    (checked at ``(n, d)`` on a synthetic quadratic, whose constants every step can read: ``L_i``
+    too; a method that ``needs_finite_sum`` on a small :class:`permk.NonconvexSigmoid` with its
+    ``example_options``), then the methods that take no compressor by their name alone (``gd``,
+    ``sgd``)."""
+    from permk.classification import NonconvexSigmoid
+    from permk.compressors import Identity, catalog
     from permk.methods import catalog as methods
     from permk.problems import Quadratic
     from permk.theory.steps import Constants
 
+    quadratic = Quadratic.synthetic(n, d, lam=1e-3, noise_scale=0.1)
+    rng = np.random.default_rng(0)
+    finite_sum = NonconvexSigmoid(rng.standard_normal((4 * n, d - 1)), np.tile([-1.0, 1.0], 2 * n), n=n, seed=0)
+    probes = {False: (quadratic, Constants.of(quadratic)), True: (finite_sum, Constants.of(finite_sum))}
+
+    def suits(method: Any, c: Any) -> bool:
+        probe, consts = probes[bool(method.needs_finite_sum)]
+        given = {**SearchOptions(batch_size=2).sample_options(method), **({"problem": probe} if method.parameters_read_problem else {})}
+        try:
+            params = method.parameters(c, n, d, **given)
+            method.step(c, n, d, params, consts, problem=probe)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    compressors = {cname: _default_or_none(cls, n, d) for cname, cls in catalog().items()}
     out = []
-    probe = Quadratic.synthetic(n, d, lam=1e-3, noise_scale=0.1)
-    consts = Constants.of(probe)
     for mname, method in methods().items():
-        if not method.takes_compressor:
-            continue  # GD: no compressor (it is MARINA with the identity)
-        for cname, cls in catalog().items():
-            try:
-                c = cls.default(n, d)
-                params = method.parameters(c, n, d)
-                method.step(c, n, d, params, consts, problem=probe)
-            except (TypeError, ValueError):
-                continue
-            out.append(f"{mname}-{cname}")
+        if method.takes_compressor:
+            out += [f"{mname}-{cname}" for cname, c in compressors.items() if c is not None and suits(method, c)]
+    out += [mname for mname, method in methods().items() if not method.takes_compressor and suits(method, Identity())]
     return out
+
+
+def _default_or_none(cls: Any, n: int, d: int) -> Any:
+    """``cls.default(n, d)``, or None where the compressor does not fit ``(n, d)``."""
+    try:
+        return cls.default(n, d)
+    except (TypeError, ValueError):
+        return None
 
 
 def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: str | None = None) -> float:
@@ -167,9 +203,10 @@ def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: st
     ``L_+² = L_±² = (1/n) Σ L_i²``) unless ``constants`` overrides it."""
     from permk.methods import setup
 
+    spec.check_problem(problem)
     n, d = int(problem.n), int(problem.d)
     params = setup(spec.method, problem, spec.compressor(n, d), n=n, d=d, rounds=1, seed=opts.seed,
-                   pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits)
+                   pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits, **opts.method_options(spec))
     return float(params["gamma"])
 
 
@@ -221,6 +258,7 @@ class SearchOptions:
     horizon: str = "budget"
     steps: str = "edge"
     ef21_init: str = "full"
+    batch_size: int = 1
 
     def __post_init__(self) -> None:
         from permk._validate import check_choice
@@ -251,7 +289,16 @@ class SearchOptions:
     def method_options(self, spec: Spec) -> dict[str, Any]:
         """The method's own options of a run of ``spec``: the start ``init`` of a method that
         has a choice of starts (``Method.starts``: EF21's)."""
-        return {"init": self.ef21_init} if self.ef21_init in spec.method.starts else {}
+        start = {"init": self.ef21_init} if self.ef21_init in spec.method.starts else {}
+        return {**start, **self.sample_options(spec.method)}
+
+    def sample_options(self, method: Any) -> dict[str, Any]:
+        """The sampling options of a method that runs on minibatches (``needs_finite_sum``): those
+        of its ``example_options`` these options set (``batch_size``); a method that needs more
+        (a megabatch) is not run by the experiments."""
+        if not method.needs_finite_sum:
+            return {}
+        return {k: getattr(self, k) for k in method.example_options if k in ("batch_size",)}
 
 
 #: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the
@@ -260,6 +307,7 @@ class SearchOptions:
 AUTHORS: dict[str, dict[str, Any]] = {
     "quadratic": {"best": "last90", "horizon": "rounds", "steps": "authors", "ef21_init": "compressed"},
     "autoencoder": {"best": "last90", "horizon": "rounds", "steps": "authors", "ef21_init": "full", "max_rounds": 4000},
+    "classify": {"best": "last90", "horizon": "rounds"},
 }
 
 
@@ -274,6 +322,20 @@ def protocol_options(args: Any, experiment: str) -> dict[str, Any]:
     if getattr(args, "rounds", None) is not None:
         out.pop("max_rounds", None)
     return out
+
+
+def options_from_args(base: SearchOptions, args: Any, experiment: str) -> SearchOptions:
+    """The :class:`SearchOptions` of an experiment's command line: ``base`` (its grid's) with the
+    protocol (:func:`protocol_options`) and ``--seed``, ``--rounds``, ``--tol``,
+    ``--budget-factor``, ``--no-prune`` where given."""
+    from dataclasses import replace
+
+    o = replace(base, **protocol_options(args, experiment))
+    return replace(o, seed=args.seed if args.seed is not None else o.seed,
+                   max_rounds=args.rounds if args.rounds is not None else o.max_rounds,
+                   tol=args.tol if args.tol is not None else o.tol,
+                   budget_factor=args.budget_factor if args.budget_factor is not None else o.budget_factor,
+                   prune=() if args.no_prune else o.prune)
 
 
 class Run:
@@ -340,7 +402,8 @@ class Run:
             self.g0 = float(res.grad_norm_sq[0])
             self.expected_per_round = float(res.expected_bits_per_worker[-1] - res.expected_bits_per_worker[0]) / max(1, int(res.rounds[-1] - res.rounds[0]))
         sl = slice(0, None) if first else slice(1, None)
-        new = {"round": res.rounds[sl], "bits": res.bits_per_worker[sl], "grad_norm_sq": res.grad_norm_sq[sl]}
+        new = {"round": res.rounds[sl], "bits": res.bits_per_worker[sl], "grad_norm_sq": res.grad_norm_sq[sl],
+               "oracle_calls": res.oracle_calls[sl]}
         if res.f_gap is not None:
             new["f_gap"] = res.f_gap[sl]
         self.a = new if first else {k: np.concatenate([self.a[k], v]) for k, v in new.items() if k in self.a}
@@ -498,6 +561,8 @@ def search_cell(
     if est is not None:  # estimate_grid: time the cell's runs, run nothing, write nothing
         est.time_cell(problem, cell, exponents, opts, gammas or {}, problems or {}, compressors or {})
         return []
+    for method in exponents:
+        Spec.parse(method).check_problem((problems or {}).get(method, problem))
     comm = mpi_comm() if mpi else None
     writer = comm is None or comm.Get_rank() == 0
     done: dict[str, dict[str, Any]] = {}
@@ -537,7 +602,7 @@ def search_cell(
                     "j": j,
                     "multiplier": 2.0**j,
                     "options": {k: getattr(opts, k) for k in ("seed", "tol", "budget_factor", "max_rounds", "div_factor", "pl", "constants", "float_bits",
-                                                              "best", "horizon", "steps", "ef21_init")},
+                                                              "best", "horizon", "steps", "ef21_init", "batch_size")},
                     "params": run.params,
                     "summary": summ,
                     "curve": run.curve(),

@@ -1,0 +1,194 @@
+"""The classification experiment: the authors' nonconvex tasks on labelled data.
+
+Problems (:mod:`permk.classification`): :class:`~permk.NonconvexSigmoid` on a binary task (by
+default Fashion-MNIST's T-shirt/top against Shirt, :func:`permk.datasets.load_fashion_mnist`
+with ``classes=(0, 6)``, from Debian's ``dataset-fashion-mnist``), or
+:class:`~permk.NonconvexMultiClass` on the ten classes (``task="multiclass"``, ``d = 7,850``);
+``data`` may instead name a LibSVM/svmlight file (:func:`permk.datasets.read_libsvm`). The
+samples are split over ``n`` workers, equally or with the authors' heterogeneity ``p̂``
+(:func:`permk.datasets.shard_indices`); one cell per ``p̂``.
+
+Methods (default): MARINA+PermK, MARINA+RandK, EF21+TopK (full gradients), VR-MARINA+PermK
+(minibatches of ``batch_size`` samples and, with probability ``p``, a full gradient) and
+minibatch SGD, each with its theory step times ``2^j`` (:mod:`permk.experiments.runner`: the
+search, the bits budget, the best-run criterion). Every run records the bits and the
+gradient-oracle calls (sample gradients) per worker, and the figures plot ``‖∇f‖²`` against
+both. Results go to ``OUT/classify/runs/<cell>.jsonl``, figures to ``OUT/classify/figures``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .runner import SearchOptions, Spec, is_writer, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
+
+__all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify_cell", "grid_from_args", "load_task"]
+
+#: The methods of the experiment, in the order they run in a cell (PermK first: it is cheap and
+#: sets the budget).
+METHODS = ("marina-permk", "marina-randk", "ef21-topk", "vr_marina-permk", "sgd")
+FASHION_MNIST = "fashion-mnist"
+TASKS = ("binary", "multiclass")
+
+
+@dataclass(frozen=True)
+class ClassifyGrid:
+    """A grid of the classification experiment: one data set and task, ``n`` workers, one cell
+    per heterogeneity ``p̂`` (None: equal shuffled shards)."""
+
+    data: str = FASHION_MNIST
+    task: str = "binary"
+    classes: tuple[int, int] = (0, 6)
+    samples: int | None = None  # the first N samples only
+    n: int = 100
+    p_hats: tuple[float | None, ...] = (None,)
+    methods: tuple[str, ...] = METHODS
+    max_multipliers: int | None = None
+    problem_seed: int = 0
+    options: SearchOptions = field(default_factory=lambda: SearchOptions(tol=1e-3, max_rounds=5000, batch_size=32))
+
+    name = "classify"
+
+    def cells(self) -> list[dict[str, Any]]:
+        return [{"id": "equal" if p is None else f"phat{p:g}", "n": self.n, "p_hat": p, "row": 0, "col": k}
+                for k, p in enumerate(self.p_hats)]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["name"] = self.name
+        return d
+
+
+PAPER_GRID = ClassifyGrid()
+#: ``--quick``: 3,000 samples of the binary task over 10 workers, the three largest multipliers,
+#: 300 rounds, the target ``‖∇f‖² ≤ 3e-3·‖∇f(x⁰)‖²`` (the best runs reach it in ~200 rounds).
+QUICK_GRID = ClassifyGrid(samples=3000, n=10, max_multipliers=3,
+                          options=SearchOptions(tol=3e-3, max_rounds=300, budget_factor=10.0, batch_size=16))
+
+
+@functools.lru_cache(maxsize=4)
+def load_task(data: str, task: str, classes: tuple[int, int], samples: int | None) -> tuple[Any, np.ndarray, str]:
+    """The samples ``X``, labels ``y`` and a description of the data of a task (cached: the
+    command line checks them before a grid starts and its cells read them again). A LibSVM
+    file's labels must be binary for the binary task (ValueError naming the file)."""
+    from permk.datasets import binary_labels, load_fashion_mnist, read_libsvm
+
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    if data == FASHION_MNIST:
+        d = load_fashion_mnist(classes=classes if task == "binary" else None, limit=samples)
+        return d.X, d.y, d.source
+    d = read_libsvm(data)
+    X, y = d.X, d.y
+    if samples is not None:
+        X, y = X[:samples], y[:samples]
+    if task == "binary":
+        try:
+            y = binary_labels(y)
+        except ValueError as e:
+            raise ValueError(f"{data}: {e} (the binary task; --task multiclass for more classes)") from None
+    return X, y, f"{d.source} ({task})"
+
+
+def make_problem(grid_json: dict[str, Any], p_hat: float | None) -> tuple[Any, str]:
+    """The cell's problem and the data's description."""
+    from permk.classification import NonconvexMultiClass, NonconvexSigmoid
+
+    X, y, source = load_task(grid_json["data"], grid_json["task"], tuple(grid_json["classes"]), grid_json["samples"])
+    n = int(grid_json["n"])
+    if n > X.shape[0]:
+        raise ValueError(f"--n {n} is larger than the {X.shape[0]:,} samples of {source}")
+    cls = NonconvexSigmoid if grid_json["task"] == "binary" else NonconvexMultiClass
+    return cls(X, y, n=n, seed=grid_json["problem_seed"], p_hat=p_hat), source
+
+
+def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+    """What the figures write of a cell (:mod:`.plotting`): the problem line of the title, the
+    panel's title and how to read the panels."""
+    loss = "nonconvex sigmoid loss (1 − σ(y aᵀx))²" if grid_json["task"] == "binary" else \
+        f"multi-class nonconvex loss (1 − softmax(Wᵀa)_y)² + (λ/2)‖W‖², λ = {problem.lam:g}"
+    path, _, what = source.partition(" (")  # "FILE (what the loader kept)"
+    data = f"Fashion-MNIST, {what[:-1]}" if grid_json["data"] == FASHION_MNIST else Path(path).name
+    split = "equal shards" if cell["p_hat"] is None else f"p̂ = {cell['p_hat']:g}"
+    return {
+        "problem": (f"{loss} on {data}: {int(problem.sample_counts.sum()):,} samples, n = {problem.n:,} workers, "
+                    f"d = {problem.d:,}, minibatch b = {grid_json['options']['batch_size']}"),
+        "panel": f"n = {problem.n:,} workers, {split}, L− = {problem.L_minus:.3g}",
+        "how": ("γ: step size, a multiple of the method's theory step (from the data's smoothness constants). "
+                "Stochastic methods (VR-MARINA, SGD) compute b sample gradients a round, full-gradient ones every "
+                "sample of their shard; p̂: probability that a sample is replaced by a shared one."),
+        "oracle_axis": True,
+    }
+
+
+def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
+    """Run one cell (a process-pool task): build the problem, run the search, return a summary."""
+    opts = SearchOptions(**grid_json["options"])
+    t0 = time.perf_counter()
+    problem, source = make_problem(grid_json, cell["p_hat"])
+    consts = {"L_minus": float(problem.L_minus), "L_plus": float(problem.L_plus), "L_pm": float(problem.L_pm),
+              "L_max": float(problem.L_max), "data": source, "samples": int(problem.sample_counts.sum())}
+    exps: dict[str, list[int]] = {}
+    gth: dict[str, float] = {}
+    for m in grid_json["methods"]:
+        spec = Spec.parse(m)
+        gth[m] = theory_gamma(problem, spec, opts)
+        exps[m] = step_exponents(m, gth[m], float(problem.L_minus), opts, {}, max_count=grid_json["max_multipliers"])
+    base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth,
+            "problem_seed": grid_json["problem_seed"], "figure": _describe(problem, source, grid_json, cell)}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm  # type: ignore[import-untyped]
+
+        bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
+    recs = search_cell(problem, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None)
+    if bar is not None:
+        bar.close()
+    return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
+
+
+def run_classify(grid: ClassifyGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
+                 progress: bool = True, plot: bool = True) -> Path:
+    """Run a grid into ``out/classify/`` (see the module docstring) and draw its figures.
+    Returns the experiment directory."""
+    root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress)
+    if plot and is_writer(False):
+        from .plotting import plot_experiment
+
+        plot_experiment(root)
+    return root
+
+
+def grid_from_args(args: Any) -> ClassifyGrid:
+    """The grid a ``permk classify`` command line asks for; its data are read and checked here
+    (a bad file, labels that do not suit the task, more workers than samples), before anything
+    runs or is written."""
+    g = QUICK_GRID if args.quick else PAPER_GRID
+    o = options_from_args(g.options, args, "classify")
+    if o.steps == "authors":
+        raise ValueError("--steps authors: the classification experiment has no authors' step ranges; use --steps edge")
+    if args.batch_size is not None:
+        o = replace(o, batch_size=args.batch_size)
+    g = replace(g, options=o, problem_seed=args.seed if args.seed is not None else g.problem_seed, task=args.task,
+                data=FASHION_MNIST if args.data in (None, FASHION_MNIST) else os.path.abspath(args.data))
+    if args.n is not None:
+        g = replace(g, n=args.n)
+    if args.p_hat:
+        g = replace(g, p_hats=tuple(args.p_hat))
+    if args.samples is not None:
+        g = replace(g, samples=args.samples)
+    if args.max_multipliers is not None:
+        g = replace(g, max_multipliers=args.max_multipliers or None)
+    if args.methods:
+        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    X, _, source = load_task(g.data, g.task, g.classes, g.samples)
+    if g.n > X.shape[0]:
+        raise ValueError(f"--n {g.n} is larger than the {X.shape[0]:,} samples of {source}")
+    return g

@@ -1,0 +1,132 @@
+"""``permk classify`` end to end: records and figures, resume without new work, the figures'
+two x axes, the projection of ``--estimate``, and one-line errors for bad data and arguments."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from permk.experiments.plotting import load_experiment
+from permk.experiments.runner import Spec, available_specs
+
+from conftest import run_cli
+
+#: A small grid through the command line: 400 samples over 5 workers, 30 rounds, one step each.
+SMALL = ["--samples", "400", "--n", "5", "--rounds", "30", "--max-multipliers", "1", "--batch-size", "4", "--no-progress", "--threads", "1"]
+
+
+def _libsvm(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("permk classify: error: "), r.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("classify")
+    r = run_cli("classify", *SMALL, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("projected: ")
+    return out
+
+
+def test_small_grid_writes_records_and_both_figures(small: Path) -> None:
+    root = small / "classify"
+    _, cells = load_experiment(root)
+    recs = cells["equal"]
+    assert {r["method"] for r in recs} == {"marina-permk", "marina-randk", "ef21-topk", "vr_marina-permk", "sgd"}
+    for r in recs:
+        calls = r["curve"]["oracle_calls"]
+        assert len(calls) == len(r["curve"]["bits"]) and calls[0] == 0 and calls[-1] > 0
+        assert r["constants"]["samples"] == 400 and r["cell"]["n"] == 5
+    # a round of the stochastic methods costs b (SGD) or 2b (VR-MARINA's tails) sample gradients,
+    # a full-gradient round a whole shard (80 samples)
+    sgd = next(r for r in recs if r["method"] == "sgd")
+    assert sgd["curve"]["oracle_calls"][1] == 4
+    marina = next(r for r in recs if r["method"] == "marina-permk")
+    assert marina["curve"]["oracle_calls"][1] == 80
+    figs = {p.name for p in (root / "figures").glob("*.png")}
+    assert figs >= {"classify_best.png", "classify_best_oracle_calls.png"}
+
+
+def test_second_run_resumes_without_new_work(small: Path) -> None:
+    runs = small / "classify" / "runs" / "equal.jsonl"
+    before = runs.read_bytes()
+    r = run_cli("classify", *SMALL, "--out", str(small), "--resume", "--no-plot")
+    assert r.returncode == 0, r.stderr
+    assert runs.read_bytes() == before
+    assert json.loads((small / "classify" / "timing.json").read_text())["resumed"] is True
+    again = run_cli("classify", *SMALL, "--out", str(small))  # without --resume: refused, nothing touched
+    assert "already holds results" in _one_line_error(again) and runs.read_bytes() == before
+
+
+@pytest.mark.slow
+def test_quick_run(tmp_path: Path) -> None:
+    r = run_cli("classify", "--quick", "--no-progress", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    root = tmp_path / "classify"
+    assert (root / "figures" / "classify_best.png").exists() and (root / "figures" / "classify_best_oracle_calls.png").exists()
+    recs = load_experiment(root)[1]["equal"]
+    # 3 multipliers of each of the 5 methods, but EF21's scan stops at its first worse run (pruning)
+    assert {r["method"] for r in recs} == set(Spec.parse(m).key for m in ("marina-permk", "marina-randk", "ef21-topk", "vr_marina-permk", "sgd"))
+    assert 2 * 5 < len(recs) <= 3 * 5
+
+
+def test_estimate_prints_a_projection_and_writes_nothing(tmp_path: Path) -> None:
+    r = run_cli("classify", *SMALL, "--estimate", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    assert "projected time of `permk classify`" in r.stdout and "grid: at most" in r.stdout
+    assert "vr_marina-permk" in r.stdout and "sgd" in r.stdout
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    line = _one_line_error(run_cli("classify", "--data", str(tmp_path / "nope.svm"), "--out", str(tmp_path / "o")))
+    assert "nope.svm" in line and not (tmp_path / "o").exists()
+
+
+def test_bad_libsvm_line_names_file_and_line(tmp_path: Path) -> None:
+    f = _libsvm(tmp_path / "bad.svm", ["+1 1:0.5 3:1", "-1 2:x", "+1 1:1"])
+    line = _one_line_error(run_cli("classify", "--data", str(f), "--out", str(tmp_path / "o")))
+    assert f"{f}:2:" in line
+
+
+def test_non_binary_labels_for_the_binary_task(tmp_path: Path) -> None:
+    f = _libsvm(tmp_path / "three.svm", ["1 1:0.5", "2 2:1", "3 1:1 2:1"])
+    line = _one_line_error(run_cli("classify", "--data", str(f), "--n", "1", "--out", str(tmp_path / "o")))
+    assert str(f) in line and "two label values" in line
+
+
+def test_more_workers_than_samples(tmp_path: Path) -> None:
+    f = _libsvm(tmp_path / "four.svm", ["+1 1:0.5", "-1 2:1", "+1 1:1", "-1 2:0.5"])
+    line = _one_line_error(run_cli("classify", "--data", str(f), "--n", "5", "--out", str(tmp_path / "o")))
+    assert "--n 5" in line and "4 samples" in line
+
+
+def test_user_libsvm_file_runs(tmp_path: Path) -> None:
+    rows = [f"{'+1' if k % 2 else '-1'} 1:{(k % 7) / 7:.3f} 2:{(k % 5) / 5:.3f} 3:{(k % 3) / 3:.3f}" for k in range(40)]
+    f = _libsvm(tmp_path / "toy.svm", rows)
+    r = run_cli("classify", "--data", str(f), "--n", "4", "--rounds", "10", "--max-multipliers", "1", "--batch-size", "2",
+                "--no-progress", "--no-plot", "--methods", "marina-permk", "sgd", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stderr
+    _, cells = load_experiment(tmp_path / "o" / "classify")
+    assert {x["method"] for x in cells["equal"]} == {"marina-permk", "sgd"}
+
+
+def test_stochastic_methods_are_specs_and_refuse_a_quadratic(tmp_path: Path) -> None:
+    assert {"vr_marina-permk", "sgd"} <= set(available_specs())
+    assert Spec.parse("sgd").label == "SGD"
+    with pytest.raises(ValueError, match="unknown method"):
+        Spec.parse("sgd-permk")
+    line = run_cli("quadratic", "--n", "10", "--noise-scales", "0", "--d", "20", "--rounds", "5", "--methods", "sgd",
+                   "--no-progress", "--no-plot", "--out", str(tmp_path))
+    assert line.returncode == 2 and "needs a finite-sum problem" in line.stderr
