@@ -135,6 +135,15 @@ def choose_path(forced: str, available: dict[str, bool], what: str) -> str:
     return forced
 
 
+def _held_rows(a: Any, backend: Transport, what: str) -> Array:
+    """``a`` as float64 rows of the held workers (the same array when it already is one), or a
+    ValueError naming ``what`` and both shapes."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.shape != (len(backend.workers), backend.d):
+        raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {a.shape}")
+    return a
+
+
 def _finite(a: Array) -> bool:
     return bool(np.isfinite(a).all())
 
@@ -307,9 +316,7 @@ class Shifted(_Compressed):
                  c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
         if self.unit and (y is not None or c != 1.0 or beta != 1.0 or alpha != 1.0):
             raise ValueError("error_feedback is the shifted exchange with beta = alpha = 1 and no y; use permk.exchanges.shifted")
-        H = np.asarray(H)
-        if H.shape != (len(backend.workers), backend.d):
-            raise ValueError(f"H must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {H.shape}")
+        H = _held_rows(H, backend, "H")
         mean, new = self._mean(backend, compressor, x, y, float(c), H, float(beta), float(alpha), seed, round)
         assert new is not None
         return mean, new
@@ -327,14 +334,8 @@ class CompressedMeanRows(_Compressed):
     def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
         return _combine(x, None, coef, H, beta)  # the given rows (see __call__), less β h_i when shifted
 
-    def _rows(self, backend: Transport, rows: Array, what: str = "rows") -> Array:
-        rows = np.asarray(rows, dtype=np.float64)
-        if rows.shape != (len(backend.workers), backend.d):
-            raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {rows.shape}")
-        return rows
-
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
-        return self._mean(backend, compressor, self._rows(backend, rows), None, 1.0, None, 1.0, None, seed, round)[0]
+        return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
 
 
 class ShiftedRows(CompressedMeanRows):
@@ -346,8 +347,8 @@ class ShiftedRows(CompressedMeanRows):
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,  # type: ignore[override]
                  beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
-        H = self._rows(backend, H, "H")
-        mean, new = self._mean(backend, compressor, self._rows(backend, rows), None, 1.0, H, float(beta), float(alpha), seed, round)
+        H = _held_rows(H, backend, "H")
+        mean, new = self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, H, float(beta), float(alpha), seed, round)
         assert new is not None
         return mean, new
 
@@ -380,20 +381,14 @@ def _minibatch_oracle(backend: Transport, name: str) -> Callable[..., Any]:
     return oracle  # type: ignore[no-any-return]
 
 
-def _held(a: Any, backend: Transport, what: str) -> Array:
-    a = np.asarray(a, dtype=np.float64)
-    if a.shape != (len(backend.workers), backend.d):
-        raise ValueError(f"{what} must return shape {(len(backend.workers), backend.d)} for the held workers, got {a.shape}")
-    return a
-
-
 def minibatch_grads(backend: Transport, x: Array, batch_size: int, *, seed: int, round: int) -> Array:
     """The held workers' minibatch gradients ``∇f_{iB_i}(x)`` (``B_i`` drawn from ``(seed, round, i)``)."""
     g = _minibatch_oracle(backend, "minibatch_grads")(x, batch_size, seed=seed, round=round, workers=backend.workers)
-    return _held(g, backend, "problem.minibatch_grads")
+    return _held_rows(g, backend, "problem.minibatch_grads(x, ...)")
 
 
 def minibatch_grads_pair(backend: Transport, x: Array, y: Array, batch_size: int, *, seed: int, round: int) -> tuple[Array, Array]:
     """The held workers' ``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` with the same minibatch at both points."""
     gx, gy = _minibatch_oracle(backend, "minibatch_grads_pair")(x, y, batch_size, seed=seed, round=round, workers=backend.workers)
-    return _held(gx, backend, "problem.minibatch_grads_pair"), _held(gy, backend, "problem.minibatch_grads_pair")
+    what = "problem.minibatch_grads_pair(x, y, ...)"
+    return _held_rows(gx, backend, what), _held_rows(gy, backend, what)

@@ -71,7 +71,7 @@ import numpy as np
 
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -413,7 +413,7 @@ class LinearAutoencoder:
         ``2c/m_s`` per split, per block of splits: one batched product ``A_sᵀ [Z_s W_s]`` (the two
         products beyond the point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the
         block's splits, and one pass writing each half of the output."""
-        S, m, d_f, d_e = len(self._held), self._m, self.d_f, self.d_e
+        S, d_f, d_e = len(self._held), self.d_f, self.d_e
         k1 = d_f * d_e
         out = self._out_buffer() if pooled else np.empty((S, self.d))
         oD, oE = out[:, :k1].reshape(S, d_f, d_e), out[:, k1:].reshape(S, d_e, d_f)
@@ -699,10 +699,7 @@ def grid_from_args(args: Any) -> AutoencoderGrid:
         g = replace(g, images=args.images)
     if args.gamma is not None:
         g = replace(g, gamma=args.gamma)
-    if args.max_multipliers is not None:
-        g = replace(g, max_multipliers=args.max_multipliers or None)
-    if args.methods:
-        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    g = search_from_args(g, args)
     authors = getattr(args, "protocol", None) == "authors"
     if authors:  # the authors' problem options; explicit --split/--loss below override them
         g = replace(g, split="per-sample", loss="authors")

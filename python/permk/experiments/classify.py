@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import SearchOptions, Spec, is_writer, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
+from .runner import SearchOptions, Spec, is_writer, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify_cell", "grid_from_args", "load_task"]
 
@@ -184,10 +184,7 @@ def grid_from_args(args: Any) -> ClassifyGrid:
         g = replace(g, p_hats=tuple(args.p_hat))
     if args.samples is not None:
         g = replace(g, samples=args.samples)
-    if args.max_multipliers is not None:
-        g = replace(g, max_multipliers=args.max_multipliers or None)
-    if args.methods:
-        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    g = search_from_args(g, args)
     X, _, source = load_task(g.data, g.task, g.classes, g.samples)
     if g.n > X.shape[0]:
         raise ValueError(f"--n {g.n} is larger than the {X.shape[0]:,} samples of {source}")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -183,10 +183,7 @@ def grid_from_args(args: Any) -> QuadraticGrid:
         g = replace(g, ns=tuple(args.n))
     if args.noise_scales:
         g = replace(g, noise_scales=tuple(args.noise_scales))
-    if args.max_multipliers is not None:
-        g = replace(g, max_multipliers=args.max_multipliers or None)
-    if args.methods:
-        g = replace(g, methods=tuple(dict.fromkeys(args.methods)))
+    g = search_from_args(g, args)
     if args.d is not None:
         g = replace(g, d=args.d)
     return g

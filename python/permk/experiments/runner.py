@@ -57,7 +57,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
@@ -73,6 +73,7 @@ __all__ = [
     "step_exponents",
     "AUTHORS",
     "protocol_options",
+    "search_from_args",
     "options_from_args",
     "score",
     "search_cell",
@@ -322,6 +323,23 @@ def protocol_options(args: Any, experiment: str) -> dict[str, Any]:
     if getattr(args, "rounds", None) is not None:
         out.pop("max_rounds", None)
     return out
+
+
+#: An experiment's grid dataclass (it has ``max_multipliers`` and ``methods``).
+GridT = TypeVar("GridT")
+
+
+def search_from_args(grid: GridT, args: Any) -> GridT:
+    """``grid`` (an experiment's grid dataclass) with the step search's command-line choices that
+    every experiment shares: ``--max-multipliers`` (0: no cap) and ``--methods`` (in order,
+    repeats dropped), where given."""
+    from dataclasses import replace
+
+    if args.max_multipliers is not None:
+        grid = replace(grid, max_multipliers=args.max_multipliers or None)  # type: ignore[type-var]
+    if args.methods:
+        grid = replace(grid, methods=tuple(dict.fromkeys(args.methods)))  # type: ignore[type-var]
+    return grid
 
 
 def options_from_args(base: SearchOptions, args: Any, experiment: str) -> SearchOptions:
