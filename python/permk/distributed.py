@@ -483,15 +483,7 @@ class MPIBackend(HeldWorkers):
         if self.counting:
             self.theory += 8 * d
         if self.reduce == "ordered":
-            vals = np.ascontiguousarray(rows, dtype=np.float64).ravel()
-            self._sent(vals.nbytes, 8 * d)
-            recv = self._gather(vals, [len(b) * d for b in self.blocks], self.MPI.DOUBLE)
-            if recv is None:
-                return self._share(None)
-            acc = np.zeros(d)
-            for r in recv.reshape(n, d):  # worker order from 0, as the simulator's sums
-                acc += r
-            return self._share(acc / n)
+            return self._mean_ordered(np.ascontiguousarray(rows, dtype=np.float64).ravel())
         acc = np.zeros(d)
         for r in rows:
             acc += r
@@ -609,13 +601,19 @@ class MPIBackend(HeldWorkers):
         lens = np.diff(msgs.offsets)
         if lens.size and (lens != d).any():
             raise ValueError(f"a dense compressor's message has {lens.tolist()} values, expected d = {d} per worker")
-        val = np.ascontiguousarray(msgs.values, dtype=np.float64)
-        self._sent(val.nbytes, 8 * d)
-        recv = self._gather(val, [len(b) * d for b in self.blocks], self.MPI.DOUBLE)
+        return self._mean_ordered(np.ascontiguousarray(msgs.values, dtype=np.float64))
+
+    def _mean_ordered(self, vals: Array) -> Array:
+        """``(1/n) Σ_i v_i`` from the held workers' whole rows ``vals`` (flat, ``d`` values per
+        held worker): every row is gathered and summed in worker order from 0, as the simulator
+        sums."""
+        d = self.d
+        self._sent(vals.nbytes, 8 * d)
+        recv = self._gather(vals, [len(b) * d for b in self.blocks], self.MPI.DOUBLE)
         if recv is None:
             return self._share(None)
         acc = np.zeros(d)
-        for row in recv.reshape(-1, d):
+        for row in recv.reshape(self.n, d):
             acc += row
         return self._share(acc / self.n)
 
