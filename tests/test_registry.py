@@ -232,6 +232,13 @@ def test_plugins_from_an_entry_point_and_from_the_environment(tmp_path: Path) ->
     # import permk alone loads no plugin: the catalogs load them when first read
     out = _python("import sys, permk; print('plugmod' in sys.modules, 'envmod' in sys.modules)", tmp_path, PERMK_PLUGINS="envmod")
     assert out.stdout.strip() == "False False", out.stderr
+    # nor does import permk.distributed; its star-import offers the plugins' shorthands too
+    code = ("import sys, permk.distributed; print('envmod' in sys.modules)\n"
+            "from permk.distributed import *; print('envmod' in sys.modules, callable(envdcgd))")
+    method = "\n\nclass EnvDCGD(permk.methods.DCGD):\n    name = 'envdcgd'\n\n\npermk.register(EnvDCGD())\n"
+    (tmp_path / "envmod.py").write_text(PLUGIN.replace("PlugBlocks", "EnvBlocks") + "\npermk.register(EnvBlocks)\n" + method)
+    out = _python(code, tmp_path, PERMK_PLUGINS="envmod")
+    assert out.stdout.split() == ["False", "True", "True"], out.stderr
 
 
 def test_a_broken_plugin_is_a_warning_naming_it(tmp_path: Path) -> None:

@@ -93,7 +93,9 @@ from .methods import catalog as method_catalog
 from .methods import check_start, setup as method_setup, start
 from .problems import index_array
 
-__all__ = [
+#: The module's own names; ``__all__`` adds every catalog method's shorthand, read when it is
+#: asked for (``from permk.distributed import *``), so importing the module scans no plugins.
+_OWN_NAMES = [
     "LocalProblem",
     "LocalView",
     "LaunchError",
@@ -949,8 +951,11 @@ def shorthand(method: Method) -> Callable[..., DistributedRunResult]:
     return fn
 
 
-def __getattr__(name: str) -> Callable[..., DistributedRunResult]:
-    """The shorthand (:func:`shorthand`) of the catalog's method ``name``."""
+def __getattr__(name: str) -> Any:
+    """The shorthand (:func:`shorthand`) of the catalog's method ``name``, or ``__all__``: the
+    module's own names and every catalog method's shorthand."""
+    if name == "__all__":
+        return [*_OWN_NAMES, *method_catalog()]
     method = method_catalog().get(name)
     if method is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -961,5 +966,3 @@ def __getattr__(name: str) -> Callable[..., DistributedRunResult]:
 def __dir__() -> list[str]:
     return sorted({*globals(), *method_catalog()})
 
-
-__all__ += list(method_catalog())
