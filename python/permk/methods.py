@@ -554,6 +554,12 @@ class Method(abc.ABC):
         before it starts."""
         return (n, d) if self.state_type.per_worker_arrays() else (d,)
 
+    def resolve(self, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+        """The method a run with these options is, and the options it passes on: the method
+        itself, or the variant an option selects (DASHA's ``estimator``). :func:`run` and
+        :func:`permk.distributed.run` call it first."""
+        return self, options
+
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
         return run(self, problem, compressor, rounds=rounds, seed=seed, **options)
@@ -1140,12 +1146,33 @@ class Dasha(Method):
 
     Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
     ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+
+    ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
+    :class:`DashaPage` or :class:`DashaMVR`, the same run as ``permk.dasha_page`` or
+    ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself (:meth:`resolve`).
     """
 
     name = "dasha"
     label = "DASHA"
     state_type: ClassVar[type[State]] = DashaState
     exchange: ClassVar[ex.Exchange] = ex.shifted
+    #: The ``estimator`` option's values: the method each runs, by its catalog name (DASHA's
+    #: workers' gradients: full, PAGE or momentum estimators).
+    estimator_methods: ClassVar[Mapping[str, str]] = {"gradient": "dasha", "page": "dasha_page", "mvr": "dasha_mvr"}
+
+    def resolve(self, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+        if not self.estimator_methods:
+            return super().resolve(options)
+        rest = dict(options)
+        estimator = rest.pop("estimator", "gradient")
+        name = self.estimator_methods.get(estimator) if isinstance(estimator, str) else None
+        if name is None:
+            raise ValueError(f"estimator must be one of {', '.join(map(repr, self.estimator_methods))}, got {estimator!r}")
+        method = _package_methods()[name]
+        if "batch_size" in rest and not method.needs_finite_sum:
+            raise ValueError(f"batch_size is an option of the stochastic estimators: pass estimator='page' or 'mvr' "
+                             f"with it (estimator={estimator!r} computes full gradients)")
+        return method, rest
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, a: Any = None,  # type: ignore[override]
                    participation: Any = None) -> dict[str, Any]:
@@ -1234,6 +1261,7 @@ class DashaPage(Dasha):
 
     name = "dasha_page"
     label = "DASHA-PAGE"
+    estimator_methods = {}
     state_type = DashaVRState
     exchange = ex.shifted_rows
     has_coin = True
@@ -1372,6 +1400,14 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
     return params
 
 
+def resolve(method: Method, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+    """The method a run of ``method`` with ``options`` is, and its remaining options
+    (:meth:`Method.resolve`: DASHA's ``estimator``)."""
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a permk Method (permk.marina, permk.ef21, ...), got {type(method).__name__}")
+    return method.resolve(options)
+
+
 def check_start(method: Method, problem: Any, backend: Backend, state: Any, x0: Any, seed: int) -> State | Array:
     """What a run starts from, checked before any exchange: the starting point ``x0`` (default
     ``problem.x0``), or the given ``state`` to resume (of the method's kind, with the run's seed)
@@ -1503,6 +1539,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     x0 : the starting point (default ``problem.x0``).
     options : the method's own (MARINA: ``p``; EF21: ``count_indices``).
     """
+    method, options = resolve(method, options)
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)

@@ -29,6 +29,10 @@ def main() -> None:
             sim = sim_run(p, comp, rounds=60, seed=1, batch_size=4)
             assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (sim.method, np.abs(mpi.x - sim.x).max())
             assert np.array_equal(mpi.oracle_calls, sim.oracle_calls)
+        # DASHA's estimator option on MPI: the run of DASHA-PAGE
+        mpi = pd.dasha(p, permk.PermK(), rounds=40, seed=1, gamma=0.3, estimator="page", batch_size=4)
+        sim = permk.dasha_page(p, permk.PermK(), rounds=40, seed=1, gamma=0.3, batch_size=4)
+        assert mpi.method == "dasha_page" and np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), np.abs(mpi.x - sim.x).max()
         mine = list(pd.workers_of(p.n, comm))
         x = rng.standard_normal(p.d)
         local = p.minibatch_grads(x, 5, seed=3, round=7, workers=mine)
