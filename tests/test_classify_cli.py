@@ -150,8 +150,9 @@ def _runs(experiment: Path) -> dict[str, dict]:
 
 
 def _same_records(a: object, b: object, where: str, rel: float) -> None:
-    """Equal records, but for ``‖∇f‖²`` (keys holding ``grad_norm``) within ``rel``; ``b`` may
-    add the MPI run's own entries to ``params``."""
+    """Equal records, their floats within ``rel`` (the constants and steps can differ in the last
+    bit where BLAS sums in another order; ``‖∇f‖²`` sums the workers' gradients on MPI); ``b``
+    may add the MPI run's own entries to ``params``."""
     if isinstance(a, dict):
         assert isinstance(b, dict) and set(a) <= set(b), (where, set(a) ^ set(b))
         for k in a:
@@ -161,8 +162,8 @@ def _same_records(a: object, b: object, where: str, rel: float) -> None:
         assert isinstance(b, list) and len(a) == len(b), where
         for x, y in zip(a, b):
             _same_records(x, y, where, rel)
-    elif "grad_norm" in where and isinstance(a, float):
-        assert b == pytest.approx(a, rel=rel, abs=0), where
+    elif isinstance(a, float):
+        assert isinstance(b, float) and b == pytest.approx(a, rel=rel, abs=0), where
     else:
         assert a == b, (where, a, b)
 
@@ -182,9 +183,9 @@ def test_heart_scale_by_name(tmp_path: Path) -> None:
 @needs_heart_scale
 def test_classify_on_mpi_equals_the_single_process_run(tmp_path: Path) -> None:
     """`mpiexec -n 2 permk classify --mpi`: each rank holds its block of workers' samples, rank 0
-    writes, and every record is the single process's: the same runs, steps, rounds, bits, oracle
-    calls and stops, the recorded ‖∇f‖² within 1e-12 relative (the MPI backend sums the workers'
-    gradients, the single process the samples' in one product)."""
+    writes, and every record is the single process's: the same runs, rounds, oracle calls and
+    stops, every number within 1e-12 relative (measured: ≤ 2e-14 on ‖∇f‖², which the MPI backend
+    sums over the workers' gradients and the single process over the samples in one product)."""
     from conftest import CLI, MPIEXEC
 
     grid = ["classify", *HEART, "--p-hat", "0", "0.5"]

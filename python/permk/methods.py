@@ -1254,9 +1254,13 @@ class DashaPage(Dasha):
     ``i`` sends ``m_i = C_i(h_i^{t+1} − h_i^t − a(g_i^t − h_i^t))``, keeps ``g_i + m_i``;
     ``g^{t+1} = g^t + (1/n) Σ m_i``. Defaults: ``a = 1/(2ω + 1)`` (the authors'
     ``_estimate_momentum``, algorithm.py:864-865) and ``p = b/(b + m)`` (their ``_estimate_prob``,
-    algorithm.py:1066-1068; ``m`` the largest ``m_i``). The authors' code takes the step as given
-    (``zero_marina_page_master``, algorithm.py:1030-1068, has no step rule): pass ``gamma``.
-    Options: ``batch_size`` (required), ``p``, ``a``. Every round sends one compressed message.
+    algorithm.py:1066-1068; ``m`` the largest ``m_i``). No theory step: the authors' code takes
+    the step as given (``zero_marina_page_master``, algorithm.py:1030-1076 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:918-957, scale ``gamma`` by ``gamma_multiply`` and
+    estimate only ``a`` and ``p``; their experiments search ``gamma × 2^j``), and the paper's
+    theorem is not quoted here: pass ``gamma``. Options: ``batch_size`` (required), ``p``,
+    ``a``. Every round sends one compressed message. ``permk.dasha(…, estimator="page")`` is
+    the same run.
     """
 
     name = "dasha_page"
@@ -1278,7 +1282,8 @@ class DashaPage(Dasha):
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step): pass gamma=")
+        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step and searches "
+                         "multiples of it): pass gamma=")
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaVRState:
         grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
@@ -1316,9 +1321,13 @@ class DashaMVR(DashaPage):
     (the same ``b`` samples from ``(seed, t, i)`` at both points, ``2b`` calls), with
     ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)`` (the authors start from a megabatch; the start is not counted);
     the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
-    ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code, and so is the
-    step (``zero_marina_stochastic_master``, algorithm.py:978-995, has no step rule): pass
-    ``gamma``. Options: ``batch_size``, ``momentum`` (required), ``a``.
+    ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code (their LibSVM
+    experiments set ``min(1/B, 1/(ω sqrt(B)))`` from a megabatch size ``B``,
+    mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81), and so
+    is the step (``zero_marina_stochastic_master``, algorithm.py:978-1000 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:866-888, take ``gamma`` as given): pass ``gamma``.
+    Options: ``batch_size``, ``momentum`` (required), ``a``. ``permk.dasha(…,
+    estimator="mvr")`` is the same run.
     """
 
     name = "dasha_mvr"
