@@ -1255,7 +1255,7 @@ class DashaPage(Dasha):
     ``g^{t+1} = g^t + (1/n) Σ m_i``. Defaults: ``a = 1/(2ω + 1)`` (the authors'
     ``_estimate_momentum``, algorithm.py:864-865) and ``p = b/(b + m)`` (their ``_estimate_prob``,
     algorithm.py:1066-1068; ``m`` the largest ``m_i``). No theory step: the authors' code takes
-    the step as given (``zero_marina_page_master``, algorithm.py:1030-1076 at bd3f2e6, and
+    the step as given (``zero_marina_page_master``, algorithm.py:1030-1075 at bd3f2e6, and
     mysteryresearcher/dasha's algorithm.py:918-957, scale ``gamma`` by ``gamma_multiply`` and
     estimate only ``a`` and ``p``; their experiments search ``gamma × 2^j``), and the paper's
     theorem is not quoted here: pass ``gamma``. Options: ``batch_size`` (required), ``p``,
