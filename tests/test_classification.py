@@ -16,6 +16,7 @@ from permk.classification import (
     MULTICLASS_CURVATURE,
     SIGMOID_CURVATURE,
     FiniteSumProblem,
+    HeldShards,
     NonconvexLogistic,
     NonconvexMultiClass,
     NonconvexSigmoid,
@@ -336,6 +337,43 @@ def test_on_mpi_the_methods_match_the_simulator_and_every_rank_draws_the_same_mi
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("cls", [NonconvexSigmoid, NonconvexMultiClass])
+def test_held_shards_are_the_problems_oracles_for_the_held_workers(sparse: bool, cls: type) -> None:
+    """:class:`HeldShards` keeps one block of workers' samples: its oracles equal the whole
+    problem's rows for them, bit for bit, and it carries the whole problem's constants."""
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((90, 5))
+    y = rng.integers(0, 2 if cls is NonconvexSigmoid else 3, 90)
+    p = cls(sp.csr_array(X) if sparse else X, y, n=6, seed=1, p_hat=0.4)
+    h = p.held(range(2, 5))
+    assert h._held._data.k == 3 and h.workers == range(2, 5)
+    x, z = rng.standard_normal(p.d), rng.standard_normal(p.d)
+    np.testing.assert_array_equal(h.local_grads(x), p.local_grads(x)[2:5])
+    np.testing.assert_array_equal(h.local_grad(4, x), p.local_grad(4, x))
+    np.testing.assert_array_equal(h.local_grad_coords(x, [2, 4, 4], [0, 3, 1]), p.local_grad_coords(x, [2, 4, 4], [0, 3, 1]))
+    np.testing.assert_array_equal(h.minibatch_grads(x, 7, seed=2, round=5, workers=[3, 4]),
+                                  p.minibatch_grads(x, 7, seed=2, round=5)[3:5])
+    for a, b in zip(h.minibatch_grads_pair(x, z, 7, seed=2, round=5, workers=range(2, 5)),
+                    p.minibatch_grads_pair(x, z, 7, seed=2, round=5, workers=[2, 3, 4])):
+        np.testing.assert_array_equal(a, b)
+    smooth = p.smoothness()
+    assert (h.L_minus, h.L_plus, h.L_pm, h.L_max) == (smooth["L_minus"], smooth["L_plus"], smooth["L_pm"], smooth["L_max"])
+    np.testing.assert_array_equal(h.L_i, p.L_i)
+    np.testing.assert_array_equal(h.L_sample_rms, p.L_sample_rms)
+    np.testing.assert_array_equal(h.sample_counts, p.sample_counts)
+    assert not hasattr(h, "grad") and not hasattr(h, "loss")  # the MPI backend sums the workers' gradients
+    assert h.fingerprint() == p.held(range(0, 2)).fingerprint() != cls(X, y, n=6, seed=2).held(range(0, 2)).fingerprint()
+    with pytest.raises(ValueError, match="held here"):
+        h.minibatch_grads(x, 2, seed=0, round=0, workers=[1])
+    with pytest.raises(ValueError, match="contiguous"):
+        p.held([1, 3])
+    with pytest.raises(ValueError, match="missing L_sample_rms"):
+        p.held(range(2), constants={k: v for k, v in smooth.items() if k != "L_sample_rms"})
+    with pytest.raises(TypeError, match="classification problem"):
+        HeldShards(permk.Quadratic.synthetic(2, 3, 1e-3, 0.0, seed=0), range(1))
 
 
 @pytest.mark.parametrize("sparse", [False, True])

@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from permk.datasets import (
+    DEBIAN_HEART_SCALE,
     binary_labels,
     class_labels,
     load_fashion_mnist,
+    load_heart_scale,
     read_libsvm,
     shard_indices,
     sklearn_svmlight_sample,
@@ -88,6 +90,26 @@ def test_read_libsvm_on_sklearns_sample() -> None:
     Xs, ys = load_svmlight_file(str(f))
     np.testing.assert_array_equal(X.toarray(), Xs.toarray())
     np.testing.assert_array_equal(y, ys)
+
+
+@pytest.mark.skipif(not DEBIAN_HEART_SCALE.is_file(), reason="needs Debian's liblinear-tools (apt-get install liblinear-tools)")
+def test_heart_scale_from_debians_liblinear_tools() -> None:
+    X, y, source = load_heart_scale()
+    assert source == str(DEBIAN_HEART_SCALE) and X.shape == (270, 13) and X.nnz == 3378
+    assert (y == -1).sum() == 150 and (y == 1).sum() == 120
+    assert X.min() == -1.0 and X.max() == 1.0
+    # the file's first line: +1 1:0.708333 2:1 3:1 4:-0.320755 ... 12:1 13:-1 (no feature 11)
+    assert y[0] == 1 and X[0, 0] == 0.708333 and X[0, 3] == -0.320755 and X[0, 10] == 0 and X[0, 12] == -1
+    X32 = load_heart_scale(dtype=np.float32).X
+    assert X32.dtype == np.float32
+
+
+def test_heart_scale_missing_says_how_to_install(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="apt-get install liblinear-tools"):
+        load_heart_scale(tmp_path / "heart_scale")
+    f = _write(tmp_path, "+1 1:0.5 13:-1\n-1 2:1\n")
+    X, y, _ = load_heart_scale(f)
+    assert X.shape == (2, 13) and y.tolist() == [1.0, -1.0]
 
 
 def test_label_encodings() -> None:

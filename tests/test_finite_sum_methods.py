@@ -253,3 +253,35 @@ def test_dasha_page_and_mvr_need_a_step_and_their_options() -> None:
         permk.dasha_mvr(p, permk.PermK(), rounds=1, seed=0, batch_size=2, gamma=0.1, momentum=1.5)
     page = permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=3, gamma=0.1)
     assert page.params["p"] == pytest.approx(3 / (3 + 30))
+
+
+@pytest.mark.parametrize("estimator, method, options", [
+    ("page", permk.dasha_page, {"batch_size": 3}),
+    ("page", permk.dasha_page, {"batch_size": 2, "p": 0.4, "a": 0.5}),
+    ("mvr", permk.dasha_mvr, {"batch_size": 3, "momentum": 0.3}),
+])
+def test_dasha_estimator_option_is_the_same_run_as_its_method(estimator: str, method: permk.Method, options: dict) -> None:
+    p = _sigmoid()
+    via = permk.dasha(p, permk.PermK(), rounds=40, seed=5, gamma=0.4, estimator=estimator, **options)
+    own = method(p, permk.PermK(), rounds=40, seed=5, gamma=0.4, **options)
+    assert via.method == own.method == method.name
+    assert np.array_equal(via.x, own.x) and np.array_equal(via.grad_norm_sq, own.grad_norm_sq)
+    assert np.array_equal(via.oracle_calls, own.oracle_calls) and np.array_equal(via.bits_per_worker, own.bits_per_worker)
+    assert via.params == own.params
+    gradient = permk.dasha(p, permk.PermK(), rounds=5, seed=5, estimator="gradient")
+    plain = permk.dasha(p, permk.PermK(), rounds=5, seed=5)
+    assert gradient.method == "dasha" and np.array_equal(gradient.x, plain.x)
+
+
+@pytest.mark.parametrize("options, exc, match", [
+    ({"estimator": "sarah", "batch_size": 2}, ValueError, "estimator must be one of 'gradient', 'page', 'mvr'"),
+    ({"estimator": None}, ValueError, "estimator must be one of"),
+    ({"batch_size": 2}, ValueError, "batch_size is an option of the stochastic estimators"),
+    ({"estimator": "gradient", "batch_size": 2}, ValueError, "estimator='page' or 'mvr'"),
+    ({"estimator": "mvr", "batch_size": 2, "gamma": 0.1}, TypeError, "momentum"),
+])
+def test_dasha_estimator_option_errors(options: dict, exc: type, match: str) -> None:
+    with pytest.raises(exc, match=match):
+        permk.dasha(_sigmoid(), permk.PermK(), rounds=1, seed=0, **options)
+    with pytest.raises(TypeError, match="does not take these options"):  # the option belongs to dasha alone
+        permk.dasha_page(_sigmoid(), permk.PermK(), rounds=1, seed=0, estimator="page", batch_size=2, gamma=0.1)

@@ -75,6 +75,8 @@ authors' PyTorch code did); the oracles return float64. The coordinate oracle
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import math
 from functools import cached_property
 from typing import Any, Protocol, Sequence, runtime_checkable
@@ -89,6 +91,7 @@ __all__ = [
     "NonconvexSigmoid",
     "NonconvexMultiClass",
     "NonconvexLogistic",
+    "HeldShards",
     "minibatch_indices",
     "MINIBATCH_TAG",
     "SIGMOID_CURVATURE",
@@ -480,6 +483,16 @@ class _LinearFiniteSum:
         return self._data.coords(r, c // C, c % C, G) + self._reg(x)[1][c]
 
     # -- the smoothness constants (module docstring) -----------------------------------------------
+    def smoothness(self) -> dict[str, Any]:
+        """The constants the methods' steps read (:data:`HELD_CONSTANTS`), computed from all the
+        samples: what :class:`HeldShards` keeps of them."""
+        return {"L_minus": float(self.L_minus), "L_plus": float(self.L_plus), "L_pm": float(self.L_pm),
+                "L_max": self.L_max, "L_i": self.L_i.copy(), "L_sample_rms": self.L_sample_rms}
+
+    def held(self, workers: Sequence[int], *, constants: dict[str, Any] | None = None) -> HeldShards:
+        """The part of the problem one MPI process holds: :class:`HeldShards`."""
+        return HeldShards(self, workers, constants=constants)
+
     def _gram_max(self, workers: np.ndarray, weights: np.ndarray) -> float:
         """``λ_max(Σ_{i ∈ workers} weights_i A_iᵀA_i)`` in float64: the ``D × D`` Gram matrix
         accumulated worker by worker when ``D ≤ 2000``, else from the weighted rows
@@ -531,6 +544,101 @@ class _LinearFiniteSum:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, d={self.d}, samples={int(self.offsets[-1])}, {self._data.kind}, {self.dtype.name})"
+
+
+#: The smoothness constants a :class:`HeldShards` carries from the whole problem.
+HELD_CONSTANTS = ("L_minus", "L_plus", "L_pm", "L_max", "L_i", "L_sample_rms")
+
+
+class HeldShards:
+    """The part of a finite-sum problem one MPI process holds, a
+    :class:`permk.distributed.LocalProblem`: the samples of a contiguous block of workers only
+    (the rest of the data can be dropped), the whole problem's ``n``, ``d``, ``x0``,
+    ``sample_counts`` and smoothness constants (:meth:`NonconvexSigmoid.smoothness`, computed
+    from all the samples: pass ``constants`` computed on one process to give every process the
+    same numbers), and the held workers' oracles ``local_grads``, ``local_grad``,
+    ``local_grad_coords``, ``minibatch_grads`` and ``minibatch_grads_pair``, which compute what
+    the whole problem's compute for those workers (minibatches drawn from ``(seed, round, i)``
+    with the global worker index ``i``). It has no global ``grad`` or ``loss``: the MPI backend
+    records ``‖∇f‖²`` from the workers' gradients.
+
+    >>> import numpy as np
+    >>> p = NonconvexSigmoid(np.eye(6), [1, -1, 1, -1, 1, 1], n=3, seed=0)
+    >>> h = p.held(range(1, 3))
+    >>> bool(np.array_equal(h.local_grads(p.x0), p.local_grads(p.x0, workers=[1, 2])))
+    True
+    """
+
+    def __init__(self, problem: _LinearFiniteSum, workers: Sequence[int], *, constants: dict[str, Any] | None = None) -> None:
+        if not isinstance(problem, _LinearFiniteSum):
+            raise TypeError(f"problem must be a permk classification problem (NonconvexSigmoid, ...), got {type(problem).__name__}")
+        ws = [check_int(i, "worker", high=problem.n) for i in workers]
+        if not ws or ws != list(range(ws[0], ws[0] + len(ws))):
+            raise ValueError(f"workers must be a non-empty contiguous range of worker indices, got {ws[:10]}")
+        c = problem.smoothness() if constants is None else constants
+        missing = [k for k in HELD_CONSTANTS if k not in c]
+        if missing:
+            raise ValueError(f"constants must hold {', '.join(HELD_CONSTANTS)} (problem.smoothness()); missing {', '.join(missing)}")
+        self.n, self.d, self.x0, self.dtype = problem.n, problem.d, problem.x0.copy(), problem.dtype
+        self.workers = range(ws[0], ws[0] + len(ws))
+        self.sample_counts = problem.sample_counts.copy()
+        self.L_minus, self.L_plus, self.L_pm, self.L_max = (float(c[k]) for k in ("L_minus", "L_plus", "L_pm", "L_max"))
+        self.L_i = np.array(c["L_i"], dtype=np.float64)
+        self.L_sample_rms = np.array(c["L_sample_rms"], dtype=np.float64)
+        self._kind = type(problem).__name__
+        held = copy.copy(problem)
+        held.__dict__.pop("L_i", None)
+        held.__dict__.pop("L_minus", None)
+        held._data = problem._data.take(np.arange(self.workers.start, self.workers.stop))
+        held._points = []
+        self._held = held
+
+    def _rows(self, workers: Any, name: str = "workers") -> np.ndarray:
+        """Held workers' global indices as rows of the held block."""
+        w = index_array(workers, name)
+        if w.size and (int(w.min()) < self.workers.start or int(w.max()) >= self.workers.stop):
+            raise ValueError(f"{name} must be workers held here ({self.workers}), got {w.tolist()[:10]}")
+        return w - self.workers.start
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        """``[∇f_i(x)]`` of the held workers, shape ``(len(workers), d)``."""
+        return self._held._grads(self._held._data, [as_vector(x, self.d)])[0]
+
+    def local_grad(self, i: int, x: Any) -> np.ndarray:
+        """``∇f_i(x)`` of a held worker ``i``."""
+        return self._held._grads(self._held._data.take(self._rows([i], "i")), [as_vector(x, self.d)])[0][0]
+
+    def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
+        """``∇f_{rows[k]}(x)[cols[k]]`` for held workers ``rows``."""
+        return self._held.local_grad_coords(x, self._rows(rows, "rows"), cols)
+
+    def _sampled(self, batch_size: int, seed: int, round: int, workers: Any) -> _DenseBlock | _SparseBlock:
+        r = self._rows(workers)
+        idx = minibatch_indices(self.sample_counts, batch_size, seed=seed, round=round, workers=(r + self.workers.start).tolist())
+        return self._held._data.sample(r, idx)
+
+    def minibatch_grads(self, x: Any, batch_size: int, *, seed: int, round: int, workers: Sequence[int]) -> np.ndarray:
+        """``∇f_{iB_i}(x)`` of the held ``workers`` (:func:`minibatch_indices`)."""
+        return self._held._grads(self._sampled(batch_size, seed, round, workers), [as_vector(x, self.d)])[0]
+
+    def minibatch_grads_pair(self, x: Any, y: Any, batch_size: int, *, seed: int, round: int,
+                             workers: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` of the held ``workers``, the same ``B_i`` at both points."""
+        gx, gy = self._held._grads(self._sampled(batch_size, seed, round, workers), [as_vector(x, self.d), as_vector(y, self.d, "y")])
+        return gx, gy
+
+    def fingerprint(self) -> str:
+        """What every process's part shares: the problem's kind, sizes, start, sample counts and
+        constants (the launch check of :func:`permk.distributed.run` compares it)."""
+        h = hashlib.blake2b(digest_size=12)
+        h.update(f"{self._kind} {self.n} {self.d} {self.dtype.name}".encode())
+        for a in (self.x0, self.sample_counts.astype(np.float64), self.L_i, self.L_sample_rms,
+                  np.array([self.L_minus, self.L_plus, self.L_pm, self.L_max])):
+            h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        return f"HeldShards({self._kind}, n={self.n}, d={self.d}, workers={self.workers})"
 
 
 #: The largest Gram matrix side whose eigenvalues are computed directly (else Lanczos).

@@ -217,9 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "loss of a binary task (or the multi-class loss), each with its theory step times 2^j; "
                                    "figures against bits and against gradient-oracle calls per worker.")
     _common(c)
-    c.add_argument("--data", default=None, metavar="FILE|fashion-mnist",
-                   help="a LibSVM/svmlight file, or fashion-mnist (default: Debian's /usr/share/datasets/fashion-mnist, "
-                        "or $PERMK_DATA; the binary task is T-shirt/top vs Shirt)")
+    c.add_argument("--data", default=None, metavar="FILE|fashion-mnist|heart_scale",
+                   help="a LibSVM/svmlight file, fashion-mnist (default: Debian's /usr/share/datasets/fashion-mnist, "
+                        "or $PERMK_DATA; the binary task is T-shirt/top vs Shirt), or heart_scale (LIBSVM's 270-sample "
+                        "example set from Debian's liblinear-tools)")
     c.add_argument("--task", choices=("binary", "multiclass"), default="binary",
                    help="binary: nonconvex sigmoid loss, two label values (default); multiclass: the multi-class nonconvex loss")
     c.add_argument("--n", type=_positive, default=None, help="number of workers (default 100; 10 with --quick)")
@@ -227,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heterogeneity p̂ values in [0, 1], one panel each (default: equal shuffled shards)")
     c.add_argument("--batch-size", type=_positive, default=None, help="minibatch size b of the stochastic methods (default 32; 16 with --quick)")
     c.add_argument("--samples", type=_positive, default=None, help="use only the first N samples (default all; 3000 with --quick)")
+    c.add_argument("--mpi", action="store_true",
+                   help="run every method on MPI, each rank holding only its block of workers' samples (permk.distributed): "
+                        "mpiexec -n N permk classify --mpi ...; rank 0 writes the results")
     c.set_defaults(func=_cmd_classify, parser=c)
 
     pl = sub.add_parser("plot", help="rebuild the figures (the best steps and every step of each method) from result files")

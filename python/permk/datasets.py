@@ -8,6 +8,10 @@ into the workers' shards. Nothing is downloaded.
   :func:`permk.experiments.data.read_idx`) from Debian's ``dataset-fashion-mnist``
   (``/usr/share/datasets/fashion-mnist``) or any directory of MNIST-format files, all ten
   classes or two of them as a binary task;
+* :func:`load_heart_scale` — LIBSVM's example set ``heart_scale`` (270 samples, 13 features
+  scaled to ``[−1, 1]``, labels ``±1``), as Debian's ``liblinear-tools`` ships it
+  (``/usr/share/doc/liblinear-tools/examples/heart_scale``): a small real LibSVM file for quick
+  runs and tests;
 * :func:`binary_labels`, :func:`class_labels` — labels as ``±1`` or as class codes ``0 … C−1``;
 * :func:`shard_indices` — the samples of each of ``n`` workers: equal shards (shuffled from a
   seed, or contiguous), or the authors' heterogeneity p̂ (their ``dataset.py``
@@ -35,6 +39,8 @@ __all__ = [
     "LabelledData",
     "read_libsvm",
     "load_fashion_mnist",
+    "load_heart_scale",
+    "DEBIAN_HEART_SCALE",
     "binary_labels",
     "class_labels",
     "shard_indices",
@@ -153,6 +159,26 @@ def read_libsvm(path: str | os.PathLike[str], *, n_features: int | None = None, 
         width = n_features
     X = sp.csr_array((np.asarray(vals, dtype=dt), col, np.asarray(indptr, dtype=np.int64)), shape=(len(labels), max(width, 1)))
     return LabelledData(X=X, y=np.asarray(labels, dtype=np.float64), source=str(p))
+
+
+#: Where Debian's ``liblinear-tools`` installs LIBSVM's example set ``heart_scale``.
+DEBIAN_HEART_SCALE = Path("/usr/share/doc/liblinear-tools/examples/heart_scale")
+
+
+def load_heart_scale(path: str | os.PathLike[str] | None = None, *, dtype: Any = np.float64) -> LabelledData:
+    """LIBSVM's example set ``heart_scale`` (the Statlog heart data: 270 samples, 13 features
+    scaled to ``[−1, 1]``, labels ``±1``) as a CSR matrix of 13 columns, read by
+    :func:`read_libsvm` from ``path`` (default Debian's
+    ``/usr/share/doc/liblinear-tools/examples/heart_scale``, from ``apt-get install
+    liblinear-tools``). A missing file is a :class:`permk.experiments.data.DataNotFoundError`
+    saying how to install it."""
+    from .experiments.data import DataNotFoundError
+
+    p = Path(path) if path is not None else DEBIAN_HEART_SCALE
+    if not p.is_file():
+        raise DataNotFoundError(f"{p}: no heart_scale file; install Debian's liblinear-tools (apt-get install liblinear-tools), "
+                                "which ships it in /usr/share/doc/liblinear-tools/examples, or pass its path")
+    return read_libsvm(p, n_features=13, dtype=dtype)
 
 
 def sklearn_svmlight_sample() -> Path | None:

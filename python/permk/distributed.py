@@ -90,7 +90,7 @@ from .compressors import Compressor, Identity, Messages, PendingRound, Ranges, R
 from .exchanges import Fill
 from .methods import Method, RoundInfo, RunResult, State, drive
 from .methods import catalog as method_catalog
-from .methods import check_start, setup as method_setup, start
+from .methods import check_start, resolve, setup as method_setup, start
 from .problems import index_array
 
 #: The module's own names; ``__all__`` adds every catalog method's shorthand, read when it is
@@ -883,6 +883,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     communicates: ``True``, ``False``, or ``"auto"``, when plans take a millisecond or more to
     compute; the iterates are the same either way). Every rank must call it with the same
     arguments."""
+    method, options = resolve(method, options)
     comm = _world(comm)
     rank = comm.Get_rank()
     _limit_threads_once(comm)

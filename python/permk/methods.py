@@ -554,6 +554,12 @@ class Method(abc.ABC):
         before it starts."""
         return (n, d) if self.state_type.per_worker_arrays() else (d,)
 
+    def resolve(self, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+        """The method a run with these options is, and the options it passes on: the method
+        itself, or the variant an option selects (DASHA's ``estimator``). :func:`run` and
+        :func:`permk.distributed.run` call it first."""
+        return self, options
+
     def __call__(self, problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> RunResult:
         """Run the method in the single-process simulator: see :func:`run`."""
         return run(self, problem, compressor, rounds=rounds, seed=seed, **options)
@@ -1140,12 +1146,33 @@ class Dasha(Method):
 
     Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
     ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+
+    ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
+    :class:`DashaPage` or :class:`DashaMVR`, the same run as ``permk.dasha_page`` or
+    ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself (:meth:`resolve`).
     """
 
     name = "dasha"
     label = "DASHA"
     state_type: ClassVar[type[State]] = DashaState
     exchange: ClassVar[ex.Exchange] = ex.shifted
+    #: The ``estimator`` option's values: the method each runs, by its catalog name (DASHA's
+    #: workers' gradients: full, PAGE or momentum estimators).
+    estimator_methods: ClassVar[Mapping[str, str]] = {"gradient": "dasha", "page": "dasha_page", "mvr": "dasha_mvr"}
+
+    def resolve(self, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+        if not self.estimator_methods:
+            return super().resolve(options)
+        rest = dict(options)
+        estimator = rest.pop("estimator", "gradient")
+        name = self.estimator_methods.get(estimator) if isinstance(estimator, str) else None
+        if name is None:
+            raise ValueError(f"estimator must be one of {', '.join(map(repr, self.estimator_methods))}, got {estimator!r}")
+        method = _package_methods()[name]
+        if "batch_size" in rest and not method.needs_finite_sum:
+            raise ValueError(f"batch_size is an option of the stochastic estimators: pass estimator='page' or 'mvr' "
+                             f"with it (estimator={estimator!r} computes full gradients)")
+        return method, rest
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, a: Any = None,  # type: ignore[override]
                    participation: Any = None) -> dict[str, Any]:
@@ -1227,13 +1254,18 @@ class DashaPage(Dasha):
     ``i`` sends ``m_i = C_i(h_i^{t+1} − h_i^t − a(g_i^t − h_i^t))``, keeps ``g_i + m_i``;
     ``g^{t+1} = g^t + (1/n) Σ m_i``. Defaults: ``a = 1/(2ω + 1)`` (the authors'
     ``_estimate_momentum``, algorithm.py:864-865) and ``p = b/(b + m)`` (their ``_estimate_prob``,
-    algorithm.py:1066-1068; ``m`` the largest ``m_i``). The authors' code takes the step as given
-    (``zero_marina_page_master``, algorithm.py:1030-1068, has no step rule): pass ``gamma``.
-    Options: ``batch_size`` (required), ``p``, ``a``. Every round sends one compressed message.
+    algorithm.py:1066-1068; ``m`` the largest ``m_i``). No theory step: the authors' code takes
+    the step as given (``zero_marina_page_master``, algorithm.py:1030-1075 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:918-957, scale ``gamma`` by ``gamma_multiply`` and
+    estimate only ``a`` and ``p``; their experiments search ``gamma × 2^j``), and the paper's
+    theorem is not quoted here: pass ``gamma``. Options: ``batch_size`` (required), ``p``,
+    ``a``. Every round sends one compressed message. ``permk.dasha(…, estimator="page")`` is
+    the same run.
     """
 
     name = "dasha_page"
     label = "DASHA-PAGE"
+    estimator_methods = {}
     state_type = DashaVRState
     exchange = ex.shifted_rows
     has_coin = True
@@ -1250,7 +1282,8 @@ class DashaPage(Dasha):
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step): pass gamma=")
+        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step and searches "
+                         "multiples of it): pass gamma=")
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaVRState:
         grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
@@ -1288,9 +1321,13 @@ class DashaMVR(DashaPage):
     (the same ``b`` samples from ``(seed, t, i)`` at both points, ``2b`` calls), with
     ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)`` (the authors start from a megabatch; the start is not counted);
     the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
-    ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code, and so is the
-    step (``zero_marina_stochastic_master``, algorithm.py:978-995, has no step rule): pass
-    ``gamma``. Options: ``batch_size``, ``momentum`` (required), ``a``.
+    ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code (their LibSVM
+    experiments set ``min(1/B, 1/(ω sqrt(B)))`` from a megabatch size ``B``,
+    mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81), and so
+    is the step (``zero_marina_stochastic_master``, algorithm.py:978-1000 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:866-888, take ``gamma`` as given): pass ``gamma``.
+    Options: ``batch_size``, ``momentum`` (required), ``a``. ``permk.dasha(…,
+    estimator="mvr")`` is the same run.
     """
 
     name = "dasha_mvr"
@@ -1370,6 +1407,14 @@ def setup(method: Method, problem: Any, compressor: Compressor, *, n: int, d: in
         g, source = method.step(compressor, n, d, params, c, problem=problem)
         params.update(c.record(), gamma_source=source, gamma=gamma_multiplier * g)
     return params
+
+
+def resolve(method: Method, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
+    """The method a run of ``method`` with ``options`` is, and its remaining options
+    (:meth:`Method.resolve`: DASHA's ``estimator``)."""
+    if not isinstance(method, Method):
+        raise TypeError(f"method must be a permk Method (permk.marina, permk.ef21, ...), got {type(method).__name__}")
+    return method.resolve(options)
 
 
 def check_start(method: Method, problem: Any, backend: Backend, state: Any, x0: Any, seed: int) -> State | Array:
@@ -1503,6 +1548,7 @@ def run(method: Method, problem: Any, compressor: Compressor, *, rounds: int, se
     x0 : the starting point (default ``problem.x0``).
     options : the method's own (MARINA: ``p``; EF21: ``count_indices``).
     """
+    method, options = resolve(method, options)
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     params = setup(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)

@@ -29,6 +29,21 @@ def main() -> None:
             sim = sim_run(p, comp, rounds=60, seed=1, batch_size=4)
             assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (sim.method, np.abs(mpi.x - sim.x).max())
             assert np.array_equal(mpi.oracle_calls, sim.oracle_calls)
+        # DASHA's estimator option on MPI: the run of DASHA-PAGE
+        mpi = pd.dasha(p, permk.PermK(), rounds=40, seed=1, gamma=0.3, estimator="page", batch_size=4)
+        sim = permk.dasha_page(p, permk.PermK(), rounds=40, seed=1, gamma=0.3, batch_size=4)
+        assert mpi.method == "dasha_page" and np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), np.abs(mpi.x - sim.x).max()
+        # each rank holding only its workers' samples (HeldShards): the same runs
+        held = p.held(pd.workers_of(p.n, comm))
+        assert held._held._data.k == len(held.workers)
+        for run, sim_run, comp, opts in ((pd.marina, permk.marina, permk.PermK(), {}), (pd.ef21, permk.ef21, permk.TopK(2), {}),
+                                         (pd.vr_marina, permk.vr_marina, permk.PermK(), {"batch_size": 4})):
+            mpi = run(held, comp, rounds=60, seed=1, **opts)
+            sim = sim_run(p, comp, rounds=60, seed=1, **opts)
+            assert mpi.params["gamma"] == sim.params["gamma"], sim.method
+            assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (sim.method, np.abs(mpi.x - sim.x).max())
+            assert np.allclose(mpi.grad_norm_sq, sim.grad_norm_sq, rtol=1e-10, atol=0), sim.method
+            assert np.array_equal(mpi.bits_per_worker, sim.bits_per_worker) and np.array_equal(mpi.oracle_calls, sim.oracle_calls)
         mine = list(pd.workers_of(p.n, comm))
         x = rng.standard_normal(p.d)
         local = p.minibatch_grads(x, 5, seed=3, round=7, workers=mine)

@@ -4,7 +4,9 @@ Problems (:mod:`permk.classification`): :class:`~permk.NonconvexSigmoid` on a bi
 default Fashion-MNIST's T-shirt/top against Shirt, :func:`permk.datasets.load_fashion_mnist`
 with ``classes=(0, 6)``, from Debian's ``dataset-fashion-mnist``), or
 :class:`~permk.NonconvexMultiClass` on the ten classes (``task="multiclass"``, ``d = 7,850``);
-``data`` may instead name a LibSVM/svmlight file (:func:`permk.datasets.read_libsvm`). The
+``data`` may instead name a LibSVM/svmlight file (:func:`permk.datasets.read_libsvm`), or be
+``"heart_scale"``, LIBSVM's small example set from Debian's ``liblinear-tools``
+(:func:`permk.datasets.load_heart_scale`). The
 samples are split over ``n`` workers, equally or with the authors' heterogeneity ``p̂``
 (:func:`permk.datasets.shard_indices`); one cell per ``p̂``.
 
@@ -14,6 +16,12 @@ minibatch SGD, each with its theory step times ``2^j`` (:mod:`permk.experiments.
 search, the bits budget, the best-run criterion). Every run records the bits and the
 gradient-oracle calls (sample gradients) per worker, and the figures plot ``‖∇f‖²`` against
 both. Results go to ``OUT/classify/runs/<cell>.jsonl``, figures to ``OUT/classify/figures``.
+
+With ``mpi`` (``mpiexec -n R permk classify --mpi``) every run is distributed over the ranks
+(:mod:`permk.distributed`): each rank reads the data, rank 0 computes the smoothness constants
+and sends them to all, and each rank keeps only its block of workers' samples
+(:class:`permk.classification.HeldShards`); rank 0 writes. The iterates are the single process's
+up to the order of the sums over workers (the recorded ``‖∇f‖²`` sums the workers' gradients).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import SearchOptions, Spec, is_writer, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .runner import SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify_cell", "grid_from_args", "load_task"]
 
@@ -35,6 +43,9 @@ __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify
 #: sets the budget).
 METHODS = ("marina-permk", "marina-randk", "ef21-topk", "vr_marina-permk", "sgd")
 FASHION_MNIST = "fashion-mnist"
+#: ``--data heart_scale``: LIBSVM's example set from Debian's liblinear-tools
+#: (:func:`permk.datasets.load_heart_scale`).
+HEART_SCALE = "heart_scale"
 TASKS = ("binary", "multiclass")
 
 
@@ -78,14 +89,14 @@ def load_task(data: str, task: str, classes: tuple[int, int], samples: int | Non
     """The samples ``X``, labels ``y`` and a description of the data of a task (cached: the
     command line checks them before a grid starts and its cells read them again). A LibSVM
     file's labels must be binary for the binary task (ValueError naming the file)."""
-    from permk.datasets import binary_labels, load_fashion_mnist, read_libsvm
+    from permk.datasets import binary_labels, load_fashion_mnist, load_heart_scale, read_libsvm
 
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if data == FASHION_MNIST:
         d = load_fashion_mnist(classes=classes if task == "binary" else None, limit=samples)
         return d.X, d.y, d.source
-    d = read_libsvm(data)
+    d = load_heart_scale() if data == HEART_SCALE else read_libsvm(data)
     X, y = d.X, d.y
     if samples is not None:
         X, y = X[:samples], y[:samples]
@@ -109,7 +120,7 @@ def make_problem(grid_json: dict[str, Any], p_hat: float | None) -> tuple[Any, s
     return cls(X, y, n=n, seed=grid_json["problem_seed"], p_hat=p_hat), source
 
 
-def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
+def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[str, Any], L_minus: float) -> dict[str, Any]:
     """What the figures write of a cell (:mod:`.plotting`): the problem line of the title, the
     panel's title and how to read the panels."""
     loss = "nonconvex sigmoid loss (1 − σ(y aᵀx))²" if grid_json["task"] == "binary" else \
@@ -120,7 +131,7 @@ def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[s
     return {
         "problem": (f"{loss} on {data}: {int(problem.sample_counts.sum()):,} samples, n = {problem.n:,} workers, "
                     f"d = {problem.d:,}, minibatch b = {grid_json['options']['batch_size']}"),
-        "panel": f"n = {problem.n:,} workers, {split}, L− = {problem.L_minus:.3g}",
+        "panel": f"n = {problem.n:,} workers, {split}, L− = {L_minus:.3g}",
         "how": ("γ: step size, a multiple of the method's theory step (from the data's smoothness constants). "
                 "Stochastic methods (VR-MARINA, SGD) compute b sample gradients a round, full-gradient ones every "
                 "sample of their shard; p̂: probability that a sample is replaced by a shared one."),
@@ -128,11 +139,24 @@ def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[s
     }
 
 
-def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False) -> dict[str, Any]:
-    """Run one cell (a process-pool task): build the problem, run the search, return a summary."""
+def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
+                  mpi: bool = False) -> dict[str, Any]:
+    """Run one cell (a process-pool task; with ``mpi``, every rank calls it and keeps only its
+    own workers' samples, see the module docstring): build the problem, run the search, return
+    a summary."""
     opts = SearchOptions(**grid_json["options"])
     t0 = time.perf_counter()
     problem, source = make_problem(grid_json, cell["p_hat"])
+    if mpi:
+        from ..distributed import workers_of
+
+        comm = mpi_comm()
+        smooth = comm.bcast(problem.smoothness() if comm.Get_rank() == 0 else None, root=0)
+        figure = _describe(problem, source, grid_json, cell, smooth["L_minus"])
+        problem = problem.held(workers_of(problem.n, comm), constants=smooth)
+        load_task.cache_clear()  # the rank keeps its own workers' samples only
+    else:
+        figure = _describe(problem, source, grid_json, cell, float(problem.L_minus))
     consts = {"L_minus": float(problem.L_minus), "L_plus": float(problem.L_plus), "L_pm": float(problem.L_pm),
               "L_max": float(problem.L_max), "data": source, "samples": int(problem.sample_counts.sum())}
     exps: dict[str, list[int]] = {}
@@ -142,24 +166,27 @@ def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, re
         gth[m] = theory_gamma(problem, spec, opts)
         exps[m] = step_exponents(m, gth[m], float(problem.L_minus), opts, {}, max_count=grid_json["max_multipliers"])
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth,
-            "problem_seed": grid_json["problem_seed"], "figure": _describe(problem, source, grid_json, cell)}
+            "problem_seed": grid_json["problem_seed"], "figure": figure}
     bar = None
     if progress:
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
-    recs = search_cell(problem, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None)
+    recs = search_cell(problem, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
+                       mpi=mpi)
     if bar is not None:
         bar.close()
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 
 
 def run_classify(grid: ClassifyGrid, out: str | os.PathLike[str], *, jobs: int = 1, resume: bool = False,
-                 progress: bool = True, plot: bool = True) -> Path:
+                 progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/classify/`` (see the module docstring) and draw its figures.
-    Returns the experiment directory."""
-    root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress)
-    if plot and is_writer(False):
+    Returns the experiment directory. With ``mpi`` (launched by ``mpiexec``) every run is
+    distributed over the ranks, each holding its block of workers' samples; rank 0 writes."""
+    root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+                    extra=(False, mpi), mpi=mpi)
+    if plot and is_writer(mpi):
         from .plotting import plot_experiment
 
         plot_experiment(root)
@@ -177,7 +204,7 @@ def grid_from_args(args: Any) -> ClassifyGrid:
     if args.batch_size is not None:
         o = replace(o, batch_size=args.batch_size)
     g = replace(g, options=o, problem_seed=args.seed if args.seed is not None else g.problem_seed, task=args.task,
-                data=FASHION_MNIST if args.data in (None, FASHION_MNIST) else os.path.abspath(args.data))
+                data=args.data if args.data == HEART_SCALE else FASHION_MNIST if args.data in (None, FASHION_MNIST) else os.path.abspath(args.data))
     if args.n is not None:
         g = replace(g, n=args.n)
     if args.p_hat:
