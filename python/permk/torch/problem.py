@@ -65,7 +65,7 @@ Array = np.ndarray
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 #: The parameters' dtypes the problems accept, and the numpy dtype of each.
-_DTYPES = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
+_DTYPES: dict[torch.dtype, np.dtype[Any]] = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64)}
 
 #: The hidden width of the authors' two-layer network (``TwoLayerNeuralNet``: Linear(p → 32)).
 TWO_LAYER_HIDDEN = 32
@@ -153,7 +153,7 @@ class _ModuleOracles:
         the same trailing shapes and dtypes in every shard."""
         if isinstance(shards, (str, bytes)) or not hasattr(shards, "__len__"):
             raise TypeError(f"shards must be a sequence of (inputs, targets) pairs, one per worker, got {type(shards).__name__}")
-        out = []
+        out: list[tuple[torch.Tensor, torch.Tensor]] = []
         for k, shard in enumerate(shards):
             where = f"shards[{k}]"
             if not (isinstance(shard, (tuple, list)) and len(shard) == 2):
@@ -410,7 +410,7 @@ def two_layer_network(n: int, *, seed: int = 0, samples: int | None = None, p_ha
 
     n = check_int(n, "n", low=1)
     seed = check_seed(seed)
-    tdtype = {np.dtype(v): k for k, v in _DTYPES.items()}.get(np.dtype(dtype))
+    tdtype = {v: k for k, v in _DTYPES.items()}.get(np.dtype(dtype))
     if tdtype is None:
         raise ValueError(f"dtype must be np.float32 or np.float64, got {dtype!r}")
     data = load_fashion_mnist(data_dir, limit=samples, dtype=dtype)
