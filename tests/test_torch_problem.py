@@ -208,6 +208,7 @@ def test_the_two_layer_network_on_fashion_mnist() -> None:
     assert np.abs(W2).max() > 0.9 / np.sqrt(32)
     assert np.array_equal(two_layer_network(4, samples=80, seed=3).x0, p.x0)
     assert not np.array_equal(two_layer_network(4, samples=80, seed=4).x0, p.x0)
+    assert two_layer_network(4, samples=80, p_hat=0.5).sample_counts.tolist() == [16] * 4  # 80 = 5 parts, one held out
     assert abs(p.loss(p.x0) - np.log(10)) < 0.3  # near-uniform predictions at the start
     p64 = two_layer_network(4, samples=80, seed=3, dtype=np.float64)
     local = two_layer_network(4, samples=80, seed=3, dtype=np.float64, workers=range(1, 3))
