@@ -114,7 +114,7 @@ def main() -> None:
         tv, tl = time_grads(n, args.samples, args.reps)
         print(f"| {n} | {tv * 1e3:.1f} ms | {tl * 1e3:.1f} ms | {tl / tv:.1f}× |")
     print(f"\nTraining: n = {args.train_workers}, {args.train_samples} images, each run with its best step of {args.gammas}:\n")
-    print("| method | rounds | γ | f(x) | ‖∇f(x)‖² | bits per worker / (32 d) | training accuracy |")
+    print("| method | rounds | γ | f(x) | ‖∇f(x)‖² | bits per worker (full gradients) | training accuracy |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, T, g, loss, gn, full, acc in train(args.train_workers, args.train_samples, args.rounds, args.gammas):
         print(f"| {name} | {T} | {g:g} | {loss:.4f} | {gn:.3g} | {full:.1f} | {acc:.3f} |")
