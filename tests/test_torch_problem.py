@@ -124,6 +124,7 @@ def test_minibatch_oracles_draw_minibatch_indices_and_match_plain_autograd() -> 
     assert not np.array_equal(M, p.minibatch_grads(x, 4, seed=3, round=6))  # another round, other samples
     sub = p.minibatch_grads(x, 4, seed=3, round=5, workers=[1])
     assert np.allclose(sub, M[[1]], rtol=1e-13, atol=1e-16)
+    assert p.minibatch_grads(x, 4, seed=3, round=5, workers=[]).shape == (0, p.d)
     assert isinstance(p, permk.FiniteSumProblem) and isinstance(p, permk.Problem)
 
 

@@ -227,33 +227,35 @@ class _ModuleOracles:
         rows = self._held_grads(as_vector(x, self.d))
         return np.array(rows if workers is None else rows[self._positions(workers)])
 
-    def _minibatch(self, batch_size: int, seed: int, round: int, workers: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The minibatches of ``workers`` (default: every held worker) stacked: ``(k, b, …)``."""
+    def _minibatch_at(self, points: Sequence[Array], batch_size: int, seed: int, round: int,
+                      workers: Sequence[int] | None) -> list[Array]:
+        """The minibatch gradients of ``workers`` (default: every held worker) at each of
+        ``points``, with the same minibatches (stacked ``(k, b, …)``, one vmapped call per point)."""
         pos = self._positions(workers)
         idx = minibatch_indices(self.sample_counts, batch_size, seed=seed, round=round, workers=(pos + self._first).tolist())
+        if pos.size == 0:
+            return [np.empty((0, self.d)) for _ in points]
         Xs, Ys = [], []
         for k, take in zip(pos, idx):
             g, r = self._where[int(k)]
             t = torch.from_numpy(take).to(self._device)
             Xs.append(self._groups[g].X[r, t])
             Ys.append(self._groups[g].Y[r, t])
-        return torch.stack(Xs), torch.stack(Ys)
-
-    def _batch_grads(self, x: Array, X: torch.Tensor, Y: torch.Tensor) -> Array:
+        X, Y = torch.stack(Xs), torch.stack(Ys)
         with torch.no_grad():
-            return np.array(self._grads(self._params(x), X, Y).cpu().numpy(), dtype=np.float64)
+            return [np.array(self._grads(self._params(x), X, Y).cpu().numpy(), dtype=np.float64) for x in points]
 
     def minibatch_grads(self, x: Any, batch_size: int, *, seed: int, round: int, workers: Sequence[int] | None = None) -> Array:
         """``∇ loss(module_x(X_i[B_i]), Y_i[B_i])`` of each worker ``i`` in ``workers`` (default:
         every held worker), ``B_i`` from :func:`permk.classification.minibatch_indices`; shape
         ``(len(workers), d)``."""
-        return self._batch_grads(as_vector(x, self.d), *self._minibatch(batch_size, seed, round, workers))
+        return self._minibatch_at([as_vector(x, self.d)], batch_size, seed, round, workers)[0]
 
     def minibatch_grads_pair(self, x: Any, y: Any, batch_size: int, *, seed: int, round: int,
                              workers: Sequence[int] | None = None) -> tuple[Array, Array]:
         """The minibatch gradients at ``x`` and at ``y`` with the same minibatches."""
-        X, Y = self._minibatch(batch_size, seed, round, workers)
-        return self._batch_grads(as_vector(x, self.d), X, Y), self._batch_grads(as_vector(y, self.d, "y"), X, Y)
+        gx, gy = self._minibatch_at([as_vector(x, self.d), as_vector(y, self.d, "y")], batch_size, seed, round, workers)
+        return gx, gy
 
     # -- the launch check ------------------------------------------------------------------------
     def _digest(self, *data: torch.Tensor) -> str:
