@@ -19,4 +19,11 @@ def test_readme_has_examples() -> None:
 def test_readme_example_runs(code: str) -> None:
     if "permk.distributed" in code:
         pytest.importorskip("mpi4py")
+    if "permk.torch" in code:
+        pytest.importorskip("torch", reason="the permk.torch examples need PyTorch: pip install 'permk[torch]'")
+    if "two_layer_network" in code:
+        from permk.experiments.data import DEBIAN_FASHION_MNIST
+
+        if not DEBIAN_FASHION_MNIST.is_dir():
+            pytest.skip("Debian's dataset-fashion-mnist is not installed")
     exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})

@@ -5,7 +5,8 @@
   shared-seed RandK), with the round's shared plan computed from ``(seed, round)`` on every rank.
 - :class:`ModuleProblem` (:mod:`permk.torch.problem`): a ``torch.nn.Module`` and a loss over
   one data shard per worker as a permk problem, so every permk method and backend trains a
-  network.
+  network; :class:`LocalModuleProblem`, one MPI process's workers of it;
+  :func:`two_layer_network`, the authors' two-layer network task on Fashion-MNIST.
 
 ``import permk`` never imports torch; ``import permk.torch`` does, and says how to install it
 when it is missing.
@@ -29,6 +30,8 @@ _WHERE = {
     "comm_hook": "hook",
     "HookState": "hook",
     "ModuleProblem": "problem",
+    "LocalModuleProblem": "problem",
+    "two_layer_network": "problem",
 }
 
 __all__ = sorted(_WHERE)
