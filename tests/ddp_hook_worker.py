@@ -21,7 +21,7 @@ import torch.distributed as dist
 import permk
 import permk.torch as pt
 
-SIZES = (13, 8, 6, 21)  # buckets of sizes divisible and not divisible by 2 and 4 (and 3)
+SIZES = (13, 8, 6, 21)  # buckets of sizes divisible and not divisible by 2 and 4
 STEPS = 3
 
 
