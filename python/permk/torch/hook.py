@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from .._validate import check_seed
-from ..compressors.base import Compressor
+from ..compressors.base import Compressor, PendingRound, Round
 
 __all__ = ["BucketCall", "HookState", "bucket_seed", "comm_hook"]
 
@@ -71,6 +71,8 @@ class HookState:
     rank: int
     rounds: dict[int, int] = field(default_factory=dict)
     calls: list[BucketCall] = field(default_factory=list)
+    #: per bucket, ``(d, round, pending)``: the bucket's next round, computed ahead
+    ahead: dict[int, tuple[int, int, PendingRound]] = field(default_factory=dict, repr=False)
 
     def bucket_seed(self, index: int) -> int:
         """The seed bucket ``index`` uses (:func:`bucket_seed`)."""
@@ -136,33 +138,44 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[tor
         raise TypeError(f"gradient dtype {buf.dtype} is not supported by the permk hook (float32 or float64)")
     n, rank, d, index = state.n, state.rank, buf.numel(), bucket.index()
     r, seed = state.rounds.get(index, 0), state.bucket_seed(index)
-    try:
-        plan = state.compressor.checked_plan(n, d, seed=seed, round=r)
-    except ValueError as exc:
-        raise ValueError(f"compressor: {state.compressor.name} does not fit the world size {n} "
-                         f"and bucket {index} of {d} values: {exc}") from exc
+    rnd = _take_round(state, index, d, r, seed)
     state.rounds[index] = r + 1
-    counts = np.diff(plan.offsets)
-    width = int(counts.max())
-    coords = torch.from_numpy(plan.coords)
-    lo, hi = int(plan.offsets[rank]), int(plan.offsets[rank + 1])
+    offsets, scales = rnd.offsets(), rnd.scales()
+    coords = torch.from_numpy(rnd.coords(0, n))
+    width = int(np.diff(offsets).max())
+    lo, hi = int(offsets[rank]), int(offsets[rank + 1])
     flat = buf.reshape(-1)
     send = torch.zeros(width, dtype=buf.dtype)
     # scale · g in float64, rounded once to the gradient's dtype (the compressors' `scaled`)
-    send[: hi - lo] = (flat[coords[lo:hi]].to(torch.float64) * float(plan.scales[rank])).to(buf.dtype)
+    send[: hi - lo] = (flat[coords[lo:hi]].to(torch.float64) * float(scales[rank])).to(buf.dtype)
     gathered = torch.empty(n * width, dtype=buf.dtype)
     state.calls.append(BucketCall(index, r, seed, d, (hi - lo) * buf.element_size(), width * buf.element_size()))
     work = dist.all_gather_into_tensor(gathered, send, group=state.process_group, async_op=True)
+    # the bucket's next round, computed while this one communicates (used if its size stays d)
+    state.ahead[index] = (d, r + 1, state.compressor.round_ahead(n, d, seed=seed, round=r + 1))
 
     def average(_: torch.futures.Future[Any]) -> torch.Tensor:
         # the sum of the messages in worker order into zeros, then divided by n (Compressor.aggregate)
         acc = torch.zeros(d, dtype=buf.dtype)
         rows = gathered.view(n, width)
         for w in range(n):
-            a, b = int(plan.offsets[w]), int(plan.offsets[w + 1])
+            a, b = int(offsets[w]), int(offsets[w + 1])
             acc.index_add_(0, coords[a:b], rows[w, : b - a])
         acc.div_(torch.tensor(n, dtype=buf.dtype))
         flat.copy_(acc)
         return buf
 
     return work.get_future().then(average)
+
+
+def _take_round(state: HookState, index: int, d: int, r: int, seed: int) -> Round:
+    """Round ``r`` of bucket ``index`` of size ``d``: the one computed ahead if it is that round,
+    else computed now (ValueError naming the compressor when it does not fit ``(n, d)``)."""
+    ahead = state.ahead.pop(index, None)
+    if ahead is not None and ahead[:2] == (d, r):
+        return ahead[2].wait()
+    try:
+        return state.compressor.round(state.n, d, seed=seed, round=r)
+    except ValueError as exc:
+        raise ValueError(f"compressor: {state.compressor.name} does not fit the world size {state.n} "
+                         f"and bucket {index} of {d} values: {exc}") from exc
