@@ -151,3 +151,31 @@ def test_argument_errors() -> None:
     if not dist.is_initialized():
         with pytest.raises(RuntimeError, match="not initialised"):
             pt.comm_hook(permk.PermK(), seed=0)
+
+
+def test_the_example_trains(tmp_path: Path) -> None:
+    """examples/ddp_fashion_mnist.py --quick end to end on 2 ranks: the figure, and sane numbers."""
+    from permk.datasets import load_fashion_mnist
+    from permk.experiments.data import DataNotFoundError
+
+    try:
+        load_fashion_mnist(limit=1)
+    except DataNotFoundError:
+        pytest.skip("no Fashion-MNIST (apt-get install dataset-fashion-mnist, or set PERMK_DATA)")
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_fashion_mnist.py"
+    fig, out = tmp_path / "ddp.png", tmp_path / "ddp.json"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--figure", str(fig), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| PermK |" in proc.stdout and fig.stat().st_size > 20_000
+    results = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"all-reduce", "fp16", "PermK", "BlockPermK"}
+    d = results["PermK"]["d"]
+    assert d == 784 * 32 + 32 + 32 * 10 + 10
+    steps = results["PermK"]["rows"][-1]["step"]
+    per_step = {m: r["rows"][-1]["bytes_sent"] / steps for m, r in results.items()}
+    assert per_step == {"all-reduce": 4 * d, "fp16": 2 * d, "PermK": 4 * d / 2, "BlockPermK": 4 * d / 2}
+    for r in results.values():
+        first, last = r["rows"][0], r["rows"][-1]
+        assert first["train_loss"] > 2.0 and last["train_loss"] < first["train_loss"] - 0.5, r["method"]
+        assert last["test_acc"] > 0.45 and 0 < r["step_ms"] < 1e3, r["method"]
