@@ -2,13 +2,14 @@
 (gloo), comparing how the gradients travel: the default all-reduce, torch's fp16 hook, and
 permk's hook with PermK and BlockPermK(world size) (``permk.torch.comm_hook``).
 
-    python examples/ddp_fashion_mnist.py            # 2 ranks, 1500 steps per method (~2-4 min)
-    python examples/ddp_fashion_mnist.py --quick    # 2 ranks, 60 steps, small data (a smoke test)
+    python examples/ddp_fashion_mnist.py                    # 4 ranks, 1000 steps per method (~2.5 min)
+    python examples/ddp_fashion_mnist.py --quick            # 2 ranks, 60 steps, small data (a smoke test)
 
 The network is the authors' two-layer one (Linear(784→32), sigmoid, Linear(32→10), cross-entropy;
 d = 25,450 parameters, one DDP bucket). Each rank holds a disjoint shard of the 60,000 training
 images and takes minibatches of ``--batch`` from it; every method starts from the same weights and
-sees the same minibatches. The optimizer is plain SGD with the same step ``--lr`` for every
+sees the same minibatches, and the methods take their steps in turn (so a change in the machine's
+load slows them alike; the step time is each method's median). The optimizer is plain SGD with the same step ``--lr`` for every
 method: PermK's average is unbiased but has variance (ω = n − 1, "PermK" theorem's A = B = 1), so
 at equal steps it trails the exact average; its messages are n times smaller.
 
@@ -42,8 +43,8 @@ METHODS = ("all-reduce", "fp16", "PermK", "BlockPermK")
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=2, help="localhost processes (default 2)")
-    ap.add_argument("--steps", type=int, default=1500, help="SGD steps per method (default 1500)")
+    ap.add_argument("--ranks", type=int, default=4, help="localhost processes (default 4)")
+    ap.add_argument("--steps", type=int, default=1000, help="SGD steps per method (default 1000)")
     ap.add_argument("--batch", type=int, default=32, help="minibatch per rank (default 32)")
     ap.add_argument("--lr", type=float, default=0.5, help="SGD step, the same for every method (default 0.5)")
     ap.add_argument("--eval-every", type=int, default=50, help="steps between evaluations (default 50)")
@@ -54,10 +55,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", default=None, help="directory of the Fashion-MNIST IDX files (default: $PERMK_DATA, else Debian's)")
     ap.add_argument("--figure", default=str(ROOT / "docs" / "figures" / "ddp_fashion_mnist.png"))
     ap.add_argument("--json", default=None, help="also write the measurements here")
-    ap.add_argument("--quick", action="store_true", help="60 steps on 6,000 training and 2,000 test images")
+    ap.add_argument("--quick", action="store_true", help="2 ranks, 60 steps on 6,000 training and 2,000 test images")
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.eval_every, args.train_limit, args.test_limit = 60, 20, 6000, 2000
+        args.ranks, args.steps, args.eval_every, args.train_limit, args.test_limit = 2, 60, 20, 6000, 2000
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in args.methods if m not in METHODS]
     if bad:
@@ -87,59 +88,64 @@ def net() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(784, 32), torch.nn.Sigmoid(), torch.nn.Linear(32, 10))
 
 
-def train_one(method: str, args: argparse.Namespace, data: tuple[Any, ...], rank: int, n: int) -> dict[str, Any]:
-    """One method's run on this rank: the evaluations (rank 0) and the step times."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    from torch.nn.parallel import DistributedDataParallel
+class Run:
+    """One method's model, optimizer and minibatch stream on this rank, with its evaluations
+    (rank 0) and step times."""
 
-    import permk.torch as pt
+    def __init__(self, method: str, args: argparse.Namespace, n_train: int, rank: int, n: int) -> None:
+        import torch
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.nn.parallel import DistributedDataParallel
 
-    X, y, Xt, yt = data
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(net())
-    d = sum(p.numel() for p in model.parameters())
-    state = None
-    if method == "fp16":
-        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif method in ("PermK", "BlockPermK"):
-        comp = permk.PermK() if method == "PermK" else permk.BlockPermK(n)
-        state, hook = pt.comm_hook(comp, seed=args.seed)
-        model.register_comm_hook(state, hook)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    shard = np.array_split(np.random.default_rng(args.seed).permutation(len(X)), n)[rank]
-    draws = np.random.default_rng([args.seed, rank])
-    loss_fn = torch.nn.CrossEntropyLoss()
-    eval_X, eval_y = X[: min(len(X), 10_000)], y[: min(len(X), 10_000)]
-    rows: list[dict[str, float]] = []
-    times: list[float] = []
-    payload = {"all-reduce": 4 * d, "fp16": 2 * d}.get(method)
+        import permk.torch as pt
 
-    def evaluate(step: int) -> None:
-        if rank == 0:
-            with torch.no_grad():
-                module = model.module
-                loss = float(loss_fn(module(eval_X), eval_y))
-                acc = float((module(Xt).argmax(1) == yt).float().mean())
-            sent = state.bytes_sent if state is not None else payload * step  # type: ignore[operator]
-            rows.append({"step": step, "train_loss": loss, "test_acc": acc, "bytes_sent": sent})
-        dist.barrier()
+        torch.manual_seed(args.seed)  # the same initial weights for every method
+        self.method, self.rank = method, rank
+        self.model = DistributedDataParallel(net())
+        self.d = sum(p.numel() for p in self.model.parameters())
+        self.state = None
+        if method == "fp16":
+            self.model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif method in ("PermK", "BlockPermK"):
+            comp = permk.PermK() if method == "PermK" else permk.BlockPermK(n)
+            self.state, hook = pt.comm_hook(comp, seed=args.seed)
+            self.model.register_comm_hook(self.state, hook)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.shard = np.array_split(np.random.default_rng(args.seed).permutation(n_train), n)[rank]
+        self.draws = np.random.default_rng([args.seed, rank])  # the same minibatches for every method
+        self.payload = {"all-reduce": 4 * self.d, "fp16": 2 * self.d}.get(method, 0)
+        self.rows: list[dict[str, float]] = []
+        self.times: list[float] = []
 
-    evaluate(0)
-    for step in range(1, args.steps + 1):
-        idx = torch.from_numpy(shard[draws.integers(0, len(shard), args.batch)])
+    def step(self, data: tuple[Any, ...], batch: int) -> None:
+        import torch
+
+        X, y = data[0], data[1]
+        idx = torch.from_numpy(self.shard[self.draws.integers(0, len(self.shard), batch)])
         t0 = time.perf_counter()
-        opt.zero_grad()
-        loss_fn(model(X[idx]), y[idx]).backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        if step % args.eval_every == 0 or step == args.steps:
-            evaluate(step)
-    out: dict[str, Any] = {"method": method, "d": d, "rows": rows, "step_ms": 1e3 * float(np.median(times))}
-    if state is not None:
-        out["padded_per_step"] = state.bytes_padded / args.steps
-    return out
+        self.opt.zero_grad()
+        torch.nn.functional.cross_entropy(self.model(X[idx]), y[idx]).backward()
+        self.opt.step()
+        self.times.append(time.perf_counter() - t0)
+
+    def evaluate(self, step: int, data: tuple[Any, ...]) -> None:
+        import torch
+
+        if self.rank != 0:
+            return
+        X, y, Xt, yt = data
+        with torch.no_grad():
+            module = self.model.module
+            loss = float(torch.nn.functional.cross_entropy(module(X[:10_000]), y[:10_000]))
+            acc = float((module(Xt).argmax(1) == yt).float().mean())
+        sent = self.state.bytes_sent if self.state is not None else self.payload * step
+        self.rows.append({"step": step, "train_loss": loss, "test_acc": acc, "bytes_sent": sent})
+
+    def result(self, steps: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "d": self.d, "rows": self.rows, "step_ms": 1e3 * float(np.median(self.times))}
+        if self.state is not None:
+            out["padded_per_step"] = self.state.bytes_padded / steps
+        return out
 
 
 def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
@@ -151,7 +157,17 @@ def worker(rank: int, args: argparse.Namespace, store: str, out: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store, n), rank=rank, world_size=n)
     X, y, Xt, yt = load(args)
     data = tuple(torch.from_numpy(a) for a in (X, y, Xt, yt))
-    results = [train_one(m, args, data, rank, n) for m in args.methods]
+    # the methods take their steps in turn, so a change in the machine's load slows them alike
+    runs = [Run(m, args, len(X), rank, n) for m in args.methods]
+    for step in range(args.steps + 1):
+        if step:
+            for run in runs:
+                run.step(data, args.batch)
+        if step % args.eval_every == 0 or step == args.steps:
+            for run in runs:
+                run.evaluate(step, data)
+            dist.barrier()
+    results = [run.result(args.steps) for run in runs]
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
