@@ -1,4 +1,5 @@
-"""The README's Python examples run (the MPI one with a single process)."""
+"""The README's Python examples run (the MPI and DDP ones with a single process; the DDP one
+skips without torch)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,6 @@ def test_readme_has_examples() -> None:
 def test_readme_example_runs(code: str) -> None:
     if "permk.distributed" in code:
         pytest.importorskip("mpi4py")
+    if "permk.torch" in code:
+        pytest.importorskip("torch", reason="the permk[torch] examples need PyTorch")
     exec(compile(code, str(README), "exec"), {"__name__": "__readme__"})
