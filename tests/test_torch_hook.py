@@ -153,6 +153,7 @@ def test_argument_errors() -> None:
             pt.comm_hook(permk.PermK(), seed=0)
 
 
+@pytest.mark.slow
 def test_the_example_trains(tmp_path: Path) -> None:
     """examples/ddp_fashion_mnist.py --quick end to end on 2 ranks: the figure, and sane numbers."""
     from permk.datasets import load_fashion_mnist
