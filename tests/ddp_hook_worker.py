@@ -69,7 +69,7 @@ def main() -> None:
                 gs = [torch.randn(s, generator=gen, dtype=torch.float64).mul_(3.7).to(dtype) for s in SIZES]
                 model.zero_grad()
                 model(gs).backward()
-                for call, local, res, params in sorted(seen, key=lambda s: s[0].index):
+                for call, local, res, params in sorted(seen, key=lambda s: s[0].bucket):
                     everyone = [torch.empty_like(local) for _ in range(world)]
                     dist.all_gather(everyone, local)
                     stacked = np.stack([t.numpy() for t in everyone])
@@ -77,11 +77,11 @@ def main() -> None:
                     other = comp.aggregate(stacked, seed=call.seed, round=call.round + 1)
                     grads = torch.cat([p.grad.reshape(-1) for p in params])
                     records.append({
-                        "case": name, "dtype": str(dtype), "index": call.index, "round": call.round, "step": step,
+                        "case": name, "dtype": str(dtype), "index": call.bucket, "round": call.round, "step": step,
                         "d": call.d, "sent": call.sent, "padded": call.padded, "itemsize": local.element_size(),
                         "floats_per_worker": comp.floats_per_worker(world, call.d),
                         "plan_count": int(np.diff(comp.plan(world, call.d, seed=call.seed, round=call.round).offsets)[rank]),
-                        "seed_ok": call.seed == pt.hook.bucket_seed(11, call.index),
+                        "seed_ok": call.seed == pt.hook.bucket_seed(11, call.bucket),
                         "equal": res.numpy().dtype == want.dtype and bool(np.array_equal(res.numpy(), want)),
                         "grads_equal": bool(torch.equal(grads, res)),
                         "other_round_differs": not np.array_equal(res.numpy(), other),

@@ -44,12 +44,12 @@ def bucket_seed(seed: int, index: int) -> int:
 
 
 class BucketCall(NamedTuple):
-    """One bucket's exchange as a rank saw it: the bucket's index and size ``d``, its round and
-    seed, and the bytes this rank sent: ``sent`` its own values (the compressor's message),
-    ``padded`` what the ``all_gather`` carried for it (every rank's slot has the round's largest
-    message size)."""
+    """One bucket's exchange as a rank saw it: the bucket's index (``bucket``) and size ``d``, its
+    round and seed, and the bytes this rank sent: ``sent`` its own values (the compressor's
+    message), ``padded`` what the ``all_gather`` carried for it (every rank's slot has the round's
+    largest message size)."""
 
-    index: int
+    bucket: int
     round: int
     seed: int
     d: int
@@ -93,7 +93,7 @@ class HookState:
         """This rank's sent bytes per bucket index, over all exchanges."""
         out: dict[int, int] = {}
         for c in self.calls:
-            out[c.index] = out.get(c.index, 0) + c.sent
+            out[c.bucket] = out.get(c.bucket, 0) + c.sent
         return out
 
 
@@ -106,11 +106,12 @@ def comm_hook(compressor: Compressor, *, seed: int, process_group: Any = None) -
     the compressed average ``compressor.aggregate`` of the ranks' bucket gradients.
 
     ``compressor`` must have a shared plan (``capabilities.shared_plan``: PermK, BlockPermK,
-    shared-seed RandK, CoordinateSampling, GroupPermK) and be defined for the group's size and the buckets' sizes
-    (for ``BlockPermK(m)``: ``m`` at most the world size; ``BlockPermK(world_size)`` gives every
-    rank one block, PermK's constants), which the first bucket checks (ValueError naming the
-    compressor and the world size, on every rank). ``seed``: the run's shared seed (see the module's note on rounds
-    and seeds). ``process_group``: the group of the ranks (``None``: the default group, which must
+    shared-seed RandK, CoordinateSampling, GroupPermK) and be defined for the group's size and
+    the buckets' sizes (for ``BlockPermK(m)``: ``m`` at most the world size;
+    ``BlockPermK(world_size)`` gives every rank one block, with PermK's constants in Theorem
+    "PermK"), which the first bucket checks (ValueError naming the compressor and the world size,
+    on every rank). ``seed``: the run's shared seed (see the module's note on rounds and seeds).
+    ``process_group``: the group of the ranks (``None``: the default group, which must
     be initialised). The gradients must be float32 or float64 (TypeError otherwise, at the first
     bucket). ``state`` records the rounds and the bytes each exchange sent (:class:`HookState`).
     """
@@ -151,6 +152,7 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[tor
     gathered = torch.empty(n * width, dtype=buf.dtype)
     state.calls.append(BucketCall(index, r, seed, d, (hi - lo) * buf.element_size(), width * buf.element_size()))
     work = dist.all_gather_into_tensor(gathered, send, group=state.process_group, async_op=True)
+    assert work is not None  # what async_op=True returns
     # the bucket's next round, computed while this one communicates (used if its size stays d)
     state.ahead[index] = (d, r + 1, state.compressor.round_ahead(n, d, seed=seed, round=r + 1))
 
