@@ -35,7 +35,9 @@ class Model(torch.nn.Module):
 
 
 def cases(n: int) -> list[tuple[str, permk.compressors.base.Compressor]]:
-    return [("PermK", permk.PermK()), (f"BlockPermK({n})", permk.BlockPermK(n)), ("RandK(3)", permk.RandK(3))]
+    """PermK, BlockPermK(n), shared-seed RandK; with 4 ranks also BlockPermK(2) (two ranks per block)."""
+    out = [("PermK", permk.PermK()), (f"BlockPermK({n})", permk.BlockPermK(n)), ("RandK(3)", permk.RandK(3))]
+    return out + ([("BlockPermK(2)", permk.BlockPermK(2))] if n == 4 else [])
 
 
 def main() -> None:
@@ -81,6 +83,7 @@ def main() -> None:
                         "d": call.d, "sent": call.sent, "padded": call.padded, "itemsize": local.element_size(),
                         "floats_per_worker": comp.floats_per_worker(world, call.d),
                         "plan_count": int(np.diff(comp.plan(world, call.d, seed=call.seed, round=call.round).offsets)[rank]),
+                        "disjoint": comp.disjoint(world, call.d),
                         "seed_ok": call.seed == pt.hook.bucket_seed(11, call.bucket),
                         "equal": res.numpy().dtype == want.dtype and bool(np.array_equal(res.numpy(), want)),
                         "grads_equal": bool(torch.equal(grads, res)),

@@ -50,8 +50,8 @@ def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
 def test_hook_equals_aggregate_bit_for_bit(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
     n, per_rank = ranks
     for recs in per_rank:
-        assert {(r["case"], r["dtype"]) for r in recs} == {
-            (c, t) for c in ("PermK", f"BlockPermK({n})", "RandK(3)") for t in ("torch.float32", "torch.float64")}
+        names = ("PermK", f"BlockPermK({n})", "RandK(3)") + (("BlockPermK(2)",) if n == 4 else ())
+        assert {(r["case"], r["dtype"]) for r in recs} == {(c, t) for c in names for t in ("torch.float32", "torch.float64")}
         assert all(r["equal"] for r in recs), [r for r in recs if not r["equal"]][:3]
         assert all(r["grads_equal"] for r in recs)  # DDP left the average in the parameters' gradients
         assert all(r["seed_ok"] for r in recs)
@@ -86,13 +86,16 @@ def test_bytes_are_the_theory(ranks: tuple[int, list[list[dict[str, Any]]]]) -> 
         for r in recs:
             assert r["sent"] == r["plan_count"] * r["itemsize"]
             assert r["padded"] == r["floats_per_worker"] * r["itemsize"]
-            if r["case"] == "RandK(3)" or r["d"] % n == 0:
+            if r["case"] == "RandK(3)" or r["d"] % n == 0 and r["case"] != "BlockPermK(2)":
                 assert r["sent"] == r["floats_per_worker"] * r["itemsize"]
     for exchanged in zip(*per_rank):  # the same exchange on every rank
         r0 = exchanged[0]
         assert len({(r["case"], r["dtype"], r["index"], r["round"], r["d"]) for r in exchanged}) == 1
-        if r0["case"] != "RandK(3)":  # every coordinate sent by exactly one rank
+        if r0["disjoint"]:  # every coordinate sent by exactly one rank
+            assert r0["case"] in ("PermK", f"BlockPermK({n})")
             assert sum(r["sent"] for r in exchanged) == r0["d"] * r0["itemsize"]
+        elif r0["case"] == "BlockPermK(2)":  # every coordinate sent by two ranks
+            assert sum(r["sent"] for r in exchanged) == 2 * r0["d"] * r0["itemsize"]
 
 
 def test_bucket_seed_is_a_pure_function() -> None:

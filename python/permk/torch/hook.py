@@ -113,7 +113,7 @@ def comm_hook(compressor: Compressor, *, seed: int, process_group: Any = None) -
     on every rank). ``seed``: the run's shared seed (see the module's note on rounds and seeds).
     ``process_group``: the group of the ranks (``None``: the default group, which must
     be initialised). The gradients must be float32 or float64 (TypeError otherwise, at the first
-    bucket). ``state`` records the rounds and the bytes each exchange sent (:class:`HookState`).
+    bucket); they are not checked for NaN or inf, which reach the average as with all-reduce. ``state`` records the rounds and the bytes each exchange sent (:class:`HookState`).
     """
     if not isinstance(compressor, Compressor):
         raise TypeError(f"compressor: must be a permk Compressor, got {type(compressor).__name__}")
