@@ -120,7 +120,7 @@ def test_no_module_imports_another_modules_underscore_names() -> None:
 
 
 def test_import_permk_is_light() -> None:
-    code = ("import sys, permk; heavy = ['scipy.optimize', 'scipy.sparse.linalg', 'matplotlib', 'mpi4py', 'tqdm'];"
+    code = ("import sys, permk; heavy = ['scipy.optimize', 'scipy.sparse.linalg', 'matplotlib', 'mpi4py', 'tqdm', 'torch'];"
             "print([m for m in heavy if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,5 @@
-"""The README's Python examples run (the MPI one with a single process)."""
+"""The README's Python examples run (the MPI and DDP ones with a single process; the DDP one
+skips without torch)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,185 @@
+"""permk.torch.comm_hook: the DDP hook's average is compressor.aggregate's, bit for bit, on gloo
+with 2 and 4 localhost processes; the bytes each rank sends are the theory's; argument errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="permk.torch needs PyTorch (pip install 'permk[torch]')")
+dist = pytest.importorskip("torch.distributed", reason="this PyTorch build has no torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this PyTorch build has no gloo backend", allow_module_level=True)
+
+import permk  # noqa: E402
+import permk.torch as pt  # noqa: E402
+from permk.torch.hook import bucket_seed  # noqa: E402
+
+WORKER = Path(__file__).with_name("ddp_hook_worker.py")
+
+
+def run_ranks(world: int, tmp: Path) -> list[list[dict[str, Any]]]:
+    """Run ddp_hook_worker.py on ``world`` processes; every rank's records."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp / "store"), str(r), str(world), str(tmp / f"r{r}.json")],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = []
+    try:
+        for p in procs:
+            logs.append(p.communicate(timeout=240)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    return [json.loads((tmp / f"r{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
+def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[list[dict[str, Any]]]]:
+    return request.param, run_ranks(request.param, tmp_path_factory.mktemp(f"ddp{request.param}"))
+
+
+def test_hook_equals_aggregate_bit_for_bit(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    n, per_rank = ranks
+    for recs in per_rank:
+        names = ("PermK", f"BlockPermK({n})", "RandK(3)") + (("BlockPermK(2)",) if n == 4 else ())
+        assert {(r["case"], r["dtype"]) for r in recs} == {(c, t) for c in names for t in ("torch.float32", "torch.float64")}
+        assert all(r["equal"] for r in recs), [r for r in recs if not r["equal"]][:3]
+        assert all(r["grads_equal"] for r in recs)  # DDP left the average in the parameters' gradients
+        assert all(r["seed_ok"] for r in recs)
+        assert any(r["d"] % n for r in recs) and any(r["d"] % n == 0 for r in recs)
+        assert len({r["index"] for r in recs}) >= 4  # several buckets
+
+
+def test_comparison_detects_a_wrong_round(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    """The equality above is not vacuous: the aggregate of the next round differs for every case."""
+    _, per_rank = ranks
+    for recs in per_rank:
+        differs: dict[tuple[str, str], bool] = defaultdict(bool)
+        for r in recs:
+            differs[r["case"], r["dtype"]] |= r["other_round_differs"]
+        assert all(differs.values()), differs
+
+
+def test_rounds_count_per_bucket(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    _, per_rank = ranks
+    for recs in per_rank:
+        rounds: dict[tuple[str, str, int], list[int]] = defaultdict(list)
+        for r in recs:
+            rounds[r["case"], r["dtype"], r["index"]].append(r["round"])
+            assert r["round"] <= r["step"]
+        for seq in rounds.values():
+            assert seq == list(range(len(seq)))
+
+
+def test_bytes_are_the_theory(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
+    n, per_rank = ranks
+    for recs in per_rank:
+        for r in recs:
+            assert r["sent"] == r["plan_count"] * r["itemsize"]
+            assert r["padded"] == r["floats_per_worker"] * r["itemsize"]
+            if r["case"] == "RandK(3)" or r["d"] % n == 0 and r["case"] != "BlockPermK(2)":
+                assert r["sent"] == r["floats_per_worker"] * r["itemsize"]
+    for exchanged in zip(*per_rank):  # the same exchange on every rank
+        r0 = exchanged[0]
+        assert len({(r["case"], r["dtype"], r["index"], r["round"], r["d"]) for r in exchanged}) == 1
+        if r0["disjoint"]:  # every coordinate sent by exactly one rank
+            assert r0["case"] in ("PermK", f"BlockPermK({n})")
+            assert sum(r["sent"] for r in exchanged) == r0["d"] * r0["itemsize"]
+        elif r0["case"] == "BlockPermK(2)":  # every coordinate sent by two ranks
+            assert sum(r["sent"] for r in exchanged) == 2 * r0["d"] * r0["itemsize"]
+
+
+def test_bucket_seed_is_a_pure_function() -> None:
+    assert bucket_seed(5, 0) == bucket_seed(5, 0)
+    assert len({bucket_seed(s, b) for s in (0, 1) for b in range(4)}) == 8
+    with pytest.raises(ValueError, match="seed"):
+        bucket_seed(-1, 0)
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A gloo group of one process (this one)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def backward(compressor: permk.compressors.base.Compressor, dtype: Any) -> pt.HookState:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3).to(dtype))
+    state, hook = pt.comm_hook(compressor, seed=0)
+    model.register_comm_hook(state, hook)
+    model(torch.ones(2, 4, dtype=dtype)).sum().backward()
+    return state
+
+
+def test_one_rank_records_its_bytes(one_rank: None) -> None:
+    state = backward(permk.PermK(), torch.float32)
+    assert state.n == 1 and state.rank == 0 and state.rounds == {0: 1}
+    assert state.bytes_sent == state.bytes_padded == 15 * 4 and state.bytes_sent_per_bucket() == {0: 60}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_unsupported_dtype(one_rank: None, dtype: str) -> None:
+    with pytest.raises(TypeError, match=f"torch.{dtype}"):
+        backward(permk.PermK(), getattr(torch, dtype))
+
+
+def test_world_size_not_matching(one_rank: None) -> None:
+    with pytest.raises(ValueError, match=r"BlockPermK\(m=2\) does not fit the world size 1"):
+        backward(permk.BlockPermK(2), torch.float32)
+
+
+@pytest.mark.parametrize("compressor", [permk.TopK(2), permk.QSGD(4)], ids=["TopK", "QSGD"])
+def test_no_shared_plan(compressor: permk.compressors.base.Compressor) -> None:
+    with pytest.raises(ValueError, match="no shared plan"):
+        pt.comm_hook(compressor, seed=0)
+
+
+def test_argument_errors() -> None:
+    with pytest.raises(TypeError, match="compressor"):
+        pt.comm_hook("PermK", seed=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="seed"):
+        pt.comm_hook(permk.PermK(), seed=None)  # type: ignore[arg-type]
+    if not dist.is_initialized():
+        with pytest.raises(RuntimeError, match="not initialised"):
+            pt.comm_hook(permk.PermK(), seed=0)
+
+
+@pytest.mark.slow
+def test_the_example_trains(tmp_path: Path) -> None:
+    """examples/ddp_fashion_mnist.py --quick end to end on 2 ranks: the figure, and sane numbers."""
+    from permk.datasets import load_fashion_mnist
+    from permk.experiments.data import DataNotFoundError
+
+    try:
+        load_fashion_mnist(limit=1)
+    except DataNotFoundError:
+        pytest.skip("no Fashion-MNIST (apt-get install dataset-fashion-mnist, or set PERMK_DATA)")
+    script = Path(__file__).resolve().parents[1] / "examples" / "ddp_fashion_mnist.py"
+    fig, out = tmp_path / "ddp.png", tmp_path / "ddp.json"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--figure", str(fig), "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "| PermK |" in proc.stdout and fig.stat().st_size > 20_000
+    results = {r["method"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(results) == {"all-reduce", "fp16", "PermK", "BlockPermK"}
+    d = results["PermK"]["d"]
+    assert d == 784 * 32 + 32 + 32 * 10 + 10
+    steps = results["PermK"]["rows"][-1]["step"]
+    per_step = {m: r["rows"][-1]["bytes_sent"] / steps for m, r in results.items()}
+    assert per_step == {"all-reduce": 4 * d, "fp16": 2 * d, "PermK": 4 * d / 2, "BlockPermK": 4 * d / 2}
+    for r in results.values():
+        first, last = r["rows"][0], r["rows"][-1]
+        assert first["train_loss"] > 2.0 and last["train_loss"] < first["train_loss"] - 0.5, r["method"]
+        assert last["test_acc"] > 0.45 and 0 < r["step_ms"] < 1e3, r["method"]
