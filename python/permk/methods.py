@@ -70,6 +70,7 @@ from .theory.steps import (
 
 __all__ = [
     "State",
+    "CountedState",
     "MarinaState",
     "EF21State",
     "DCGDState",
@@ -205,44 +206,44 @@ class State:
 
 
 @dataclass(frozen=True, eq=False)
-class MarinaState(State):
+class CountedState(State):
+    """The package's states' common part: the counters ``round``, ``seed``, ``bits`` and
+    ``oracle_calls``, keyword-only (after each state's own fields in its constructor). A state of
+    one's own may derive from it or declare the fields itself (see :class:`State`)."""
+
+    round: int = field(default=0, kw_only=True)
+    seed: int = field(default=0, kw_only=True)
+    bits: float = field(default=0.0, kw_only=True)
+    oracle_calls: float = field(default=0.0, kw_only=True)
+
+
+@dataclass(frozen=True, eq=False)
+class MarinaState(CountedState):
     """MARINA's state: ``x = x^t``, the estimator ``g = g^t``."""
 
     x: Array
     g: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared"}
 
 
 @dataclass(frozen=True, eq=False)
-class EF21State(State):
+class EF21State(CountedState):
     """EF21's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the local estimators
     ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation)."""
 
     x: Array
     g: Array
     G: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "G": "per_worker"}
 
 
 @dataclass(frozen=True, eq=False)
-class DCGDState(State):
+class DCGDState(CountedState):
     """DCGD's state (and SGD's): the iterate ``x = x^t`` alone."""
 
     x: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,7 +258,7 @@ class ShiftedDCGDState(DCGDState):
 
 
 @dataclass(frozen=True, eq=False)
-class DianaState(State):
+class DianaState(CountedState):
     """DIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i^{t+1}]`` of the workers this
     process holds (all ``n`` in simulation) and the server's mirror of their mean ``h``."""
 
@@ -265,16 +266,12 @@ class DianaState(State):
     g: Array
     H: Array
     h: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "H": "per_worker", "h": "shared"}
 
 
 @dataclass(frozen=True, eq=False)
-class RandDianaState(State):
+class RandDianaState(CountedState):
     """RandDIANA's state: ``x = x^t``, ``g = g^t``, the point ``y`` of the shifts
     ``h_i = ∇f_i(y)`` (the last refresh) and their mean ``h = ∇f(y)``."""
 
@@ -282,16 +279,12 @@ class RandDianaState(State):
     g: Array
     y: Array
     h: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "y": "shared", "h": "shared"}
 
 
 @dataclass(frozen=True, eq=False)
-class DashaState(State):
+class DashaState(CountedState):
     """DASHA's state: ``x = x^t``, ``g = g^t = (1/n) Σ g_i^t`` and the estimators
     ``G = [g_i^t]`` of the workers this process holds (all ``n`` in simulation); ``h_i^t`` is
     ``∇f_i(x^t)`` itself, nothing to keep (see :class:`Dasha`)."""
@@ -301,10 +294,6 @@ class DashaState(State):
     x: Array
     g: Array
     G: Array
-    round: int = 0
-    seed: int = 0
-    bits: float = 0.0
-    oracle_calls: float = 0.0
 
 
 @dataclass(frozen=True, eq=False)
