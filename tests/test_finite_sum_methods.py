@@ -354,8 +354,10 @@ def test_dasha_page_with_p_one_is_within_dasha_step() -> None:
 @pytest.mark.parametrize("estimator, options", [("page", {}), ("mvr", {"momentum": 1e-3})])
 def test_dasha_page_and_mvr_meet_their_derived_bounds(comp: permk.Compressor, estimator: str, options: dict) -> None:
     """``(1/T) Σ_{t<T} ‖∇f(x^t)‖² ≤ 2Δ⁰/(γT) (+ 2N for MVR)`` at the derived step (the mean over
-    3 seeds standing for the expectation; ``Δ⁰ ≤ f(x⁰)`` as the loss is non-negative), and a 64×
-    larger step breaks the bound the derivation would give it."""
+    3 seeds standing for the expectation; ``Δ⁰ ≤ f(x⁰)`` as the loss is non-negative; measured/bound
+    0.24-0.33), and a 64× larger step breaks the bound the derivation would give it (1.5-6.9; at
+    16× the runs still meet it, 0.37-0.47: the derived steps are conservative by more than 16×
+    on this problem)."""
     p = _logistic()
     T, b = 300, 4
     delta0 = p.loss(p.x0)
@@ -368,8 +370,7 @@ def test_dasha_page_and_mvr_meet_their_derived_bounds(comp: permk.Compressor, es
         mean = math.inf if r.diverged_at is not None else float(r.grad_norm_sq[:-1].mean())
         return mean, 2 * delta0 / (prm["gamma"] * T) + 2 * noise, prm["gamma"]
 
-    runs = [run(1.0, seed) for seed in range(3)]
-    mean, bound = float(np.mean([r[0] for r in runs])), runs[0][1]
-    assert runs[0][2] > 0 and mean <= bound, (mean, bound)
-    big, big_bound, _ = run(64.0, 0)
-    assert big > big_bound, (big, big_bound)
+    for mult, holds in ((1.0, True), (64.0, False)):
+        runs = [run(mult, seed) for seed in range(3)]
+        mean, bound = float(np.mean([r[0] for r in runs])), runs[0][1]
+        assert runs[0][2] > 0 and (mean <= bound) == holds, (mult, mean, bound)
