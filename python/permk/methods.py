@@ -57,6 +57,8 @@ from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.steps import (
     Constants,
     dasha_momentum,
+    dasha_mvr_stepsize,
+    dasha_page_stepsize,
     dasha_pp_stepsize,
     dasha_stepsize,
     diana_stepsize,
@@ -708,13 +710,7 @@ class VRMarina(Marina):
         if constants.mu is not None:
             raise ValueError(f"{self.label} has no PL step in permk: pass gamma= or pl=False")
         bound = compressor.variance_bound(n, d, constants, problem=problem)
-        rms = getattr(problem, "L_sample_rms", None)
-        if rms is None:
-            raise ValueError(f"{self.label}'s step reads the mean-squared sample smoothness L_sample_rms; the problem states none: pass gamma=")
-        rms = np.asarray(rms, dtype=np.float64)
-        if rms.shape != (n,) or not np.isfinite(rms).all() or (rms < 0).any():
-            raise ValueError(f"the problem's L_sample_rms must be {n} non-negative finite numbers, got shape {rms.shape}")
-        L_hat_sq = bound.L_hat_sq + (params["A"] + 1.0 / n) * float(np.mean(rms**2)) / params["batch_size"]
+        L_hat_sq = bound.L_hat_sq + (params["A"] + 1.0 / n) * _sample_smoothness_sq(problem, n, self) / params["batch_size"]
         gamma = marina_variance_stepsize(constants.L_minus, L_hat_sq, params["p"])
         return gamma, (f"{self.label} finite-sum theorem (Gorbunov et al. 2021) with {bound.theorem}'s variance and the "
                        "minibatch term (A + 1/n)ℒ²/b; the authors' vr_marina step, algorithm.py:467-479")
@@ -830,6 +826,17 @@ def _batch_size(batch_size: Any, method: Method) -> int:
     if batch_size is None:
         raise TypeError(f"{method.label} needs batch_size= (the samples of a worker's minibatch)")
     return check_int(batch_size, "batch_size", low=1)
+
+
+def _sample_smoothness_sq(problem: Any, n: int, method: Method) -> float:
+    """``ℒ² = (1/n) Σ ℒ_i²``, the mean-squared sample smoothness (``problem.L_sample_rms``)."""
+    rms = getattr(problem, "L_sample_rms", None)
+    if rms is None:
+        raise ValueError(f"{method.label}'s step reads the mean-squared sample smoothness L_sample_rms; the problem states none: pass gamma=")
+    rms = np.asarray(rms, dtype=np.float64)
+    if rms.shape != (n,) or not np.isfinite(rms).all() or (rms < 0).any():
+        raise ValueError(f"the problem's L_sample_rms must be {n} non-negative finite numbers, got shape {rms.shape}")
+    return float(np.mean(rms**2))
 
 
 def _sample_counts(problem: Any, method: Method, n: int) -> Array:
@@ -1243,13 +1250,16 @@ class DashaPage(Dasha):
     ``i`` sends ``m_i = C_i(h_i^{t+1} − h_i^t − a(g_i^t − h_i^t))``, keeps ``g_i + m_i``;
     ``g^{t+1} = g^t + (1/n) Σ m_i``. Defaults: ``a = 1/(2ω + 1)`` (the authors'
     ``_estimate_momentum``, algorithm.py:864-865) and ``p = b/(b + m)`` (their ``_estimate_prob``,
-    algorithm.py:1066-1068; ``m`` the largest ``m_i``). No theory step: the authors' code takes
-    the step as given (``zero_marina_page_master``, algorithm.py:1030-1075 at bd3f2e6, and
-    mysteryresearcher/dasha's algorithm.py:918-957, scale ``gamma`` by ``gamma_multiply`` and
-    estimate only ``a`` and ``p``; their experiments search ``gamma × 2^j``), and the paper's
-    theorem is not quoted here: pass ``gamma``. Options: ``batch_size`` (required), ``p``,
-    ``a``. Every round sends one compressed message. ``permk.dasha(…, estimator="page")`` is
-    the same run.
+    algorithm.py:1066-1068; ``m`` the largest ``m_i``). The step is permk's derivation
+    (docs/dasha_steps.md, :func:`~permk.theory.steps.dasha_page_stepsize`): ``1/(L_− + sqrt K)``,
+    ``K = 4AW(1 + p)L_+² + 12AW(1 − p)ℒ²/b + 2(1 − p)ℒ²/(p n b)``, ``W = 1/a + 2ω``, ``A`` the
+    compressor's AB constant and ``ℒ²`` the mean-squared sample smoothness
+    (``problem.L_sample_rms``), for ``a ≤ 1/(2ω + 1)``; it gives
+    ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT)``. (The authors' code takes the step as
+    given: ``zero_marina_page_master``, algorithm.py:1030-1075 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:918-957; ``gamma=`` overrides.) Options:
+    ``batch_size`` (required), ``p``, ``a``. Every round sends one compressed message.
+    ``permk.dasha(…, estimator="page")`` is the same run.
     """
 
     name = "dasha_page"
@@ -1271,8 +1281,18 @@ class DashaPage(Dasha):
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        raise ValueError(f"{self.label} has no step rule in the authors' code (it takes a given step and searches "
-                         "multiples of it): pass gamma=")
+        if constants.mu is not None:
+            raise ValueError(f"{self.label} has no PL step in permk: pass gamma= (or leave pl=False)")
+        if params["a"] > 1.0 / (2.0 * params["omega"] + 1.0) * (1 + 1e-12):
+            raise ValueError(f"{self.label}'s step is derived for a <= 1/(2ω + 1) = {1 / (2 * params['omega'] + 1):g}, "
+                             f"got a = {params['a']:g}: pass gamma=")
+        gamma = self.stepsize(params, n, constants, _sample_smoothness_sq(problem, n, self))
+        return gamma, "permk's derivation (docs/dasha_steps.md)"
+
+    def stepsize(self, params: dict[str, Any], n: int, constants: Constants, L_sample_sq: float) -> float:
+        """The derived step from the run's parameters, ``L_−``, ``L_+`` and ``ℒ²``."""
+        return dasha_page_stepsize(params["omega"], params["A"], params["a"], constants.L_minus, constants.L_plus,
+                                   L_sample_sq, n, params["batch_size"], params["p"])
 
     def init(self, x0: Array, backend: Backend, compressor: Compressor, params: dict[str, Any], *, seed: int) -> DashaVRState:
         grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
@@ -1312,10 +1332,16 @@ class DashaMVR(DashaPage):
     the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
     ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code (their LibSVM
     experiments set ``min(1/B, 1/(ω sqrt(B)))`` from a megabatch size ``B``,
-    mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81), and so
-    is the step (``zero_marina_stochastic_master``, algorithm.py:978-1000 at bd3f2e6, and
-    mysteryresearcher/dasha's algorithm.py:866-888, take ``gamma`` as given): pass ``gamma``.
-    Options: ``batch_size``, ``momentum`` (required), ``a``. ``permk.dasha(…,
+    mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81). The
+    step is permk's derivation (docs/dasha_steps.md,
+    :func:`~permk.theory.steps.dasha_mvr_stepsize`): ``1/(L_− + sqrt K)``,
+    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)`` with :class:`DashaPage`'s
+    ``W``, ``A`` and ``ℒ²``; it gives ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT) + 2N``,
+    ``N = 4AW(1 + 2β)β²σ²/b + 2βσ²/(n b)`` (:func:`~permk.theory.steps.dasha_mvr_noise`; ``σ²``
+    the mean over workers of a sample gradient's variance, which the problems do not state).
+    (The authors' ``zero_marina_stochastic_master``, algorithm.py:978-1000 at bd3f2e6, and
+    mysteryresearcher/dasha's algorithm.py:866-888, take ``gamma`` as given; ``gamma=``
+    overrides.) Options: ``batch_size``, ``momentum`` (required), ``a``. ``permk.dasha(…,
     estimator="mvr")`` is the same run.
     """
 
@@ -1338,6 +1364,10 @@ class DashaMVR(DashaPage):
         gx, gy = ex.minibatch_grads_pair(backend, x, state.x, b, seed=state.seed, round=state.round)
         with np.errstate(invalid="ignore", over="ignore"):
             return gx + (1 - params["momentum"]) * (state.H - gy), None, 2.0 * b
+
+    def stepsize(self, params: dict[str, Any], n: int, constants: Constants, L_sample_sq: float) -> float:
+        return dasha_mvr_stepsize(params["omega"], params["A"], params["a"], constants.L_minus, constants.L_plus,
+                                  L_sample_sq, n, params["batch_size"], params["momentum"])
 
 
 def _flag(value: Any, name: str) -> bool:

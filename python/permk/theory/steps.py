@@ -15,6 +15,8 @@ calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
   :func:`shift_step_class` from a compressor's AB constants;
 * :func:`dasha_momentum`, :func:`dasha_stepsize`, :func:`dasha_pp_stepsize` — DASHA and its
   partial-participation form DASHA-PP (Tyurin & Richtárik 2022), gradient setting;
+  :func:`dasha_page_stepsize`, :func:`dasha_mvr_stepsize` and :func:`dasha_mvr_noise` — permk's
+  own Lyapunov derivation for DASHA-PAGE and DASHA-MVR (docs/dasha_steps.md);
 * :class:`Constants` — ``L_−``, ``L_+``, ``L_±`` (and ``μ``) read from a problem, exactly or
   with the paper's pessimistic choice, each read only when needed.
 
@@ -38,7 +40,8 @@ from .._validate import check_choice, check_int, check_probability, check_real
 
 __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
            "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants",
-           "dasha_momentum", "dasha_stepsize", "dasha_pp_stepsize"]
+           "dasha_momentum", "dasha_stepsize", "dasha_pp_stepsize", "dasha_page_stepsize", "dasha_mvr_stepsize",
+           "dasha_mvr_noise"]
 
 
 def _mu(mu: Any) -> float | None:
@@ -362,3 +365,91 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
     if M <= 0:
         raise ValueError("the smoothness constants give M = 0 (L_minus = 0 and no variance): f is constant")
     return 1.0 / M
+
+
+def _dasha_weight(omega: float, A: float, a: float) -> float:
+    """``A (1/a + 2ω)``: the weight of the workers' estimator change ``(1/n)Σ‖h_i^{t+1} − h_i^t‖²``
+    in DASHA's Lyapunov function (docs/dasha_steps.md, step 2), for ``a ≤ 1/(2ω + 1)``."""
+    omega = check_real(omega, "omega", low=0.0)
+    A = check_real(A, "A", low=0.0)
+    a = check_real(a, "a", low=0.0, strict=True, high=1.0)
+    if a > 1.0 / (2.0 * omega + 1.0) * (1 + 1e-12):
+        raise ValueError(f"the DASHA-PAGE/MVR steps need a <= 1/(2 omega + 1) = {1 / (2 * omega + 1):g}, got a = {a:g}")
+    return A * (1.0 / a + 2.0 * omega)
+
+
+def _lemma_step(L_minus: float, K: float) -> float:
+    """``1/(L_− + sqrt(K))``: the largest ``γ`` the lemma ``γ ≤ 1/(L + sqrt K) ⇒ 1/γ − L − Kγ ≥ 0``
+    gives."""
+    M = check_real(L_minus, "L_minus", low=0.0) + math.sqrt(K)
+    if M <= 0:
+        raise ValueError("the smoothness constants give M = 0 (L_minus = 0 and no variance): f is constant")
+    return 1.0 / M
+
+
+def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus: float, L_sample_sq: float,
+                        n: int, batch_size: int, p: float) -> float:
+    """DASHA-PAGE's step (permk's derivation, docs/dasha_steps.md): ``1/(L_− + sqrt(K))`` with
+    ``K = 4AW(1 + p)L_+² + 12AW(1 − p)ℒ²/b + 2(1 − p)ℒ²/(p n b)``, ``W = 1/a + 2ω``.
+
+    The method ("DASHA: Distributed nonconvex optimization with communication compression,
+    optimal oracle complexity, and no client synchronization", PAGE estimators with one shared
+    coin ``Be(p)`` and minibatches of ``b`` samples drawn with replacement) with an unbiased
+    family ``{C_i}`` of variance ``ω`` and AB constant ``A`` (the AB inequality with ``B``
+    dropped), ``a ≤ 1/(2ω + 1)``, ``f`` ``L_−``-smooth, ``(1/n)Σ‖∇f_i(x) − ∇f_i(y)‖² ≤
+    L_+²‖x − y‖²`` and ``ℒ² = (1/n)Σ ℒ_i²`` (``(1/m_i)Σ_j‖∇f_ij(x) − ∇f_ij(y)‖² ≤ ℒ_i²‖x − y‖²``):
+    every ``γ`` at most this step gives ``E Φ^{t+1} ≤ E Φ^t − (γ/2) E‖∇f(x^t)‖²``, hence, from
+    ``g_i⁰ = h_i⁰ = ∇f_i(x⁰)``, ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT)``. At ``p = 1``
+    ``K = 8A(4ω + 1)L_+²`` with the default ``a``: a step ``sqrt 8`` times smaller in its
+    variance term than :func:`dasha_stepsize`'s, never larger.
+
+    >>> dasha_page_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, full gradients: 1/L_−
+    0.5
+    """
+    W = _dasha_weight(omega, A, a)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    L_sample_sq = check_real(L_sample_sq, "L_sample_sq", low=0.0)
+    n = check_int(n, "n", low=1)
+    b = check_int(batch_size, "batch_size", low=1)
+    p = check_real(p, "p", low=0.0, strict=True, high=1.0)
+    K = 4 * W * (1 + p) * L_plus**2 + 12 * W * (1 - p) * L_sample_sq / b + 2 * (1 - p) * L_sample_sq / (p * n * b)
+    return _lemma_step(L_minus, K)
+
+
+def dasha_mvr_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus: float, L_sample_sq: float,
+                       n: int, batch_size: int, momentum: float) -> float:
+    """DASHA-MVR's step (permk's derivation, docs/dasha_steps.md): ``1/(L_− + sqrt(K))`` with
+    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)``, ``W = 1/a + 2ω``, ``β`` the
+    momentum of ``h_i^{t+1} = ∇f_{iB}(x^{t+1}) + (1 − β)(h_i^t − ∇f_{iB}(x^t))``; constants as in
+    :func:`dasha_page_stepsize`. Every ``γ`` at most this step gives
+    ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT) + 2N`` with the noise floor
+    ``N = ``:func:`dasha_mvr_noise` (from ``h_i⁰ = ∇f_i(x⁰)``).
+
+    >>> dasha_mvr_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, β = 1: 1/L_−
+    0.5
+    """
+    W = _dasha_weight(omega, A, a)
+    L_plus = check_real(L_plus, "L_plus", low=0.0)
+    L_sample_sq = check_real(L_sample_sq, "L_sample_sq", low=0.0)
+    n = check_int(n, "n", low=1)
+    b = check_int(batch_size, "batch_size", low=1)
+    beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
+    K = (8 * W * L_plus**2 + 8 * W * (1 + 2 * beta) * (1 - beta) ** 2 * L_sample_sq / b
+         + 4 * (1 - beta) ** 2 * L_sample_sq / (beta * n * b))
+    return _lemma_step(L_minus, K)
+
+
+def dasha_mvr_noise(omega: float, A: float, a: float, sigma_sq: float, n: int, batch_size: int, momentum: float) -> float:
+    """The noise floor ``N = 4AW(1 + 2β)β²σ²/b + 2βσ²/(n b)`` of DASHA-MVR's bound
+    (:func:`dasha_mvr_stepsize`; ``W = 1/a + 2ω``), with ``σ² = (1/n)Σ σ_i²`` and
+    ``(1/m_i)Σ_j‖∇f_ij(x) − ∇f_i(x)‖² ≤ σ_i²`` for every ``x``.
+
+    >>> dasha_mvr_noise(0.0, 0.0, 1.0, 3.0, 2, 3, 0.5)  # 2 · 0.5 · 3/(2 · 3)
+    0.5
+    """
+    W = _dasha_weight(omega, A, a)
+    sigma_sq = check_real(sigma_sq, "sigma_sq", low=0.0)
+    n = check_int(n, "n", low=1)
+    b = check_int(batch_size, "batch_size", low=1)
+    beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
+    return 4 * W * (1 + 2 * beta) * beta**2 * sigma_sq / b + 2 * beta * sigma_sq / (n * b)
