@@ -129,6 +129,17 @@ def test_one_rank_records_its_bytes(one_rank: None) -> None:
     assert state.bytes_sent == state.bytes_padded == 15 * 4 and state.bytes_sent_per_bucket() == {0: 60}
 
 
+def test_the_record_is_bounded_and_the_totals_count_every_exchange(one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pt.hook, "CALLS_KEPT", 2)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 3))
+    state, hook = pt.comm_hook(permk.PermK(), seed=0)
+    model.register_comm_hook(state, hook)
+    for _ in range(5):
+        model(torch.ones(2, 4)).sum().backward()
+    assert [c.round for c in state.calls] == [3, 4] and state.rounds == {0: 5}
+    assert state.bytes_sent == state.bytes_padded == 5 * 60 and state.bytes_sent_per_bucket() == {0: 300}
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_unsupported_dtype(one_rank: None, dtype: str) -> None:
     with pytest.raises(TypeError, match=f"torch.{dtype}"):

@@ -20,6 +20,7 @@ differ from the first iteration to the next (DDP rebuilds its buckets once, in g
 the plan takes each call's size ``d``.
 """
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -34,6 +35,8 @@ __all__ = ["BucketCall", "HookState", "bucket_seed", "comm_hook"]
 
 #: The dtypes whose values the compressors define exactly (their kernels take float32 and float64).
 SUPPORTED_DTYPES = (torch.float32, torch.float64)
+#: How many of the latest exchanges :attr:`HookState.calls` keeps (the totals count them all).
+CALLS_KEPT = 1024
 
 
 def bucket_seed(seed: int, index: int) -> int:
@@ -61,8 +64,9 @@ class BucketCall(NamedTuple):
 class HookState:
     """The hook's state on one rank: the compressor, the seed, the process group (``None``: the
     default group) and its size ``n`` and this rank's ``rank``, the next round of every bucket
-    (``rounds``), and the bytes this rank sent (``calls``: one :class:`BucketCall` per exchange,
-    in order)."""
+    (``rounds``), and the bytes this rank sent: running totals per bucket, and ``calls``, the last
+    ``CALLS_KEPT`` exchanges (one :class:`BucketCall` each, in order; a long training keeps no
+    record per step)."""
 
     compressor: Compressor
     seed: int
@@ -70,7 +74,9 @@ class HookState:
     n: int
     rank: int
     rounds: dict[int, int] = field(default_factory=dict)
-    calls: list[BucketCall] = field(default_factory=list)
+    calls: deque[BucketCall] = field(default_factory=lambda: deque(maxlen=CALLS_KEPT))
+    #: per bucket index, ``[sent, padded]`` bytes over all its exchanges
+    totals: dict[int, list[int]] = field(default_factory=dict)
     #: per bucket, ``(d, round, pending)``: the bucket's next round, computed ahead
     ahead: dict[int, tuple[int, int, PendingRound]] = field(default_factory=dict, repr=False)
 
@@ -81,20 +87,24 @@ class HookState:
     @property
     def bytes_sent(self) -> int:
         """The bytes of this rank's own values over all exchanges (the compressor's messages)."""
-        return sum(c.sent for c in self.calls)
+        return sum(t[0] for t in self.totals.values())
 
     @property
     def bytes_padded(self) -> int:
         """The bytes the ``all_gather`` carried for this rank over all exchanges (its values
         padded to each round's largest message)."""
-        return sum(c.padded for c in self.calls)
+        return sum(t[1] for t in self.totals.values())
 
     def bytes_sent_per_bucket(self) -> dict[int, int]:
         """This rank's sent bytes per bucket index, over all exchanges."""
-        out: dict[int, int] = {}
-        for c in self.calls:
-            out[c.bucket] = out.get(c.bucket, 0) + c.sent
-        return out
+        return {index: t[0] for index, t in self.totals.items()}
+
+    def record(self, call: BucketCall) -> None:
+        """Count one exchange: its totals, and the call among the last ``CALLS_KEPT``."""
+        self.calls.append(call)
+        t = self.totals.setdefault(call.bucket, [0, 0])
+        t[0] += call.sent
+        t[1] += call.padded
 
 
 Hook = Callable[[HookState, dist.GradBucket], torch.futures.Future[torch.Tensor]]
@@ -150,7 +160,7 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[tor
     # scale · g in float64, rounded once to the gradient's dtype (the compressors' `scaled`)
     send[: hi - lo] = (flat[coords[lo:hi]].to(torch.float64) * float(scales[rank])).to(buf.dtype)
     gathered = torch.empty(n * width, dtype=buf.dtype)
-    state.calls.append(BucketCall(index, r, seed, d, (hi - lo) * buf.element_size(), width * buf.element_size()))
+    state.record(BucketCall(index, r, seed, d, (hi - lo) * buf.element_size(), width * buf.element_size()))
     work = dist.all_gather_into_tensor(gathered, send, group=state.process_group, async_op=True)
     assert work is not None  # what async_op=True returns
     # the bucket's next round, computed while this one communicates (used if its size stays d)
