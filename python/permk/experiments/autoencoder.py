@@ -65,7 +65,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -409,33 +409,47 @@ class LinearAutoencoder:
         return buf
 
     def _split_grads(self, p: _Point, mult: np.ndarray | None = None, *, pooled: bool = False) -> np.ndarray:
-        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point. With ``Z``, ``W`` scaled by
-        ``2c/m_s`` per split, per block of splits: one batched product ``A_sᵀ [Z_s W_s]`` (the two
-        products beyond the point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the
-        block's splits, and one pass writing each half of the output."""
+        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point, assembled from
+        :meth:`_split_grad_blocks`."""
+        out = self._out_buffer() if pooled else np.empty((len(self._held), self.d))
+        for _ in self._split_grad_blocks(p, mult, out):
+            pass
+        return out
+
+    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(lo, hi, G)`` for consecutive blocks of held splits: ``G`` holds ``mult_s ∇f_s``
+        (float64) of splits ``lo … hi − 1``; it is ``out[lo:hi]`` when ``out`` is given, else a
+        block buffer the next block overwrites. With ``Z``, ``W`` scaled by ``2c/m_s`` per
+        split, per block: one batched product ``A_sᵀ [Z_s W_s]`` (the two products beyond the
+        point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the block's splits, and one
+        pass writing each half of the block. The blocks and their arithmetic do not depend on
+        ``out``: the values are the same bits either way."""
         S, d_f, d_e = len(self._held), self.d_f, self.d_e
         k1 = d_f * d_e
-        out = self._out_buffer() if pooled else np.empty((S, self.d))
-        oD, oE = out[:, :k1].reshape(S, d_f, d_e), out[:, k1:].reshape(S, d_e, d_f)
+        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
+        buf = np.empty((min(b, S), self.d)) if out is None else None
         scale = self._scale if mult is None else self._scale * mult
         reg_mult = np.ones(S) if mult is None else mult
         AT3 = self._views(self._AT)
-        ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
-        # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
-        GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
-        GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
-        GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
-        DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
-        regE = p.regE.astype(self.dtype)
-        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
+            ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
+            # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
+            GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
+            GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
+            GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
+            DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
+            regE = p.regE.astype(self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
-            AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
-            DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
-            np.subtract(DG, AZW[:, :, :d_e], out=oD[lo:hi])  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
-            rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
-            np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE[lo:hi])  # (2c/m_s) W_sᵀA_s + ∇_E reg
-        return out
+            G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
+            oD, oE = G[:, :k1].reshape(hi - lo, d_f, d_e), G[:, k1:].reshape(hi - lo, d_e, d_f)
+            with np.errstate(over="ignore", invalid="ignore"):
+                AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
+                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
+                np.subtract(DG, AZW[:, :, :d_e], out=oD)  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
+                rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
+                np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE)  # (2c/m_s) W_sᵀA_s + ∇_E reg
+            yield lo, hi, G
 
     def split_grads(self, x: Any) -> np.ndarray:
         """``(S, d)``: the gradient of each held distinct split's ``f_s`` at ``x`` (all ``S``
@@ -461,6 +475,18 @@ class LinearAutoencoder:
             with np.errstate(over="ignore", invalid="ignore"):
                 return self._split_grads(self._point(x), pooled=True)
         return self.split_grads(x)[rows]
+
+    def local_grad_blocks(self, x: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The held workers' gradients at ``x`` as ``(lo, hi, G)``: ``G`` the rows of workers
+        ``lo … hi − 1`` (counted from the first held worker), valid until the next block is
+        asked, equal bit for bit to those rows of :meth:`local_grads` (the error-feedback
+        exchange's route: no ``(n, d)`` array). When every held worker has its own split, blocks
+        of a few splits (a few MB); otherwise one block, :meth:`local_grads`."""
+        rows = self._worker_rows()
+        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+            yield from self._split_grad_blocks(self._point(x))
+        else:
+            yield 0, rows.size, self.local_grads(x)
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
@@ -502,6 +528,11 @@ class GroupedAutoencoder:
     def local_grads(self, x: Any) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
+
+    def local_grad_blocks(self, x: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+        """:meth:`local_grads` in blocks of a few virtual workers (see
+        :meth:`LinearAutoencoder.local_grad_blocks`), the same bits."""
+        return self.ae._split_grad_blocks(self.ae._point(x), self._mult)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:
