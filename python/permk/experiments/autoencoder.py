@@ -17,17 +17,18 @@ probability p̂; their runner calls it only for p̂ > 0) and ``loss="authors"`` 
 
 **Oracles at the cost of two products.** Let ``A`` be the held splits' images (``N`` of them,
 stored as the columns of ``Aᵀ``, each split padded to the largest), ``Z = A Eᵀ`` and ``P = A D``.
-Per point ``x`` the only work proportional to ``N`` is the one product ``[E; Dᵀ] Aᵀ``, i.e.
-``Zᵀ`` and ``Pᵀ``; from it ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``W_s = R_s D`` with the residual
-``R_s = Z_s Dᵀ − A_s``, never formed) and the Gram matrices ``Z_sᵀZ_s`` (``O(N d_e²)``). The
+Per point ``x`` the only work proportional to ``N`` is the one product ``[E; DᵀM] Aᵀ``
+(``M = DE − I``), i.e. ``Zᵀ`` and ``Wᵀ = (DᵀD) Zᵀ − Pᵀ = DᵀM Aᵀ`` (``W_s = R_s D`` with the
+residual ``R_s = Z_s Dᵀ − A_s``, never formed), then the Gram matrices ``Z_sᵀZ_s`` (``O(N d_e²)``). The
 last three points' products are kept (MARINA asks ``x^{t+1}``, then ``x^t``). With
 ``c = 1`` (``c = 1/d_f`` for the authors' loss) and ``M = DE − I``:
 
-* one coordinate (MARINA's fused path, ``local_grad_coords``), ``O(m_s)`` each, all requested
-  coordinates vectorised (gathers and ``einsum``; the images a request needs are gathered once
-  for both of MARINA's points): ``∂f_s/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k])
-  + r (M Eᵀ)[j,k]`` and ``∂f_s/∂E[k,j] = (2c/m_s) W_s[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]``; no array
-  of size ``n·d`` is formed;
+* one coordinate (MARINA's fused path, ``local_grad_coords``), ``O(m_s)`` each:
+  ``∂f_s/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]`` and
+  ``∂f_s/∂E[k,j] = (2c/m_s) W_s[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]``, all requested coordinates at
+  once as dot products of rows of ``Aᵀ``, ``Zᵀ``, ``Wᵀ`` and the Gram matrices, read in place
+  (``permk._core.row_dots``: float64 sums, on the core's threads); no array of size ``n·d`` is
+  formed;
 * full split gradients (``split_grads``: EF21, MPI full-gradient rounds), two more products per
   split: ``∇_D f_s = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + r M Eᵀ`` and
   ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits;
@@ -69,6 +70,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .. import _core
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
 from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
@@ -99,7 +101,8 @@ _ONLY_IN_POOL = _only_in_pool()
 class _Point:
     """What the oracles use at one point ``x``: ``D``, ``E``; ``ZW`` (``2 d_e × columns``, in the
     problem's dtype), whose rows ``0 … d_e − 1`` are ``Zᵀ = E Aᵀ`` and the others
-    ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``P = A D``; ``W_s = R_s D`` without forming the residual ``R_s``),
+    ``Wᵀ = (DᵀD) Zᵀ − Pᵀ = DᵀM Aᵀ`` (``P = A D``, ``M = DE − I``; ``W_s = R_s D`` without forming
+    the residual ``R_s``), both from one product,
     over the held images; the regulariser's gradient; the Gram matrices ``Z_sᵀZ_s`` (made when
     first needed)."""
 
@@ -116,14 +119,14 @@ class _Point:
 @dataclass
 class _CoordPlan:
     """A coordinate request's point-independent part: its D- and E-coordinates (positions
-    ``iD``/``iE``), their indices into the point's arrays, and the images they need."""
+    ``iD``/``iE``), and the rows of the arrays their dot products read (``aD``/``aE``: the
+    images ``A_s[:, j]``, rows of ``Aᵀ`` viewed as ``(d_f·splits, m)``)."""
 
     key: bytes
     size: int
     iD: np.ndarray
     iE: np.ndarray
     jD: np.ndarray
-    kD: np.ndarray
     regD: np.ndarray
     regE: np.ndarray
     zD: np.ndarray
@@ -131,8 +134,8 @@ class _CoordPlan:
     wE: np.ndarray
     scaleD: np.ndarray
     scaleE: np.ndarray
-    AD: np.ndarray
-    AE: np.ndarray
+    aD: np.ndarray
+    aE: np.ndarray
 
 
 class LinearAutoencoder:
@@ -325,12 +328,11 @@ class LinearAutoencoder:
     def _new_point(self, x: np.ndarray, key: bytes) -> _Point:
         D, E = self.factors(x)
         old = self._points[2] if len(self._points) == 3 else None  # its buffer is reused (no page faults)
-        # the only O(N) work: E Aᵀ and Dᵀ Aᵀ (one product), then Wᵀ = (DᵀD) Zᵀ − Pᵀ in place of Pᵀ
-        ZW = np.matmul(np.concatenate([E, D.T]).astype(self.dtype), self._AT, out=None if old is None else old.ZW)
-        DtD = D.T @ D
-        np.subtract(DtD.astype(self.dtype) @ ZW[: self.d_e], ZW[self.d_e :], out=ZW[self.d_e :])
+        # the only O(N) work, one product: Zᵀ = E Aᵀ and Wᵀ = (DᵀD) Zᵀ − Pᵀ = (DᵀD E − Dᵀ) Aᵀ
+        DtM = D.T @ D @ E - D.T  # Dᵀ M, also the regulariser's ∇_E / r
+        ZW = np.matmul(np.concatenate([E, DtM]).astype(self.dtype), self._AT, out=None if old is None else old.ZW)
         r = self._r
-        p = _Point(key=key, D=D, E=E, Dc=D.astype(self.dtype), ZW=ZW, regD=r * (D @ (E @ E.T) - E.T), regE=r * (DtD @ E - D.T))
+        p = _Point(key=key, D=D, E=E, Dc=D.astype(self.dtype), ZW=ZW, regD=r * (D @ (E @ E.T) - E.T), regE=r * DtM)
         self._points = [p] + self._points[:2]
         return p
 
@@ -346,8 +348,8 @@ class LinearAutoencoder:
         return p.gram
 
     def _coord_plan(self, rows: Any, cols: Any) -> _CoordPlan:
-        """The gathers of a ``(rows, cols)`` request that do not depend on the point (MARINA asks
-        the same coordinates at ``x^{t+1}`` and ``x^t``: the images are gathered once)."""
+        """The index arithmetic of a ``(rows, cols)`` request, which does not depend on the point
+        (MARINA asks the same coordinates at ``x^{t+1}`` and ``x^t``: it is done once)."""
         k_of = self._held_slots(rows)
         c = index_array(cols, "cols")
         key = k_of.tobytes() + b"|" + c.tobytes()
@@ -358,14 +360,13 @@ class LinearAutoencoder:
         if c.size and (int(c.min()) < 0 or int(c.max()) >= self.d):
             raise ValueError(f"cols must be coordinates in range({self.d})")
         S, k1, d_e = len(self._held), self.d_f * self.d_e, self.d_e
-        ATf = self._AT.reshape(self.d_f * S, self._m)  # row j·S + s: A_s[:, j]
         iD, iE = np.flatnonzero(c < k1), np.flatnonzero(c >= k1)
         jD, kD = np.divmod(c[iD], d_e)
         kE, jE = np.divmod(c[iE] - k1, self.d_f)
         sD, sE = k_of[iD], k_of[iE]
-        self._plan = _CoordPlan(key=key, size=c.size, iD=iD, iE=iE, jD=jD, kD=kD, regD=jD * d_e + kD, regE=kE * self.d_f + jE,
+        self._plan = _CoordPlan(key=key, size=c.size, iD=iD, iE=iE, jD=jD, regD=jD * d_e + kD, regE=kE * self.d_f + jE,
                                 zD=kD * S + sD, gD=sD * d_e + kD, wE=kE * S + sE, scaleD=self._scale[sD], scaleE=self._scale[sE],
-                                AD=np.take(ATf, jD * S + sD, axis=0), AE=np.take(ATf, jE * S + sE, axis=0))
+                                aD=jD * S + sD, aE=jE * S + sE)
         return self._plan
 
     def _held_slots(self, rows: Any) -> np.ndarray:
@@ -387,14 +388,14 @@ class LinearAutoencoder:
         p = self._point(x)
         out = np.empty(q.size)
         S, m, d_e = len(self._held), self._m, self.d_e
+        ATf = self._AT.reshape(self.d_f * S, m)  # row j·S + s: A_s[:, j]
+        # each dot product reads its two rows in place (permk._core.row_dots: float64 sums, on the core's threads)
         if q.iD.size:  # ∂/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]
             G = self._gram(p).reshape(S * d_e, d_e)  # row s·d_e + k: (Z_sᵀZ_s)[:, k] (symmetric)
-            Z = np.take(p.ZW[:d_e].reshape(d_e * S, m), q.zD, axis=0)
-            t = np.einsum("ie,ie->i", np.take(p.Dc, q.jD, axis=0), np.take(G, q.gD, axis=0)) - np.einsum("ia,ia->i", q.AD, Z)
+            t = _core.row_dots(p.Dc, q.jD, G, q.gD) - _core.row_dots(ATf, q.aD, p.ZW[:d_e].reshape(d_e * S, m), q.zD)
             out[q.iD] = q.scaleD * t + p.regD.ravel()[q.regD]
         if q.iE.size:  # ∂/∂E[k,j] = (2c/m_s) (Z_s DᵀD − P_s)[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]
-            W = np.take(p.ZW[d_e:].reshape(d_e * S, m), q.wE, axis=0)
-            out[q.iE] = q.scaleE * np.einsum("ia,ia->i", W, q.AE) + p.regE.ravel()[q.regE]
+            out[q.iE] = q.scaleE * _core.row_dots(p.ZW[d_e:].reshape(d_e * S, m), q.wE, ATf, q.aE) + p.regE.ravel()[q.regE]
         return out
 
     def _out_buffer(self) -> np.ndarray:
