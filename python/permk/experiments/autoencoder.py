@@ -82,7 +82,7 @@ __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "
 SPLITS = ("per-worker", "per-sample")
 #: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
 LOSSES = ("paper", "authors")
-_BLOCK_BYTES = 1 << 21  # the split gradients are assembled in blocks of splits of about this size
+_BLOCK_BYTES = 1 << 22  # the split gradients are computed in blocks of splits of about this size (per block: its products, its rows)
 
 
 def _only_in_pool() -> int:
