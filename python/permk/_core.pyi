@@ -20,6 +20,7 @@ __all__ = [
     "block_plan_from_permutation",
     "coin",
     "permutation",
+    "row_dots",
     "set_num_threads",
     "get_num_threads",
 ]
