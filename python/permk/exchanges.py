@@ -146,7 +146,11 @@ def _held_rows(a: Any, backend: Transport, what: str) -> Array:
 
 
 def _finite(a: Array) -> bool:
-    return bool(np.isfinite(a).all())
+    """Whether every entry is finite: a finite sum says so in one pass without a temporary (a
+    NaN or infinity makes the sum non-finite); otherwise (an overflow, or a non-finite entry)
+    each entry is checked."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
 
 
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
