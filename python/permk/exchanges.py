@@ -39,7 +39,10 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
   (``capabilities.shared_plan``) and the problem has the coordinate oracle
   ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
   round instead of ``O(nd)``;
-* ``"dense"`` — whole local gradients, then the compressor.
+* ``"dense"`` — whole local gradients, then the compressor; without a shared plan (TopK) and
+  without ``y``, in blocks of workers when the problem gives its gradients so
+  (``local_grad_blocks``): each block's inputs formed and compressed in turn, the same
+  messages as from the whole rows (each worker's depends on its own input only).
 
 With a shared plan only the values travel: the backend gathers them in worker order and the
 round sums them (:meth:`permk.compressors.Round.mean`); otherwise the messages travel as
