@@ -168,10 +168,14 @@ class _Blocked(_Whole):
 
 @pytest.mark.parametrize("c", [permk.TopK(2), permk.QSGD(4)], ids=lambda c: c.name)
 @pytest.mark.parametrize("bad", [None, 0, 3], ids=["finite", "first-block-nan", "last-block-nan"])
-def test_error_feedback_in_blocks_of_workers_equals_the_whole_rows(c: permk.Compressor, bad: int | None) -> None:
+@pytest.mark.parametrize("chunk", [1, 2, 4, 100], ids=lambda r: f"chunk{r}")
+def test_error_feedback_in_blocks_of_workers_equals_the_whole_rows(monkeypatch: pytest.MonkeyPatch, c: permk.Compressor,
+                                                                  bad: int | None, chunk: int) -> None:
     """A problem giving its gradients in blocks (local_grad_blocks) gets the same messages, mean
-    and rows bit for bit as with whole gradients; a non-finite input in any block gives every
+    and rows bit for bit as with whole gradients, whatever the chunks of workers the exchange
+    compresses at a time (across the blocks' bounds); a non-finite input in any chunk gives every
     worker the zero input's indices and NaN values, as the whole rows do."""
+    monkeypatch.setattr(ex, "CHUNK_BYTES", 8 * D * chunk)
     q = _problem()
     x, _, H = _points(q)
     if bad is not None:
@@ -182,6 +186,10 @@ def test_error_feedback_in_blocks_of_workers_equals_the_whole_rows(c: permk.Comp
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
         assert np.isfinite(got[0]).all() == (bad is None)
+        if bad is None:  # and the definition, from the compressor's own compress_all
+            M = c.compress_all(q.local_grads(x) - form.get("beta", 1.0) * H, seed=2, round=3)
+            np.testing.assert_array_equal(got[0], M.sum(axis=0) / N)
+            np.testing.assert_array_equal(got[1], H + form.get("alpha", 1.0) * M)
 
 
 def test_blocks_of_workers_must_cover_the_held_workers_in_order() -> None:

@@ -88,6 +88,9 @@ __all__ = [
 Array = np.ndarray
 #: Evaluation paths, fastest first.
 PATHS = ("rust", "fused", "dense")
+#: The dense path without a shared plan forms and compresses the inputs of this many bytes of
+#: workers at a time (a few rows: they stay in the cache, and the compressor is called a few times).
+CHUNK_BYTES = 1 << 24
 #: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
 #: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
 Fill = Callable[[int, int, "int | None", "Array | None"], Array]
@@ -237,15 +240,35 @@ class _Compressed(Exchange):
 
     def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None,
                       beta: float) -> Iterator[tuple[int, int, Array]]:
-        """The held workers' inputs in blocks of consecutive workers ``(lo, hi, V)`` (``lo``
-        counted from the first held worker), each as :meth:`_inputs` computes its rows, from the
-        backend's blocks of gradients; with ``y`` one block (the backend keeps the last two
-        points' gradients whole)."""
+        """The held workers' inputs in chunks of consecutive workers ``(lo, hi, V)`` (``lo``
+        counted from the first held worker; ``V`` reused for the next chunk), each row as
+        :meth:`_inputs` computes it: without ``y``, written from the backend's blocks of
+        gradients into one buffer of about :data:`CHUNK_BYTES`; with ``y`` one chunk (the backend
+        keeps the last two points' gradients whole)."""
         if y is not None:
             yield 0, len(backend.workers), self._inputs(backend, x, y, coef, H, beta)
             return
+        buf = np.empty((max(1, min(len(backend.workers), CHUNK_BYTES // (8 * backend.d))), backend.d))
+        start = pos = 0  # the buffer holds workers start … start + pos − 1
         for lo, hi, G in backend.grad_blocks(x):
-            yield lo, hi, _combine(G, None, coef, None if H is None else H[lo:hi], beta)
+            a = lo
+            while a < hi:
+                take = min(hi - a, len(buf) - pos)
+                g, v = G[a - lo : a - lo + take], buf[pos : pos + take]
+                with np.errstate(invalid="ignore", over="ignore"):  # as _combine: ∇f_i(x) − β h_i
+                    if H is None:
+                        np.copyto(v, g)
+                    elif beta == 1.0:
+                        np.subtract(g, H[a : a + take], out=v)
+                    else:
+                        np.multiply(H[a : a + take], beta, out=v)
+                        np.subtract(g, v, out=v)
+                pos, a = pos + take, a + take
+                if pos == len(buf):
+                    yield start, start + pos, buf
+                    start, pos = start + pos, 0
+        if pos:
+            yield start, start + pos, buf[:pos]
 
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
               H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
@@ -295,8 +318,8 @@ class _Compressed(Exchange):
             msgs = Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan))
             return backend.mean_pairs(compressor, msgs), H
         # each worker's message depends on its own input only: the inputs are formed and
-        # compressed one block of workers at a time (a few MB each when the problem gives its
-        # gradients in blocks), never as one (workers, d) array
+        # compressed one chunk of workers at a time (from the problem's blocks of gradients when
+        # it gives them), never as one (workers, d) array
         pieces: list[tuple[int, int, Messages]] = []
         finite = True
         for lo, hi, V in self._input_blocks(backend, x, y, coef, H, beta):

@@ -82,7 +82,7 @@ __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "
 SPLITS = ("per-worker", "per-sample")
 #: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
 LOSSES = ("paper", "authors")
-_BLOCK_BYTES = 1 << 22  # the split gradients are computed in blocks of splits of about this size (per block: its products, its rows)
+_BLOCK_BYTES = 1 << 21  # the split gradients are computed in blocks of splits of about twice this size (their products, their rows)
 
 
 def _only_in_pool() -> int:
@@ -422,31 +422,33 @@ class LinearAutoencoder:
         (float64) of splits ``lo … hi − 1``; it is ``out[lo:hi]`` when ``out`` is given, else a
         block buffer the next block overwrites. With ``Z``, ``W`` scaled by ``2c/m_s`` per
         split, per block: one batched product ``A_sᵀ [Z_s W_s]`` (the two products beyond the
-        point's), one product ``D [(2c/m_s) Z_sᵀZ_s]`` for all the block's splits side by side,
-        and one pass writing each half of the block (the regulariser's gradient added there). The
-        blocks and their arithmetic do not depend on ``out``: the values are the same bits
-        either way."""
+        point's), one product ``[D  ∇_D reg] [(2c/m_s) Z_sᵀZ_s; I]`` for all the block's splits,
+        and one pass writing each half of the block. The blocks and their arithmetic do not
+        depend on ``out``: the values are the same bits either way."""
         S, d_f, d_e = len(self._held), self.d_f, self.d_e
         k1 = d_f * d_e
         b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
         buf = np.empty((min(b, S), self.d)) if out is None else None
         scale = self._scale if mult is None else self._scale * mult
+        reg_mult = np.ones(S) if mult is None else mult
         AT3 = self._views(self._AT)
         with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
             ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
-            # (2c/m_s) Z_sᵀZ_s of all splits side by side: (d_e, S d_e)
-            GS = (self._gram(p) * scale[:, None, None]).astype(self.dtype).transpose(1, 0, 2).reshape(d_e, S * d_e)
-            regD, regE = p.regD.astype(self.dtype), p.regE.astype(self.dtype)
+            # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
+            GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
+            GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
+            GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
+            DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
+            regE = p.regE.astype(self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
             G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
             oD, oE = G[:, :k1].reshape(hi - lo, d_f, d_e), G[:, k1:].reshape(hi - lo, d_e, d_f)
             with np.errstate(over="ignore", invalid="ignore"):
                 AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
-                DG = (p.Dc @ GS[:, lo * d_e : hi * d_e]).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
-                DG -= AZW[:, :, :d_e]  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s)
-                rD, rE = (regD, regE) if mult is None else (mult[lo:hi, None, None] * regD, mult[lo:hi, None, None] * regE)
-                np.add(DG, rD, out=oD)  # + ∇_D reg
+                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
+                np.subtract(DG, AZW[:, :, :d_e], out=oD)  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
+                rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
                 np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE)  # (2c/m_s) W_sᵀA_s + ∇_E reg
             yield lo, hi, G
 
