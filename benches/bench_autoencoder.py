@@ -17,12 +17,15 @@ float32, it times per round:
   (``R = A Eᵀ Dᵀ − A``, ``∇_D = (2/m) RᵀA Eᵀ``, ``∇_E = (2/m) Dᵀ RᵀA``, per distinct split,
   batched), the ``(n, d)`` matrix of the workers' gradients, then PermK's coordinates gathered.
 
-The measurements are interleaved (one of each per repetition): the table gives the medians of
+A method's rounds are timed between the records of consecutive rounds, leaving out each call's
+first (resuming a state: EF21's simulator copies the given (n, d) estimators once per call,
+which a run of thousands of rounds does once). The measurements are interleaved (one of each per
+repetition): the table gives the medians of
 the times and, for the ratios, the median over repetitions of each round's time over the floor
 timed just before it, so a machine shared with other jobs slows both sides of a ratio alike.
 Prints a markdown table.
 
-    python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick]
+    python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick] [--threads N]
 """
 
 from __future__ import annotations
@@ -74,6 +77,32 @@ class Floors:
         return timed(run)
 
 
+class RoundClock:
+    """Times a run's rounds between its records: every round records ``∇f(x)`` through
+    ``problem.grad``, stamped here. The call's first round is left out: it includes resuming the
+    state (EF21's simulator copies the given ``(n, d)`` estimators once per call, which a run of
+    many rounds does once)."""
+
+    def __init__(self, problem: Any) -> None:
+        self.stamps: list[float] = []
+        grad = problem.grad
+
+        def stamped(x: np.ndarray) -> np.ndarray:
+            self.stamps.append(time.perf_counter())
+            return grad(x)
+
+        problem.grad = stamped
+
+    def per_round(self, run: Callable[[], Any]) -> float:
+        """Seconds per round of ``run()`` (at least 3 rounds) after its first."""
+        self.stamps = []
+        run()
+        s = self.stamps
+        if len(s) < 4:
+            raise ValueError("time at least 3 rounds per call (--rounds)")
+        return (s[-1] - s[1]) / (len(s) - 2)
+
+
 def numpy_round(ae: LinearAutoencoder, X: np.ndarray, x: np.ndarray, G_old: np.ndarray, rng: np.random.Generator) -> tuple[float, np.ndarray]:
     """One MARINA+PermK round written the obvious way: all workers' gradients at ``x`` (float64
     or float32 as the problem), their difference with the last round's, PermK's coordinates."""
@@ -116,18 +145,23 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
     x_np = ae.x0.copy()
     _, G_old = numpy_round(ae, X, x_np, np.zeros((ae.n, ae.d), dtype=ae.dtype), rng)
     t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "split grads", "ef21-topk", "numpy")}
+    clock, ef_clock = RoundClock(ae), RoundClock(grouped)
+
+    def marina(m: str) -> None:
+        states[m] = permk.marina(ae, comps[m], rounds=rounds, seed=0, gamma=1e-5, p=1e-12, state=states[m]).state
+
+    def ef21() -> None:
+        nonlocal ef
+        ef = permk.ef21(grouped, permk.TopK(k), rounds=rounds, seed=0, gamma=1e-5, state=ef).state
+
     for r in range(reps):
         t["floor"].append(floors.two())
-        for m, c in comps.items():
-            t0 = time.perf_counter()
-            states[m] = permk.marina(ae, c, rounds=rounds, seed=0, gamma=1e-5, p=1e-12, state=states[m]).state
-            t[m].append((time.perf_counter() - t0) / rounds)
+        for m in comps:
+            t[m].append(clock.per_round(lambda: marina(m)))
         t["full floor"].append(floors.four())
         xs = ae.x0 + 1e-3 * rng.standard_normal(ae.d)
         t["split grads"].append(timed(lambda: ae.split_grads(xs)))
-        t0 = time.perf_counter()
-        ef = permk.ef21(grouped, permk.TopK(k), rounds=rounds, seed=0, gamma=1e-5, state=ef).state
-        t["ef21-topk"].append((time.perf_counter() - t0) / rounds)
+        t["ef21-topk"].append(ef_clock.per_round(ef21))
         if r < numpy_reps:
             x_np = x_np + 1e-4 * rng.standard_normal(ae.d)
             dt, G_old = numpy_round(ae, X, x_np, G_old, rng)
@@ -151,17 +185,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=None, help=f"MNIST-format directory (default {DEBIAN_FASHION_MNIST})")
     ap.add_argument("--reps", type=int, default=7, help="interleaved repetitions (medians are reported)")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds per timed call of a method")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds per call of a method (all but the first are timed; at least 3)")
     ap.add_argument("--numpy-reps", type=int, default=3, help="numpy rounds timed (slow)")
     ap.add_argument("--quick", action="store_true", help="10,000 images, n = 100, 3 repetitions")
     ap.add_argument("--p-hat", type=float, nargs="+", default=[0.0, 0.5, 0.9, 1.0])
+    ap.add_argument("--threads", type=int, default=None, help="BLAS and Rust threads (default: the machine's cores)")
     args = ap.parse_args()
+    if args.threads is not None:
+        permk.parallel.limit_threads(args.threads)
     X = load_images(args.data or DEBIAN_FASHION_MNIST, limit=10_000 if args.quick else None).X
     n = 100 if args.quick else 1000
     reps = 3 if args.quick else args.reps
     print(f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round (medians of {reps} "
           f"interleaved repetitions), and ratios to the floor; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, numpy {np.__version__}")
+          f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}")
     print("| dtype | p̂ | splits | floor (2 products) | MARINA+PermK | MARINA+RandK | full floor (4 products) | split gradients | "
           "EF21+TopK | numpy round | PermK / floor | RandK / floor | split grads / full floor | EF21 / full floor | numpy / PermK |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -154,6 +154,50 @@ def test_grouped_ef21_equals_all_workers_in_float32() -> None:
     np.testing.assert_allclose(grouped.x, full.x, rtol=1e-6, atol=1e-9)
 
 
+class _WholeGrads:
+    """A problem's oracles without ``local_grad_blocks`` (EF21's exchange then takes whole rows)."""
+
+    def __init__(self, p: object) -> None:
+        self.p, self.n, self.d, self.x0 = p, p.n, p.d, p.x0  # type: ignore[attr-defined]
+        self.f_star = p.f_star  # type: ignore[attr-defined]
+
+    def loss(self, x: np.ndarray) -> float:
+        return self.p.loss(x)  # type: ignore[attr-defined, no-any-return]
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        return self.p.grad(x)  # type: ignore[attr-defined, no-any-return]
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return self.p.local_grads(x)  # type: ignore[attr-defined, no-any-return]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("p_hat", [0.0, 0.6])
+def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(monkeypatch: pytest.MonkeyPatch, dtype: type,
+                                                                             p_hat: float) -> None:
+    """local_grad_blocks gives local_grads' rows bit for bit (several blocks: a small block size),
+    and EF21+TopK on the blocks (never an (n, d) array) has the iterates and estimators of EF21
+    on whole rows, also when it diverges."""
+    import permk.experiments.autoencoder as mod
+
+    monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
+    ae = _ae(p_hat, dtype)
+    x = _point(ae)
+    for prob in (ae, ae.grouped()):
+        blocks = [(lo, hi, G.copy()) for lo, hi, G in prob.local_grad_blocks(x)]
+        assert [b[0] for b in blocks] == [0] + [b[1] for b in blocks[:-1]] and blocks[-1][1] == prob.n
+        assert len(blocks) > 1 or (prob is ae and p_hat > 0)  # shared splits: one block of local_grads
+        np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), prob.local_grads(x))
+        k = -(-ae.d // ae.n)
+        for gamma in (1e-3, 5.0):
+            a = permk.ef21(prob, permk.TopK(k), rounds=25, seed=0, gamma=gamma)
+            b = permk.ef21(_WholeGrads(prob), permk.TopK(k), rounds=25, seed=0, gamma=gamma)
+            assert a.diverged_at == b.diverged_at and (gamma < 1 or a.diverged_at is not None)
+            np.testing.assert_array_equal(a.x, b.x)
+            np.testing.assert_array_equal(a.state.G, b.state.G)
+            np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
+
+
 @pytest.mark.parametrize(
     ("kw", "err", "match"),
     [

@@ -1014,3 +1014,29 @@ def test_oversized_or_empty_calls_raise_instead_of_aborting(name: str) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout}{proc.stderr}"
     assert proc.stdout.startswith(f"{exc}: "), proc.stdout + proc.stderr
     assert message in proc.stdout, proc.stdout
+
+
+def test_row_dots_are_the_rows_dot_products_in_float64() -> None:
+    """_core.row_dots(x, ix, y, iy)[i] = x[ix[i]] · y[iy[i]] with float64 sums (float32 rows
+    too), the same for any thread count; bad indices and mixed dtypes are refused by name."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((40, 61)), rng.standard_normal((9, 61))
+    ix, iy = rng.integers(0, 40, 10_000), rng.integers(0, 9, 10_000)
+    want = np.einsum("ia,ia->i", x[ix], y[iy])
+    got = _core.row_dots(x, ix, y, iy)
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+    x32, y32 = x.astype(np.float32), y.astype(np.float32)
+    np.testing.assert_allclose(_core.row_dots(x32, ix, y32, iy), np.einsum("ia,ia->i", x32[ix].astype(np.float64), y32[iy]), rtol=1e-13,
+                               atol=1e-13)
+    before = _core.get_num_threads()
+    try:
+        _core.set_num_threads(1)
+        np.testing.assert_array_equal(_core.row_dots(x, ix, y, iy), got)
+    finally:
+        _core.set_num_threads(before)
+    with pytest.raises(ValueError, match="ix"):
+        _core.row_dots(x, np.array([40]), y, np.array([0]))
+    with pytest.raises(ValueError, match="iy"):
+        _core.row_dots(x, np.array([0, 1]), y, np.array([0]))
+    with pytest.raises(TypeError, match="same dtype"):
+        _core.row_dots(x, ix, y32, iy)

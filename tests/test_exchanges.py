@@ -132,3 +132,69 @@ def test_a_forced_path_that_is_not_available_names_what_it_needs() -> None:
     with pytest.raises(ValueError, match="path='rust' is not available for shifted with PermK"):
         ex.shifted.path(Simulator(q, path="rust"), permk.PermK())
     assert ex.mean_grad.path(Simulator(q, path="fused")) == "dense"
+
+
+class _Whole:
+    """The quadratic without its native kernel: whole local gradients (the dense path)."""
+
+    def __init__(self, q: Any) -> None:
+        self.q, self.n, self.d, self.x0 = q, q.n, q.d, q.x0
+
+    def loss(self, x: np.ndarray) -> float:
+        return float(self.q.loss(x))
+
+    def grad(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.q.grad(x))
+
+    def local_grads(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(self.q.local_grads(x))
+
+
+class _Blocked(_Whole):
+    """The same with ``local_grad_blocks``: the gradients in the given blocks of workers, each
+    handed out in one buffer that the next block overwrites."""
+
+    def __init__(self, q: Any, bounds: list[int]) -> None:
+        super().__init__(q)
+        self.bounds = bounds
+
+    def local_grad_blocks(self, x: np.ndarray) -> Any:
+        G = self.local_grads(x)
+        buf = np.empty_like(G)
+        for lo, hi in zip(self.bounds, self.bounds[1:]):
+            buf[: hi - lo] = G[lo:hi]
+            yield lo, hi, buf[: hi - lo]
+
+
+@pytest.mark.parametrize("c", [permk.TopK(2), permk.QSGD(4)], ids=lambda c: c.name)
+@pytest.mark.parametrize("bad", [None, 0, 3], ids=["finite", "first-block-nan", "last-block-nan"])
+@pytest.mark.parametrize("chunk", [1, 2, 4, 100], ids=lambda r: f"chunk{r}")
+def test_error_feedback_in_blocks_of_workers_equals_the_whole_rows(monkeypatch: pytest.MonkeyPatch, c: permk.Compressor,
+                                                                  bad: int | None, chunk: int) -> None:
+    """A problem giving its gradients in blocks (local_grad_blocks) gets the same messages, mean
+    and rows bit for bit as with whole gradients, whatever the chunks of workers the exchange
+    compresses at a time (across the blocks' bounds); a non-finite input in any chunk gives every
+    worker the zero input's indices and NaN values, as the whole rows do."""
+    monkeypatch.setattr(ex, "CHUNK_BYTES", 8 * D * chunk)
+    q = _problem()
+    x, _, H = _points(q)
+    if bad is not None:
+        H[bad, 1] = np.nan
+    for form in (dict(), dict(alpha=0.5, beta=0.5)):
+        want = ex.shifted(Simulator(_Whole(q)), c, H.copy(), x, seed=2, round=3, **form)
+        got = ex.shifted(Simulator(_Blocked(q, [0, 2, 3, 5])), c, H.copy(), x, seed=2, round=3, **form)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+        assert np.isfinite(got[0]).all() == (bad is None)
+        if bad is None:  # and the definition, from the compressor's own compress_all
+            M = c.compress_all(q.local_grads(x) - form.get("beta", 1.0) * H, seed=2, round=3)
+            np.testing.assert_array_equal(got[0], M.sum(axis=0) / N)
+            np.testing.assert_array_equal(got[1], H + form.get("alpha", 1.0) * M)
+
+
+def test_blocks_of_workers_must_cover_the_held_workers_in_order() -> None:
+    q = _problem()
+    x, _, H = _points(q)
+    for bounds, match in (([0, 2, 4], "gave the rows of 4 of the 5 held workers"), ([1, 3, 5], r"got \(1, 3\) after 0")):
+        with pytest.raises(ValueError, match=match):
+            ex.error_feedback(Simulator(_Blocked(q, bounds)), permk.TopK(2), H.copy(), x, seed=0, round=0)

@@ -5,7 +5,7 @@ wrong type ``TypeError``, an array the machine cannot hold ``MemoryError`` (chec
 anything is allocated), a thread pool that cannot start ``RuntimeError``.
 """
 
-from typing import final
+from typing import Any, final
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +20,7 @@ __all__ = [
     "block_plan_from_permutation",
     "coin",
     "permutation",
+    "row_dots",
     "set_num_threads",
     "get_num_threads",
 ]
@@ -187,6 +188,11 @@ def permk_plan_from_permutations(n: int, d: int, pi_d: list[int], pi_n: list[int
 def block_plan_from_permutation(labels: list[int], pi: list[int]) -> _Plan:
     """The block permutation plan from an explicit permutation ``pi`` of the workers;
     ``labels[j]`` is the block of coordinate ``j`` (PermK for ``n > d``: ``range(d)``)."""
+
+def row_dots(x: npt.NDArray[Any], ix: npt.NDArray[np.int64], y: npt.NDArray[Any], iy: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+    """``out[i] = Σ_t x[ix[i], t] · y[iy[i], t]`` (float64 products and sums, in a fixed order,
+    on the core's threads) for two float64 or two float32 C-contiguous matrices with rows of one
+    length: the selected rows are read in place."""
 
 def coin(seed: int, round: int, p: float) -> bool:
     """MARINA's shared Bernoulli(``p``) coin of round ``round``."""

@@ -4,8 +4,9 @@ exchanges of :mod:`permk.exchanges` run over.
 A backend evaluates the oracles of the workers it holds and moves numbers between workers; it
 does no method's arithmetic:
 
-* ``local_grads(x)``, ``coords(x, rows, cols)`` — the held workers' gradients, whole or at
-  some coordinates (``problem.local_grad_coords``); ``kernel`` — the problem's native kernel;
+* ``local_grads(x)``, ``grad_blocks(x)``, ``coords(x, rows, cols)`` — the held workers'
+  gradients, whole, in blocks of workers (``problem.local_grad_blocks``) or at some coordinates
+  (``problem.local_grad_coords``); ``kernel`` — the problem's native kernel;
 * ``mean_grad(x)``, ``mean_rows(V)`` — the mean of whole per-worker vectors;
 * ``plan(c, seed, round)`` — a round's shared plan (:meth:`permk.Compressor.round`);
 * ``mean_values(c, r, fill)`` — a shared plan's values gathered in worker order and summed by
@@ -22,7 +23,7 @@ problem and the compressor; ``path=`` forces one (for tests).
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -128,6 +129,25 @@ class HeldWorkers:
         rows = self._evaluate(x)
         self._rows = [(x, rows)] + self._rows[:1]
         return rows
+
+    def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
+        """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``
+        (``lo``, ``hi`` counted from the first held worker; ``G`` valid until the next block is
+        drawn): the problem's ``local_grad_blocks(x)`` when it has one (never the whole
+        ``(len(workers), d)`` array), else one block, :meth:`local_grads`."""
+        blocks = getattr(self.problem, "local_grad_blocks", None)
+        if blocks is None:
+            yield 0, len(self.workers), self.local_grads(x)
+            return
+        at = 0
+        for lo, hi, G in blocks(x):
+            if lo != at or not lo < hi <= len(self.workers):
+                raise ValueError(f"problem.local_grad_blocks(x) must give consecutive blocks of the {len(self.workers)} held "
+                                 f"workers from 0, got ({lo}, {hi}) after {at}")
+            yield lo, hi, check_output(G, (hi - lo, self.d), "problem.local_grad_blocks(x)")
+            at = hi
+        if at != len(self.workers):
+            raise ValueError(f"problem.local_grad_blocks(x) gave the rows of {at} of the {len(self.workers)} held workers")
 
     def _evaluate(self, x: Array) -> Array:
         return check_output(self.problem.local_grads(x), (len(self.workers), self.d), "problem.local_grads(x)")

@@ -39,7 +39,10 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
   (``capabilities.shared_plan``) and the problem has the coordinate oracle
   ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
   round instead of ``O(nd)``;
-* ``"dense"`` — whole local gradients, then the compressor.
+* ``"dense"`` — whole local gradients, then the compressor; without a shared plan (TopK) and
+  without ``y``, in blocks of workers when the problem gives its gradients so
+  (``local_grad_blocks``): each block's inputs formed and compressed in turn, the same
+  messages as from the whole rows (each worker's depends on its own input only).
 
 With a shared plan only the values travel: the backend gathers them in worker order and the
 round sums them (:meth:`permk.compressors.Round.mean`); otherwise the messages travel as
@@ -52,7 +55,7 @@ inputs are sent with NaN values, so every process sees the divergence in the sam
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -85,6 +88,9 @@ __all__ = [
 Array = np.ndarray
 #: Evaluation paths, fastest first.
 PATHS = ("rust", "fused", "dense")
+#: The dense path without a shared plan forms and compresses the inputs of this many bytes of
+#: workers at a time (a few rows: they stay in the cache, and the compressor is called a few times).
+CHUNK_BYTES = 1 << 24
 #: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
 #: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
 Fill = Callable[[int, int, "int | None", "Array | None"], Array]
@@ -111,6 +117,7 @@ class Transport(Protocol):
     def has_coords(self) -> bool: ...
     def path(self, exchange: Exchange, compressor: Compressor | None) -> str: ...
     def local_grads(self, x: Array) -> Array: ...
+    def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
     def coords(self, x: Array, rows: Array, cols: Array) -> Array: ...
     def mean_grad(self, x: Array) -> Array: ...
     def mean_rows(self, rows: Array) -> Array: ...
@@ -145,7 +152,11 @@ def _held_rows(a: Any, backend: Transport, what: str) -> Array:
 
 
 def _finite(a: Array) -> bool:
-    return bool(np.isfinite(a).all())
+    """Whether every entry is finite: a finite sum says so in one pass without a temporary (a
+    NaN or infinity makes the sum non-finite); otherwise (an overflow, or a non-finite entry)
+    each entry is checked."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
 
 
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
@@ -157,6 +168,22 @@ def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: fl
         if h is not None:
             v = v - (h if beta == 1.0 else beta * h)
         return v
+
+
+def _compress_zeros(compressor: Compressor, backend: Transport, lo: int, hi: int, seed: int, round: int) -> Messages:
+    """The messages of held workers ``lo … hi − 1`` with zero inputs (their indices are those
+    of a diverged round)."""
+    return compressor.compress_rows(np.zeros((hi - lo, backend.d)), start=backend.workers.start + lo, n_workers=backend.n,
+                                    seed=seed, round=round)
+
+
+def _concat_messages(pieces: list[Messages]) -> Messages:
+    """Consecutive blocks' messages as one (the offsets shifted)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    ends = np.cumsum([0] + [int(m.offsets[-1]) for m in pieces[:-1]])
+    offsets = np.concatenate([pieces[0].offsets[:1]] + [m.offsets[1:] + e for m, e in zip(pieces, ends)])
+    return Messages(offsets, np.concatenate([m.indices for m in pieces]), np.concatenate([m.values for m in pieces]))
 
 
 class Exchange(abc.ABC):
@@ -211,6 +238,38 @@ class _Compressed(Exchange):
         gy = None if y is None else backend.local_grads(y)
         return _combine(backend.local_grads(x), gy, coef, H, beta)
 
+    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None,
+                      beta: float) -> Iterator[tuple[int, int, Array]]:
+        """The held workers' inputs in chunks of consecutive workers ``(lo, hi, V)`` (``lo``
+        counted from the first held worker; ``V`` reused for the next chunk), each row as
+        :meth:`_inputs` computes it: without ``y``, written from the backend's blocks of
+        gradients into one buffer of about :data:`CHUNK_BYTES`; with ``y`` one chunk (the backend
+        keeps the last two points' gradients whole)."""
+        if y is not None:
+            yield 0, len(backend.workers), self._inputs(backend, x, y, coef, H, beta)
+            return
+        buf = np.empty((max(1, min(len(backend.workers), CHUNK_BYTES // (8 * backend.d))), backend.d))
+        start = pos = 0  # the buffer holds workers start … start + pos − 1
+        for lo, hi, G in backend.grad_blocks(x):
+            a = lo
+            while a < hi:
+                take = min(hi - a, len(buf) - pos)
+                g, v = G[a - lo : a - lo + take], buf[pos : pos + take]
+                with np.errstate(invalid="ignore", over="ignore"):  # as _combine: ∇f_i(x) − β h_i
+                    if H is None:
+                        np.copyto(v, g)
+                    elif beta == 1.0:
+                        np.subtract(g, H[a : a + take], out=v)
+                    else:
+                        np.multiply(H[a : a + take], beta, out=v)
+                        np.subtract(g, v, out=v)
+                pos, a = pos + take, a + take
+                if pos == len(buf):
+                    yield start, start + pos, buf
+                    start, pos = start + pos, 0
+        if pos:
+            yield start, start + pos, buf[:pos]
+
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
               H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
         """``(1/n) Σ_i m_i`` and, with ``alpha``, the held rows ``H + α M`` (``H`` owned)."""
@@ -258,11 +317,20 @@ class _Compressed(Exchange):
             offsets, idx, vals, ok = backend.kernel.error_feedback(compressor.kernel, x, H, seed, round, ws.start)
             msgs = Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan))
             return backend.mean_pairs(compressor, msgs), H
-        D = self._inputs(backend, x, y, coef, H, beta)
-        if _finite(D):
-            msgs = compressor.compress_rows(D, start=ws.start, n_workers=backend.n, seed=seed, round=round)
-        else:
-            msgs = compressor.compress_rows(np.zeros_like(D), start=ws.start, n_workers=backend.n, seed=seed, round=round)
+        # each worker's message depends on its own input only: the inputs are formed and
+        # compressed one chunk of workers at a time (from the problem's blocks of gradients when
+        # it gives them), never as one (workers, d) array
+        pieces: list[tuple[int, int, Messages]] = []
+        finite = True
+        for lo, hi, V in self._input_blocks(backend, x, y, coef, H, beta):
+            if finite and not _finite(V):  # divergence: every worker's message from a zero input, NaN values
+                finite = False
+                pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
+            msgs = compressor.compress_rows(V, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) if finite \
+                else _compress_zeros(compressor, backend, lo, hi, seed, round)
+            pieces.append((lo, hi, msgs))
+        msgs = _concat_messages([m for _, _, m in pieces])
+        if not finite:
             msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))
         if alpha is not None:
             assert H is not None
@@ -333,6 +401,10 @@ class CompressedMeanRows(_Compressed):
 
     def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
         return _combine(x, None, coef, H, beta)  # the given rows (see __call__), less β h_i when shifted
+
+    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None,
+                      beta: float) -> Iterator[tuple[int, int, Array]]:
+        yield 0, len(backend.workers), self._inputs(backend, x, y, coef, H, beta)
 
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]

@@ -10,6 +10,7 @@
 //! - [`round`]: one round's plan computed once (or ahead, on a background thread) and used
 //!   natively: the held workers' values and the average from them;
 //! - [`quadratic`]: the synthetic quadratic's oracles and fused method steps;
+//! - [`rowdots`]: dot products of selected rows (the linear autoencoder's coordinates);
 //! - [`rng`]: the pinned random streams; [`mem`]: the memory guard; [`threads`]: the pool;
 //!   [`params`]: compressor parameters; [`error`]: the one error type.
 
@@ -22,6 +23,7 @@ pub mod plan;
 pub mod quadratic;
 pub mod real;
 pub mod rng;
+pub mod rowdots;
 pub mod round;
 pub mod sparsify;
 pub mod threads;

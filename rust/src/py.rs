@@ -17,7 +17,7 @@ use crate::params::{Params, Value};
 use crate::plan::Ranges;
 use crate::round::{Divisor, PendingRound, Round};
 use crate::sparsify::{blockpermk, permk};
-use crate::{quadratic, rng, threads};
+use crate::{quadratic, rng, rowdots, threads};
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -473,6 +473,31 @@ fn permutation(py: Python<'_>, seed: u64, round: u64, n: usize) -> PyResult<Boun
     Ok(p.into_pyarray(py))
 }
 
+/// `out[i] = Σ_t x[ix[i], t] · y[iy[i], t]` (f64 products and sums, in a fixed order) for two
+/// float64 or two float32 matrices with contiguous rows of one length.
+#[pyfunction]
+fn row_dots<'py>(
+    py: Python<'py>,
+    x: &Bound<'py, PyAny>,
+    ix: PyReadonlyArray1<'py, i64>,
+    y: &Bound<'py, PyAny>,
+    iy: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray1<f64>>> {
+    let (ix, iy) = (ix.as_slice()?, iy.as_slice()?);
+    let out = match (arr2(x, "x")?, arr2(y, "y")?) {
+        (Arr2::F64(a), Arr2::F64(b)) => {
+            let (a, b) = (a.as_array(), b.as_array());
+            py.detach(|| rowdots::row_dots(a, ix, b, iy))?
+        }
+        (Arr2::F32(a), Arr2::F32(b)) => {
+            let (a, b) = (a.as_array(), b.as_array());
+            py.detach(|| rowdots::row_dots(a, ix, b, iy))?
+        }
+        _ => return Err(PyTypeError::new_err("x and y must have the same dtype (float64 or float32)")),
+    };
+    Ok(out.into_pyarray(py))
+}
+
 /// Sets the number of threads of the core's pool.
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, k: usize) -> PyResult<()> {
@@ -607,6 +632,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(block_plan_from_permutation, m)?)?;
     m.add_function(wrap_pyfunction!(coin, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
+    m.add_function(wrap_pyfunction!(row_dots, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

@@ -17,17 +17,18 @@ probability p̂; their runner calls it only for p̂ > 0) and ``loss="authors"`` 
 
 **Oracles at the cost of two products.** Let ``A`` be the held splits' images (``N`` of them,
 stored as the columns of ``Aᵀ``, each split padded to the largest), ``Z = A Eᵀ`` and ``P = A D``.
-Per point ``x`` the only work proportional to ``N`` is the one product ``[E; Dᵀ] Aᵀ``, i.e.
-``Zᵀ`` and ``Pᵀ``; from it ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``W_s = R_s D`` with the residual
-``R_s = Z_s Dᵀ − A_s``, never formed) and the Gram matrices ``Z_sᵀZ_s`` (``O(N d_e²)``). The
+Per point ``x`` the only work proportional to ``N`` is the one product ``[E; DᵀM] Aᵀ``
+(``M = DE − I``), i.e. ``Zᵀ`` and ``Wᵀ = (DᵀD) Zᵀ − Pᵀ = DᵀM Aᵀ`` (``W_s = R_s D`` with the
+residual ``R_s = Z_s Dᵀ − A_s``, never formed), then the Gram matrices ``Z_sᵀZ_s`` (``O(N d_e²)``). The
 last three points' products are kept (MARINA asks ``x^{t+1}``, then ``x^t``). With
 ``c = 1`` (``c = 1/d_f`` for the authors' loss) and ``M = DE − I``:
 
-* one coordinate (MARINA's fused path, ``local_grad_coords``), ``O(m_s)`` each, all requested
-  coordinates vectorised (gathers and ``einsum``; the images a request needs are gathered once
-  for both of MARINA's points): ``∂f_s/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k])
-  + r (M Eᵀ)[j,k]`` and ``∂f_s/∂E[k,j] = (2c/m_s) W_s[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]``; no array
-  of size ``n·d`` is formed;
+* one coordinate (MARINA's fused path, ``local_grad_coords``), ``O(m_s)`` each:
+  ``∂f_s/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]`` and
+  ``∂f_s/∂E[k,j] = (2c/m_s) W_s[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]``, all requested coordinates at
+  once as dot products of rows of ``Aᵀ``, ``Zᵀ``, ``Wᵀ`` and the Gram matrices, read in place
+  (``permk._core.row_dots``: float64 sums, on the core's threads); no array of size ``n·d`` is
+  formed;
 * full split gradients (``split_grads``: EF21, MPI full-gradient rounds), two more products per
   split: ``∇_D f_s = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + r M Eᵀ`` and
   ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits;
@@ -65,10 +66,11 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from .. import _core
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
 from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
@@ -80,7 +82,7 @@ __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "
 SPLITS = ("per-worker", "per-sample")
 #: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
 LOSSES = ("paper", "authors")
-_BLOCK_BYTES = 1 << 21  # the split gradients are assembled in blocks of splits of about this size
+_BLOCK_BYTES = 1 << 21  # the split gradients are computed in blocks of splits of about twice this size (their products, their rows)
 
 
 def _only_in_pool() -> int:
@@ -99,7 +101,8 @@ _ONLY_IN_POOL = _only_in_pool()
 class _Point:
     """What the oracles use at one point ``x``: ``D``, ``E``; ``ZW`` (``2 d_e × columns``, in the
     problem's dtype), whose rows ``0 … d_e − 1`` are ``Zᵀ = E Aᵀ`` and the others
-    ``Wᵀ = (DᵀD) Zᵀ − Pᵀ`` (``P = A D``; ``W_s = R_s D`` without forming the residual ``R_s``),
+    ``Wᵀ = (DᵀD) Zᵀ − Pᵀ = DᵀM Aᵀ`` (``P = A D``, ``M = DE − I``; ``W_s = R_s D`` without forming
+    the residual ``R_s``), both from one product,
     over the held images; the regulariser's gradient; the Gram matrices ``Z_sᵀZ_s`` (made when
     first needed)."""
 
@@ -116,14 +119,14 @@ class _Point:
 @dataclass
 class _CoordPlan:
     """A coordinate request's point-independent part: its D- and E-coordinates (positions
-    ``iD``/``iE``), their indices into the point's arrays, and the images they need."""
+    ``iD``/``iE``), and the rows of the arrays their dot products read (``aD``/``aE``: the
+    images ``A_s[:, j]``, rows of ``Aᵀ`` viewed as ``(d_f·splits, m)``)."""
 
     key: bytes
     size: int
     iD: np.ndarray
     iE: np.ndarray
     jD: np.ndarray
-    kD: np.ndarray
     regD: np.ndarray
     regE: np.ndarray
     zD: np.ndarray
@@ -131,8 +134,8 @@ class _CoordPlan:
     wE: np.ndarray
     scaleD: np.ndarray
     scaleE: np.ndarray
-    AD: np.ndarray
-    AE: np.ndarray
+    aD: np.ndarray
+    aE: np.ndarray
 
 
 class LinearAutoencoder:
@@ -325,12 +328,11 @@ class LinearAutoencoder:
     def _new_point(self, x: np.ndarray, key: bytes) -> _Point:
         D, E = self.factors(x)
         old = self._points[2] if len(self._points) == 3 else None  # its buffer is reused (no page faults)
-        # the only O(N) work: E Aᵀ and Dᵀ Aᵀ (one product), then Wᵀ = (DᵀD) Zᵀ − Pᵀ in place of Pᵀ
-        ZW = np.matmul(np.concatenate([E, D.T]).astype(self.dtype), self._AT, out=None if old is None else old.ZW)
-        DtD = D.T @ D
-        np.subtract(DtD.astype(self.dtype) @ ZW[: self.d_e], ZW[self.d_e :], out=ZW[self.d_e :])
+        # the only O(N) work, one product: Zᵀ = E Aᵀ and Wᵀ = (DᵀD) Zᵀ − Pᵀ = (DᵀD E − Dᵀ) Aᵀ
+        DtM = D.T @ D @ E - D.T  # Dᵀ M, also the regulariser's ∇_E / r
+        ZW = np.matmul(np.concatenate([E, DtM]).astype(self.dtype), self._AT, out=None if old is None else old.ZW)
         r = self._r
-        p = _Point(key=key, D=D, E=E, Dc=D.astype(self.dtype), ZW=ZW, regD=r * (D @ (E @ E.T) - E.T), regE=r * (DtD @ E - D.T))
+        p = _Point(key=key, D=D, E=E, Dc=D.astype(self.dtype), ZW=ZW, regD=r * (D @ (E @ E.T) - E.T), regE=r * DtM)
         self._points = [p] + self._points[:2]
         return p
 
@@ -346,8 +348,8 @@ class LinearAutoencoder:
         return p.gram
 
     def _coord_plan(self, rows: Any, cols: Any) -> _CoordPlan:
-        """The gathers of a ``(rows, cols)`` request that do not depend on the point (MARINA asks
-        the same coordinates at ``x^{t+1}`` and ``x^t``: the images are gathered once)."""
+        """The index arithmetic of a ``(rows, cols)`` request, which does not depend on the point
+        (MARINA asks the same coordinates at ``x^{t+1}`` and ``x^t``: it is done once)."""
         k_of = self._held_slots(rows)
         c = index_array(cols, "cols")
         key = k_of.tobytes() + b"|" + c.tobytes()
@@ -358,14 +360,13 @@ class LinearAutoencoder:
         if c.size and (int(c.min()) < 0 or int(c.max()) >= self.d):
             raise ValueError(f"cols must be coordinates in range({self.d})")
         S, k1, d_e = len(self._held), self.d_f * self.d_e, self.d_e
-        ATf = self._AT.reshape(self.d_f * S, self._m)  # row j·S + s: A_s[:, j]
         iD, iE = np.flatnonzero(c < k1), np.flatnonzero(c >= k1)
         jD, kD = np.divmod(c[iD], d_e)
         kE, jE = np.divmod(c[iE] - k1, self.d_f)
         sD, sE = k_of[iD], k_of[iE]
-        self._plan = _CoordPlan(key=key, size=c.size, iD=iD, iE=iE, jD=jD, kD=kD, regD=jD * d_e + kD, regE=kE * self.d_f + jE,
+        self._plan = _CoordPlan(key=key, size=c.size, iD=iD, iE=iE, jD=jD, regD=jD * d_e + kD, regE=kE * self.d_f + jE,
                                 zD=kD * S + sD, gD=sD * d_e + kD, wE=kE * S + sE, scaleD=self._scale[sD], scaleE=self._scale[sE],
-                                AD=np.take(ATf, jD * S + sD, axis=0), AE=np.take(ATf, jE * S + sE, axis=0))
+                                aD=jD * S + sD, aE=jE * S + sE)
         return self._plan
 
     def _held_slots(self, rows: Any) -> np.ndarray:
@@ -387,14 +388,14 @@ class LinearAutoencoder:
         p = self._point(x)
         out = np.empty(q.size)
         S, m, d_e = len(self._held), self._m, self.d_e
+        ATf = self._AT.reshape(self.d_f * S, m)  # row j·S + s: A_s[:, j]
+        # each dot product reads its two rows in place (permk._core.row_dots: float64 sums, on the core's threads)
         if q.iD.size:  # ∂/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]
             G = self._gram(p).reshape(S * d_e, d_e)  # row s·d_e + k: (Z_sᵀZ_s)[:, k] (symmetric)
-            Z = np.take(p.ZW[:d_e].reshape(d_e * S, m), q.zD, axis=0)
-            t = np.einsum("ie,ie->i", np.take(p.Dc, q.jD, axis=0), np.take(G, q.gD, axis=0)) - np.einsum("ia,ia->i", q.AD, Z)
+            t = _core.row_dots(p.Dc, q.jD, G, q.gD) - _core.row_dots(ATf, q.aD, p.ZW[:d_e].reshape(d_e * S, m), q.zD)
             out[q.iD] = q.scaleD * t + p.regD.ravel()[q.regD]
         if q.iE.size:  # ∂/∂E[k,j] = (2c/m_s) (Z_s DᵀD − P_s)[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]
-            W = np.take(p.ZW[d_e:].reshape(d_e * S, m), q.wE, axis=0)
-            out[q.iE] = q.scaleE * np.einsum("ia,ia->i", W, q.AE) + p.regE.ravel()[q.regE]
+            out[q.iE] = q.scaleE * _core.row_dots(p.ZW[d_e:].reshape(d_e * S, m), q.wE, ATf, q.aE) + p.regE.ravel()[q.regE]
         return out
 
     def _out_buffer(self) -> np.ndarray:
@@ -409,33 +410,47 @@ class LinearAutoencoder:
         return buf
 
     def _split_grads(self, p: _Point, mult: np.ndarray | None = None, *, pooled: bool = False) -> np.ndarray:
-        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point. With ``Z``, ``W`` scaled by
-        ``2c/m_s`` per split, per block of splits: one batched product ``A_sᵀ [Z_s W_s]`` (the two
-        products beyond the point's), one product ``[D  ∇_D reg] [Z_sᵀZ_s; I]`` for all the
-        block's splits, and one pass writing each half of the output."""
+        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point, assembled from
+        :meth:`_split_grad_blocks`."""
+        out = self._out_buffer() if pooled else np.empty((len(self._held), self.d))
+        for _ in self._split_grad_blocks(p, mult, out):
+            pass
+        return out
+
+    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(lo, hi, G)`` for consecutive blocks of held splits: ``G`` holds ``mult_s ∇f_s``
+        (float64) of splits ``lo … hi − 1``; it is ``out[lo:hi]`` when ``out`` is given, else a
+        block buffer the next block overwrites. With ``Z``, ``W`` scaled by ``2c/m_s`` per
+        split, per block: one batched product ``A_sᵀ [Z_s W_s]`` (the two products beyond the
+        point's), one product ``[D  ∇_D reg] [(2c/m_s) Z_sᵀZ_s; I]`` for all the block's splits,
+        and one pass writing each half of the block. The blocks and their arithmetic do not
+        depend on ``out``: the values are the same bits either way."""
         S, d_f, d_e = len(self._held), self.d_f, self.d_e
         k1 = d_f * d_e
-        out = self._out_buffer() if pooled else np.empty((S, self.d))
-        oD, oE = out[:, :k1].reshape(S, d_f, d_e), out[:, k1:].reshape(S, d_e, d_f)
+        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
+        buf = np.empty((min(b, S), self.d)) if out is None else None
         scale = self._scale if mult is None else self._scale * mult
         reg_mult = np.ones(S) if mult is None else mult
         AT3 = self._views(self._AT)
-        ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
-        # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
-        GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
-        GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
-        GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
-        DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
-        regE = p.regE.astype(self.dtype)
-        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
+            ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
+            # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
+            GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
+            GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
+            GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
+            DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
+            regE = p.regE.astype(self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
-            AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
-            DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
-            np.subtract(DG, AZW[:, :, :d_e], out=oD[lo:hi])  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
-            rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
-            np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE[lo:hi])  # (2c/m_s) W_sᵀA_s + ∇_E reg
-        return out
+            G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
+            oD, oE = G[:, :k1].reshape(hi - lo, d_f, d_e), G[:, k1:].reshape(hi - lo, d_e, d_f)
+            with np.errstate(over="ignore", invalid="ignore"):
+                AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
+                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
+                np.subtract(DG, AZW[:, :, :d_e], out=oD)  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
+                rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
+                np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE)  # (2c/m_s) W_sᵀA_s + ∇_E reg
+            yield lo, hi, G
 
     def split_grads(self, x: Any) -> np.ndarray:
         """``(S, d)``: the gradient of each held distinct split's ``f_s`` at ``x`` (all ``S``
@@ -461,6 +476,18 @@ class LinearAutoencoder:
             with np.errstate(over="ignore", invalid="ignore"):
                 return self._split_grads(self._point(x), pooled=True)
         return self.split_grads(x)[rows]
+
+    def local_grad_blocks(self, x: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+        """The held workers' gradients at ``x`` as ``(lo, hi, G)``: ``G`` the rows of workers
+        ``lo … hi − 1`` (counted from the first held worker), valid until the next block is
+        asked, equal bit for bit to those rows of :meth:`local_grads` (the error-feedback
+        exchange's route: no ``(n, d)`` array). When every held worker has its own split, blocks
+        of a few splits (a few MB); otherwise one block, :meth:`local_grads`."""
+        rows = self._worker_rows()
+        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+            yield from self._split_grad_blocks(self._point(x))
+        else:
+            yield 0, rows.size, self.local_grads(x)
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
@@ -502,6 +529,11 @@ class GroupedAutoencoder:
     def local_grads(self, x: Any) -> np.ndarray:
         with np.errstate(over="ignore", invalid="ignore"):
             return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
+
+    def local_grad_blocks(self, x: Any) -> Iterator[tuple[int, int, np.ndarray]]:
+        """:meth:`local_grads` in blocks of a few virtual workers (see
+        :meth:`LinearAutoencoder.local_grad_blocks`), the same bits."""
+        return self.ae._split_grad_blocks(self.ae._point(x), self._mult)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:
