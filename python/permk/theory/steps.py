@@ -387,6 +387,12 @@ def _lemma_step(L_minus: float, K: float) -> float:
     return 1.0 / M
 
 
+def _sample_constants(L_plus: float, L_sample_sq: float, n: int, batch_size: int) -> tuple[float, float, int, int]:
+    """The finite-sum steps' shared arguments, checked: ``L_+``, ``ℒ²``, ``n`` and the batch size."""
+    return (check_real(L_plus, "L_plus", low=0.0), check_real(L_sample_sq, "L_sample_sq", low=0.0),
+            check_int(n, "n", low=1), check_int(batch_size, "batch_size", low=1))
+
+
 def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus: float, L_sample_sq: float,
                         n: int, batch_size: int, p: float) -> float:
     """DASHA-PAGE's step (permk's derivation, docs/dasha_steps.md): ``1/(L_− + sqrt(K))`` with
@@ -407,10 +413,7 @@ def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus
     0.5
     """
     W = _dasha_weight(omega, A, a)
-    L_plus = check_real(L_plus, "L_plus", low=0.0)
-    L_sample_sq = check_real(L_sample_sq, "L_sample_sq", low=0.0)
-    n = check_int(n, "n", low=1)
-    b = check_int(batch_size, "batch_size", low=1)
+    L_plus, L_sample_sq, n, b = _sample_constants(L_plus, L_sample_sq, n, batch_size)
     p = check_real(p, "p", low=0.0, strict=True, high=1.0)
     K = 4 * W * (1 + p) * L_plus**2 + 12 * W * (1 - p) * L_sample_sq / b + 2 * (1 - p) * L_sample_sq / (p * n * b)
     return _lemma_step(L_minus, K)
@@ -429,10 +432,7 @@ def dasha_mvr_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus:
     0.5
     """
     W = _dasha_weight(omega, A, a)
-    L_plus = check_real(L_plus, "L_plus", low=0.0)
-    L_sample_sq = check_real(L_sample_sq, "L_sample_sq", low=0.0)
-    n = check_int(n, "n", low=1)
-    b = check_int(batch_size, "batch_size", low=1)
+    L_plus, L_sample_sq, n, b = _sample_constants(L_plus, L_sample_sq, n, batch_size)
     beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
     K = (8 * W * L_plus**2 + 8 * W * (1 + 2 * beta) * (1 - beta) ** 2 * L_sample_sq / b
          + 4 * (1 - beta) ** 2 * L_sample_sq / (beta * n * b))
