@@ -24,6 +24,8 @@ def test_the_modules_are_found() -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name: str) -> None:
+    if name == "permk.torch" or name.startswith("permk.torch."):
+        pytest.importorskip("torch", reason="permk.torch needs PyTorch: pip install 'permk[torch]'")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)
     if name in WITH_EXAMPLES:
