@@ -73,7 +73,7 @@ import numpy as np
 from .. import _core
 from .._validate import as_vector, check_choice, check_int, check_real
 from ..problems import index_array
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
 
@@ -706,11 +706,9 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
     root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
-    if plot and is_writer(mpi):
-        from .plotting import plot_experiment
+    from .plotting import plot_grid
 
-        plot_experiment(root)
-    return root
+    return plot_grid(root, plot=plot, mpi=mpi)
 
 
 def grid_from_args(args: Any) -> AutoencoderGrid:

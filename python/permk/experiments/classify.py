@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .runner import SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .runner import SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify_cell", "grid_from_args", "load_task"]
 
@@ -186,11 +186,9 @@ def run_classify(grid: ClassifyGrid, out: str | os.PathLike[str], *, jobs: int =
     distributed over the ranks, each holding its block of workers' samples; rank 0 writes."""
     root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
-    if plot and is_writer(mpi):
-        from .plotting import plot_experiment
+    from .plotting import plot_grid
 
-        plot_experiment(root)
-    return root
+    return plot_grid(root, plot=plot, mpi=mpi)
 
 
 def grid_from_args(args: Any) -> ClassifyGrid:

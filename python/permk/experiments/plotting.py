@@ -38,9 +38,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .results import iter_result_files, read_json, read_records
-from .runner import METHODS, Spec, best_runs, cell_budget
+from .runner import METHODS, Spec, best_runs, cell_budget, is_writer
 
-__all__ = ["plot_experiment", "experiment_figures", "load_experiment", "complexity_plot"]
+__all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot"]
 
 #: (colour, colour map, line style) of the methods, in the order they appear in a grid.
 STYLES = [("tab:blue", "Blues", "-"), ("tab:green", "Greens", "-."), ("tab:red", "Reds", "--"),
@@ -318,6 +318,14 @@ def experiment_figures(root: str | Path, *, every_step: bool = True) -> list[tup
             what = f"Every step of {labels[first]} and {labels[m]} (diverged ones omitted)"
             out.append((f"{name}_steps_{m}_vs_{first}", _figure(cells, cfg, [first, m], False, what, styles)))
     return out
+
+
+def plot_grid(root: Path, *, plot: bool, mpi: bool) -> Path:
+    """A finished grid's figures (:func:`plot_experiment`), drawn when ``plot`` is set and by the
+    process that writes (MPI rank 0); returns the experiment directory ``root``."""
+    if plot and is_writer(mpi):
+        plot_experiment(root)
+    return root
 
 
 def plot_experiment(root: str | Path, out: str | Path | None = None, *, pdf: bool = False, every_step: bool = True) -> list[Path]:

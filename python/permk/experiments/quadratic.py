@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, is_writer, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -167,11 +167,9 @@ def run_quadratic(grid: QuadraticGrid, out: str | os.PathLike[str], *, jobs: int
     check_memory(grid, mpi)
     root = run_grid(grid.name, grid.to_json(), quadratic_cell, grid.cells(), out, jobs=jobs, resume=resume,
                     progress=progress, extra=(_nested_bars(progress, jobs, mpi), mpi), mpi=mpi)
-    if plot and is_writer(mpi):
-        from .plotting import plot_experiment
+    from .plotting import plot_grid
 
-        plot_experiment(root)
-    return root
+    return plot_grid(root, plot=plot, mpi=mpi)
 
 
 def grid_from_args(args: Any) -> QuadraticGrid:
