@@ -128,6 +128,56 @@ def test_compress_rows_is_compress_worker_by_worker(kw: dict[str, Any], dtype: t
     assert _same_bits(dense, spec.compress_all(a, 9, 4))
 
 
+@pytest.mark.parametrize("kw", SPECS, ids=_id)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compress_shifted_rows_is_compress_rows_of_the_shifted_array(kw: dict[str, Any], dtype: type) -> None:
+    """Spec.compress_shifted_rows(G, H, β, …) is compress_rows of numpy's G − H (β = 1) or
+    G − H·β, bit for bit, without H it is compress_rows(G); large inputs (on the pool's threads)
+    give the same messages on one thread; a non-finite input anywhere gives None."""
+    spec = _core.Spec(**kw)
+    n, d = 5, 7
+    G, H = _data(n, d).astype(dtype), _data(n, d, seed=1).astype(dtype)
+    for start, stop in [(0, n), (2, 4), (3, 3)]:
+        g, h = G[start:stop], H[start:stop]
+        for beta in (1.0, 0.3):
+            want = spec.compress_rows(g - h if beta == 1.0 else g - h * beta, start, n, 9, 4)
+            got = spec.compress_shifted_rows(g, h, beta, start, n, 9, 4)
+            assert got is not None and all(_same_bits(a, b) for a, b in zip(got, want))
+        got = spec.compress_shifted_rows(g, None, 1.0, start, n, 9, 4)
+        assert got is not None and all(_same_bits(a, b) for a, b in zip(got, spec.compress_rows(g, start, n, 9, 4)))
+    for bad in (np.nan, np.inf):
+        H2 = H.copy()
+        H2[3, 5] = bad
+        assert spec.compress_shifted_rows(G, H2, 1.0, 0, n, 9, 4) is None
+    D = 7 * 6000  # a multiple of the labelled partition's 7 coordinates
+    big_g, big_h = _data(8, D).astype(dtype), _data(8, D, seed=2).astype(dtype)
+    if "labels" in kw:
+        spec = _core.Spec("blockpermk", labels=kw["labels"] * 6000)
+    many = spec.compress_shifted_rows(big_g, big_h, 0.5, 0, 8, 1, 2)
+    before = _core.get_num_threads()
+    try:
+        _core.set_num_threads(1)
+        one = spec.compress_shifted_rows(big_g, big_h, 0.5, 0, 8, 1, 2)
+    finally:
+        _core.set_num_threads(before)
+    assert many is not None and one is not None and all(_same_bits(a, b) for a, b in zip(many, one))
+
+
+def test_compress_shifted_rows_rejects_bad_input_by_name() -> None:
+    spec = _core.Spec("topk", k=2)
+    G = _data(3, 6)
+    with pytest.raises(ValueError, match=r"^H: "):
+        spec.compress_shifted_rows(G, G[:2], 1.0, 0, 3, 0, 0)
+    with pytest.raises(ValueError, match=r"^start: "):
+        spec.compress_shifted_rows(G, None, 1.0, 1, 3, 0, 0)
+    with pytest.raises(ValueError, match=r"^beta: "):
+        spec.compress_shifted_rows(G, G, float("nan"), 0, 3, 0, 0)
+    with pytest.raises(TypeError, match="same dtype"):
+        spec.compress_shifted_rows(G, G.astype(np.float32), 1.0, 0, 3, 0, 0)
+    with pytest.raises(TypeError, match="G must be"):
+        spec.compress_shifted_rows(G.astype(np.int64), None, 1.0, 0, 3, 0, 0)
+
+
 def test_compress_rows_rejects_bad_rows() -> None:
     spec = _core.Spec("topk", k=1)
     with pytest.raises(ValueError, match=r"^start: "):
@@ -597,14 +647,16 @@ def _python_ran_during(work: Callable[[], Callable[[], object]]) -> int:
     return seen["after"] - seen["before"]
 
 
-@pytest.mark.parametrize("kernel", ["round_ahead.wait", "round", "aggregate"])
+@pytest.mark.parametrize("kernel", ["round_ahead.wait", "round", "aggregate", "compress_shifted_rows"])
 def test_long_kernels_release_the_gil(kernel: str) -> None:
     spec = _core.Spec("permk")
     a = np.ones((8, 1_000_000))
+    topk = _core.Spec("topk", k=3)
     work: dict[str, Callable[[], Callable[[], object]]] = {
         "round_ahead.wait": lambda: spec.round_ahead(4, 4_000_000, 0, 1).wait,
         "round": lambda: lambda: spec.round(4, 4_000_000, 0, 1),
         "aggregate": lambda: lambda: spec.aggregate(a, 0, 0),
+        "compress_shifted_rows": lambda: lambda: topk.compress_shifted_rows(a, a, 0.5, 0, 8, 0, 0),
     }
     assert _python_ran_during(work[kernel]) > 0
 
@@ -1014,6 +1066,59 @@ def test_oversized_or_empty_calls_raise_instead_of_aborting(name: str) -> None:
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout}{proc.stderr}"
     assert proc.stdout.startswith(f"{exc}: "), proc.stdout + proc.stderr
     assert message in proc.stdout, proc.stdout
+
+
+def _split_grads_numpy(azw: np.ndarray, dg: np.ndarray, reg_e: np.ndarray, reg_mult: np.ndarray | None) -> np.ndarray:
+    """The two numpy passes ``autoencoder_split_grads`` replaces (LinearAutoencoder before it)."""
+    b, d_f, two = azw.shape
+    d_e = two // 2
+    out = np.empty((b, 2 * d_f * d_e))
+    np.subtract(dg.transpose(1, 0, 2), azw[:, :, :d_e], out=out[:, : d_f * d_e].reshape(b, d_f, d_e))
+    r = reg_e if reg_mult is None else reg_mult[:, None, None] * reg_e
+    np.add(azw[:, :, d_e:].transpose(0, 2, 1), r, out=out[:, d_f * d_e :].reshape(b, d_e, d_f))
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(1, 3, 2), (7, 37, 5), (30, 64, 16)], ids=str)
+def test_autoencoder_split_grads_are_the_numpy_passes(dtype: type, shape: tuple[int, int, int]) -> None:
+    """_core.autoencoder_split_grads writes the bits of numpy's subtract and add passes (in
+    the inputs' dtype, with multiplicities in float64), into rows of a larger array too, the
+    same on one thread; bad shapes and dtypes are refused by name before anything is written."""
+    b, d_f, d_e = shape
+    rng = np.random.default_rng(0)
+    azw = rng.standard_normal((b, d_f, 2 * d_e)).astype(dtype)
+    dg = rng.standard_normal((d_f, b, d_e)).astype(dtype)
+    reg_e = rng.standard_normal((d_e, d_f)).astype(dtype)
+    for mult in (None, rng.uniform(0.5, 3.0, b)):
+        want = _split_grads_numpy(azw, dg, reg_e, mult)
+        big = np.full((b + 2, 2 * d_f * d_e), np.nan)
+        _core.autoencoder_split_grads(azw, dg, reg_e, mult, big[1 : b + 1])
+        assert _same_bits(big[1 : b + 1], want)
+        assert np.isnan(big[[0, -1]]).all()
+        before = _core.get_num_threads()
+        try:
+            _core.set_num_threads(1)
+            one = np.empty_like(want)
+            _core.autoencoder_split_grads(azw, dg, reg_e, mult, one)
+        finally:
+            _core.set_num_threads(before)
+        assert _same_bits(one, want)
+    out = np.zeros((b, 2 * d_f * d_e))
+    for args, exc, match in (
+        ((azw, dg[:, :, :-1], reg_e, None), ValueError, "^dg: "),
+        ((azw, dg, reg_e.T.copy() if d_e != d_f else reg_e[:, :-1], None), ValueError, "^reg_e: "),
+        ((azw, dg, reg_e, np.ones(b + 1)), ValueError, "^reg_mult: "),
+        ((azw, dg.astype(np.float64 if dtype is np.float32 else np.float32), reg_e, None), TypeError, "float64 or all float32"),
+        ((azw, np.asfortranarray(dg), reg_e, None), ValueError, "^dg: .*contiguous"),
+    ):
+        with pytest.raises(exc, match=match):
+            _core.autoencoder_split_grads(*args, out)  # type: ignore[misc]
+        assert not out.any()
+    with pytest.raises(ValueError, match="^out: "):
+        _core.autoencoder_split_grads(azw, dg, reg_e, None, np.zeros((b, 2 * d_f * d_e + 1)))
+    with pytest.raises(ValueError, match="^out: .*contiguous"):
+        _core.autoencoder_split_grads(azw, dg, reg_e, None, np.zeros((b, 4 * d_f * d_e))[:, ::2])
 
 
 def test_row_dots_are_the_rows_dot_products_in_float64() -> None:

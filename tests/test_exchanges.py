@@ -198,3 +198,34 @@ def test_blocks_of_workers_must_cover_the_held_workers_in_order() -> None:
     for bounds, match in (([0, 2, 4], "gave the rows of 4 of the 5 held workers"), ([1, 3, 5], r"got \(1, 3\) after 0")):
         with pytest.raises(ValueError, match=match):
             ex.error_feedback(Simulator(_Blocked(q, bounds)), permk.TopK(2), H.copy(), x, seed=0, round=0)
+
+
+class _PyTopK(permk.Compressor):
+    """TopK(2) written in Python (no Rust kernel): its shifted inputs are formed by numpy."""
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return 2
+
+    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
+        x = np.asarray(x)
+        idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:2])
+        return permk.Message(worker, n_workers, x.size, idx, x[idx])
+
+
+@pytest.mark.parametrize("c", [permk.TopK(2), permk.QSGD(4), _PyTopK()], ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_compress_shifted_rows_is_compress_rows_of_the_shifted_inputs(c: permk.Compressor, beta: float) -> None:
+    """Compressor.compress_shifted_rows(G, H, β) is compress_rows(G − H) (β = 1) or
+    compress_rows(G − H·β) bit for bit, with the Rust kernel and without one; a non-finite
+    input gives None."""
+    rng = np.random.default_rng(3)
+    G, H = rng.standard_normal((4, D)), rng.standard_normal((4, D))
+    want = c.compress_rows(G - H if beta == 1.0 else G - H * beta, start=1, n_workers=N, seed=2, round=3)
+    got = c.compress_shifted_rows(G, H, beta=beta, start=1, n_workers=N, seed=2, round=3)
+    assert got is not None
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    H[2, 3] = np.nan
+    assert c.compress_shifted_rows(G, H, beta=beta, start=1, n_workers=N, seed=2, round=3) is None
+    with pytest.raises(ValueError, match="start"):
+        c.compress_shifted_rows(G, None, start=N + 1, n_workers=N, seed=2, round=3)

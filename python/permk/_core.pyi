@@ -21,6 +21,7 @@ __all__ = [
     "coin",
     "permutation",
     "row_dots",
+    "autoencoder_split_grads",
     "set_num_threads",
     "get_num_threads",
 ]
@@ -72,6 +73,14 @@ class Spec:
         ``start + r`` sends ``indices[offsets[r]:offsets[r+1]]`` with the same slice of
         ``values``. Bit for bit ``compress(a[r], start + r, n_workers, seed, round)``; values
         have ``a``'s dtype. Works for data-dependent compressors (TopK)."""
+    def compress_shifted_rows(
+        self, G: npt.NDArray[np.floating], H: npt.NDArray[np.floating] | None, beta: float, start: int, n_workers: int, seed: int, round: int
+    ) -> _Messages | None:
+        """The messages of workers ``start .. start + m`` whose inputs are ``G − beta·H`` (``G``
+        without ``H``; both ``(m, d)``, one dtype; ``G − H`` when ``beta == 1``, else
+        ``G − H·beta``, in that dtype), each formed in a buffer, checked and compressed in one
+        pass on the core's threads: bit for bit :meth:`compress_rows` of that array, which is
+        never formed. None when an input (or a message) is not finite."""
     def plan(self, n: int, d: int, seed: int, round: int) -> _Plan:
         """The round's plan as CSR arrays ``(offsets, coords, scales)``: worker ``i`` sends
         ``coords[offsets[i]:offsets[i+1]]`` scaled by ``scales[i]``. ValueError for a
@@ -193,6 +202,17 @@ def row_dots(x: npt.NDArray[Any], ix: npt.NDArray[np.int64], y: npt.NDArray[Any]
     """``out[i] = Σ_t x[ix[i], t] · y[iy[i], t]`` (float64 products and sums, in a fixed order,
     on the core's threads) for two float64 or two float32 C-contiguous matrices with rows of one
     length: the selected rows are read in place."""
+
+def autoencoder_split_grads(
+    azw: npt.NDArray[Any], dg: npt.NDArray[Any], reg_e: npt.NDArray[Any], reg_mult: npt.NDArray[np.float64] | None, out: npt.NDArray[np.float64]
+) -> None:
+    """The linear autoencoder's split gradients of a block of ``b`` splits, written into the
+    C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = dg[j, s, k] −
+    azw[s, j, k]`` and ``out[s, d_f d_e + k·d_f + j] = azw[s, j, d_e + k] + reg_e[k, j]`` (in the
+    inputs' dtype; with ``reg_mult``, ``+ reg_mult[s]·reg_e[k, j]`` in float64) — the values of
+    numpy's ``subtract`` and ``add`` on those operands, on the core's threads. ``azw``
+    (``(b, d_f, 2 d_e)``), ``dg`` (``(d_f, b, d_e)``) and ``reg_e`` (``(d_e, d_f)``) are
+    C-contiguous, all float64 or all float32."""
 
 def coin(seed: int, round: int, p: float) -> bool:
     """MARINA's shared Bernoulli(``p``) coin of round ``round``."""

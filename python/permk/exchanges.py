@@ -41,8 +41,10 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
   round instead of ``O(nd)``;
 * ``"dense"`` — whole local gradients, then the compressor; without a shared plan (TopK) and
   without ``y``, in blocks of workers when the problem gives its gradients so
-  (``local_grad_blocks``): each block's inputs formed and compressed in turn, the same
-  messages as from the whole rows (each worker's depends on its own input only).
+  (``local_grad_blocks``), each block handed to :meth:`Compressor.compress_shifted_rows`,
+  which forms, checks and compresses each worker's input ``g_i − β h_i`` in turn (in Rust,
+  on the core's threads, for the built-in compressors): the same messages as from the whole
+  rows (each worker's depends on its own input only).
 
 With a shared plan only the values travel: the backend gathers them in worker order and the
 round sums them (:meth:`permk.compressors.Round.mean`); otherwise the messages travel as
@@ -88,8 +90,9 @@ __all__ = [
 Array = np.ndarray
 #: Evaluation paths, fastest first.
 PATHS = ("rust", "fused", "dense")
-#: The dense path without a shared plan forms and compresses the inputs of this many bytes of
-#: workers at a time (a few rows: they stay in the cache, and the compressor is called a few times).
+#: The dense path without a shared plan hands the compressor the gradients of at most this many
+#: bytes of workers at a time (:meth:`Compressor.compress_shifted_rows`: a compressor without a
+#: Rust kernel forms their inputs as one array).
 CHUNK_BYTES = 1 << 24
 #: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
 #: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
@@ -238,37 +241,23 @@ class _Compressed(Exchange):
         gy = None if y is None else backend.local_grads(y)
         return _combine(backend.local_grads(x), gy, coef, H, beta)
 
-    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None,
-                      beta: float) -> Iterator[tuple[int, int, Array]]:
-        """The held workers' inputs in chunks of consecutive workers ``(lo, hi, V)`` (``lo``
-        counted from the first held worker; ``V`` reused for the next chunk), each row as
-        :meth:`_inputs` computes it: without ``y``, written from the backend's blocks of
-        gradients into one buffer of about :data:`CHUNK_BYTES`; with ``y`` one chunk (the backend
-        keeps the last two points' gradients whole)."""
+    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float,
+                      H: Array | None) -> Iterator[tuple[int, int, Array, Array | None]]:
+        """The held workers' inputs in blocks of consecutive workers ``(lo, hi, G, H_block)``
+        (``lo`` counted from the first held worker; ``G`` valid until the next block is drawn):
+        worker ``i``'s input is ``G_i − β h_i``, which the compressor forms
+        (:meth:`Compressor.compress_shifted_rows`). Without ``y``, ``G`` are the backend's blocks
+        of gradients (from the problem's ``local_grad_blocks`` when it has them: never the whole
+        ``(workers, d)`` array) in blocks of at most :data:`CHUNK_BYTES`; with ``y`` one block,
+        ``∇f_i(x) − c·∇f_i(y)`` (the backend keeps the last two points' gradients whole)."""
         if y is not None:
-            yield 0, len(backend.workers), self._inputs(backend, x, y, coef, H, beta)
+            yield 0, len(backend.workers), _combine(backend.local_grads(x), backend.local_grads(y), coef, None, 1.0), H
             return
-        buf = np.empty((max(1, min(len(backend.workers), CHUNK_BYTES // (8 * backend.d))), backend.d))
-        start = pos = 0  # the buffer holds workers start … start + pos − 1
+        rows = max(1, CHUNK_BYTES // (8 * backend.d))
         for lo, hi, G in backend.grad_blocks(x):
-            a = lo
-            while a < hi:
-                take = min(hi - a, len(buf) - pos)
-                g, v = G[a - lo : a - lo + take], buf[pos : pos + take]
-                with np.errstate(invalid="ignore", over="ignore"):  # as _combine: ∇f_i(x) − β h_i
-                    if H is None:
-                        np.copyto(v, g)
-                    elif beta == 1.0:
-                        np.subtract(g, H[a : a + take], out=v)
-                    else:
-                        np.multiply(H[a : a + take], beta, out=v)
-                        np.subtract(g, v, out=v)
-                pos, a = pos + take, a + take
-                if pos == len(buf):
-                    yield start, start + pos, buf
-                    start, pos = start + pos, 0
-        if pos:
-            yield start, start + pos, buf[:pos]
+            for a in range(lo, hi, rows):
+                b = min(hi, a + rows)
+                yield a, b, G[a - lo : b - lo], None if H is None else H[a:b]
 
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
               H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
@@ -318,16 +307,18 @@ class _Compressed(Exchange):
             msgs = Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan))
             return backend.mean_pairs(compressor, msgs), H
         # each worker's message depends on its own input only: the inputs are formed and
-        # compressed one chunk of workers at a time (from the problem's blocks of gradients when
+        # compressed one block of workers at a time (from the problem's blocks of gradients when
         # it gives them), never as one (workers, d) array
         pieces: list[tuple[int, int, Messages]] = []
         finite = True
-        for lo, hi, V in self._input_blocks(backend, x, y, coef, H, beta):
-            if finite and not _finite(V):  # divergence: every worker's message from a zero input, NaN values
-                finite = False
-                pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
-            msgs = compressor.compress_rows(V, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) if finite \
-                else _compress_zeros(compressor, backend, lo, hi, seed, round)
+        for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
+            msgs = compressor.compress_shifted_rows(G, Hb, beta=beta, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) \
+                if finite else None
+            if msgs is None:  # divergence: every worker's message from a zero input, NaN values
+                if finite:
+                    finite = False
+                    pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
+                msgs = _compress_zeros(compressor, backend, lo, hi, seed, round)
             pieces.append((lo, hi, msgs))
         msgs = _concat_messages([m for _, _, m in pieces])
         if not finite:
@@ -402,9 +393,9 @@ class CompressedMeanRows(_Compressed):
     def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
         return _combine(x, None, coef, H, beta)  # the given rows (see __call__), less β h_i when shifted
 
-    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None,
-                      beta: float) -> Iterator[tuple[int, int, Array]]:
-        yield 0, len(backend.workers), self._inputs(backend, x, y, coef, H, beta)
+    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float,
+                      H: Array | None) -> Iterator[tuple[int, int, Array, Array | None]]:
+        yield 0, len(backend.workers), x, H  # the given rows, less β h_i when shifted (by the compressor)
 
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]

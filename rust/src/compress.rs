@@ -12,6 +12,7 @@
 //! ([`crate::mem::Need`]) before allocating or computing anything.
 
 use ndarray::{Array1, Array2, ArrayView1, ArrayView2};
+use rayon::prelude::*;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{CoreError, Result};
@@ -383,6 +384,124 @@ pub fn compress_rows<T: Real>(spec: &Spec, a: ArrayView2<T>, start: usize, n: us
     Ok(out)
 }
 
+/// Inputs of at least this many elements (`m·d`) are compressed on the pool's threads, one
+/// worker per task (each worker's message is independent of the thread count).
+pub const SHIFTED_PAR_MIN: usize = 1 << 16;
+
+/// The messages of workers `start .. start + m` whose inputs are `v_i = g_i − β·h_i` (`g_i`,
+/// `h_i` the rows of `g`, `h`; `v_i = g_i` without `h`), for `n` workers in all: for each
+/// worker the values and order of [`compress_rows`] on the `(m, d)` array of the `v_i`, bit
+/// for bit (`g − h` when `β = 1`, else `g − h·β`, in `T`), without forming that array: each
+/// worker's input is formed in a buffer of `d` values, checked and compressed in one go (on the
+/// pool's threads for large inputs). `None` when an input is not finite (no worker's message is
+/// then meaningful: the caller handles the divergence).
+#[allow(clippy::too_many_arguments)]
+pub fn compress_shifted_rows<T: Real>(
+    spec: &Spec,
+    g: ArrayView2<T>,
+    h: Option<ArrayView2<T>>,
+    beta: f64,
+    start: usize,
+    n: usize,
+    seed: u64,
+    round: u64,
+) -> Result<Option<Messages<T>>> {
+    let (m, d) = g.dim();
+    spec.check(n, d)?;
+    if start.checked_add(m).map_or(true, |stop| stop > n) {
+        return Err(CoreError::invalid(
+            "start",
+            format!("the workers start .. start + m = {start} .. {start} + {m} exceed n_workers = {n}"),
+        ));
+    }
+    if let Some(h) = &h {
+        if h.dim() != (m, d) {
+            return Err(CoreError::invalid("H", format!("must have the shape of G ({m}, {d}), got {:?}", h.dim())));
+        }
+    }
+    if !beta.is_finite() {
+        return Err(CoreError::invalid("beta", format!("must be finite, got {beta}")));
+    }
+    let fp = spec.sparsifier.footprint(n, d);
+    let threads = crate::threads::num_threads()? as u128;
+    let plan_bytes = if spec.sparsifier.data_dependent() { 0 } else { fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24) };
+    Need::new()
+        .bytes("the round's plan", plan_bytes)
+        .bytes("the workers' inputs", threads * (d as u128) * std::mem::size_of::<T>() as u128)
+        .bytes("the messages", 2 * messages_bytes::<T>(&fp, m))
+        .check()?;
+    let plan = if spec.sparsifier.data_dependent() { None } else { Some(spec.sparsifier.assign_rows::<T>(n, d, seed, round, start, m, None)?) };
+    let beta_t = T::of(beta);
+    let worker = |buf: &mut Result<Vec<T>>, r: usize| -> Result<Option<Vec<(u32, T)>>> {
+        let buf = buf.as_mut().map_err(|e| e.clone())?;
+        if !shifted_input(buf, g.row(r), h.as_ref().map(|h| h.row(r)), beta, beta_t) {
+            return Ok(None);
+        }
+        let v = ArrayView1::from(buf.as_slice());
+        let owned;
+        let (coords, scale) = match &plan {
+            Some(p) => p.worker(r),
+            None => {
+                owned = spec.sparsifier.select(n, d, seed, round, start + r, Some(v))?;
+                (owned.0.as_coords(), owned.1)
+            }
+        };
+        let mut msg = mem::vec("the message", coords.len(d))?;
+        match emit_worker(spec, v, coords, scale, seed, round, start + r, |j, x| msg.push((j as u32, x))) {
+            Ok(()) => Ok(Some(msg)),
+            Err(CoreError::NonFinite { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    };
+    let init = || mem::vec::<T>("a worker's input", d);
+    type Message<T> = Result<Option<Vec<(u32, T)>>>;
+    let msgs: Vec<Message<T>> = if m >= 2 && m * d >= SHIFTED_PAR_MIN {
+        crate::threads::install(|| (0..m).into_par_iter().map_init(init, worker).collect())?
+    } else {
+        let mut buf = init();
+        (0..m).map(|r| worker(&mut buf, r)).collect()
+    };
+    let mut list = mem::vec::<Vec<(u32, T)>>("the messages", m)?;
+    for msg in msgs {
+        // the first error in worker order, whatever the thread count
+        match msg? {
+            Some(l) => list.push(l),
+            None => return Ok(None),
+        }
+    }
+    let mut out = Messages::with_capacity(m, list.iter().map(Vec::len).sum())?;
+    for l in &list {
+        for &(j, x) in l {
+            out.indices.push(j as i64);
+            out.values.push(x);
+        }
+        out.end_worker();
+    }
+    Ok(Some(out))
+}
+
+/// `buf ← g − h` (`β = 1`), `g − h·β` (`h` given), or `g`; whether every value is finite (a
+/// NaN probe `Σ v·0` over eight lanes, so it vectorizes; `buf` is still in the cache).
+fn shifted_input<T: Real>(buf: &mut Vec<T>, g: ArrayView1<T>, h: Option<ArrayView1<T>>, beta: f64, beta_t: T) -> bool {
+    let v = |gj: T, hj: T| if beta == 1.0 { gj - hj } else { gj - hj * beta_t };
+    buf.clear();
+    match (g.as_slice(), &h) {
+        (Some(gs), None) => buf.extend_from_slice(gs),
+        (None, None) => buf.extend(g.iter().copied()),
+        (Some(gs), Some(h)) if h.as_slice().is_some() => buf.extend(gs.iter().zip(h.as_slice().unwrap_or(&[])).map(|(&a, &b)| v(a, b))),
+        (_, Some(h)) => buf.extend(g.iter().zip(h.iter()).map(|(&a, &b)| v(a, b))),
+    }
+    let mut lanes = [T::zero(); 8];
+    let chunks = buf.chunks_exact(8);
+    let tail = chunks.remainder().iter().fold(T::zero(), |a, &x| a + x * T::zero());
+    for c in chunks {
+        for l in 0..8 {
+            lanes[l] += c[l] * T::zero();
+        }
+    }
+    lanes.iter().fold(tail, |a, &x| a + x).is_finite()
+}
+
 /// The plan of round `round`: data-dependent sparsifiers need the data `a`; the others
 /// ignore it.
 pub fn round_plan<T: Real>(spec: &Spec, n: usize, d: usize, seed: u64, round: u64, a: Option<ArrayView2<T>>) -> Result<RoundPlan> {
@@ -610,6 +729,21 @@ mod tests {
         let bad = [1.0, f64::NAN, f64::INFINITY];
         assert!(matches!(topk_coords(ArrayView1::from(&bad[..]), 1, 3), Err(CoreError::NonFinite { worker: 3, coord: 1, .. })));
         assert!(topk_coords(ArrayView1::from(&bad[..]), 4, 3).is_err());
+        // a NaN or an infinity among small values of a long row (in a block no value of which
+        // can enter), in the blocks and in the tail, contiguous or strided, is found
+        for at in [5, 4000, 19_990, 19_999] {
+            for v in [f64::NAN, -f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                let mut x: Vec<f64> = (0..20_000).map(|j| if j < 8 { 1e6 } else { 1e-3 }).collect();
+                x[at] = v;
+                for row in [ArrayView1::from(x.as_slice()), ArrayView1::from(x.as_slice()).slice_move(s![..;1])] {
+                    assert!(matches!(topk_coords(row, 3, 2), Err(CoreError::NonFinite { worker: 2, coord, .. }) if coord == at), "at={at} v={v}");
+                }
+                let mut strided = vec![0.0; 40_000];
+                strided.iter_mut().step_by(2).zip(&x).for_each(|(s, &v)| *s = v);
+                let row = ArrayView1::from(strided.as_slice()).slice_move(s![..;2]);
+                assert!(matches!(topk_coords(row, 3, 2), Err(CoreError::NonFinite { coord, .. }) if coord == at));
+            }
+        }
     }
 
     #[test]
@@ -716,6 +850,71 @@ mod tests {
         let e = aggregate(&sp, f32max.view(), 0, 0).unwrap_err();
         assert_eq!(Some(e.clone()), aggregate_with_plan(&sp, &plan, f32max.view(), 0, 0).err());
         assert!(e.to_string().contains("overflow"));
+    }
+
+    /// `g − h·β` (`g − h` for `β = 1`) as numpy computes it, in `T`.
+    fn shifted<T: Real>(g: ArrayView2<T>, h: ArrayView2<T>, beta: f64) -> Array2<T> {
+        let b = T::of(beta);
+        Array2::from_shape_fn(g.dim(), |ij| if beta == 1.0 { g[ij] - h[ij] } else { g[ij] - h[ij] * b })
+    }
+
+    #[test]
+    fn compress_shifted_rows_is_compress_rows_of_the_shifted_inputs() {
+        let (n, d) = (4, 5);
+        let g = data(n, d);
+        let h = data(n, d).mapv(|v| 0.3 * v + 0.1);
+        for sp in all_specs() {
+            for (start, stop) in [(0, n), (1, 3), (2, 2)] {
+                let (gs, hs) = (g.slice(s![start..stop, ..]), h.slice(s![start..stop, ..]));
+                for beta in [1.0, 0.5] {
+                    let want = compress_rows(&sp, shifted(gs, hs, beta).view(), start, n, 7, 3).unwrap();
+                    assert_eq!(compress_shifted_rows(&sp, gs, Some(hs), beta, start, n, 7, 3).unwrap(), Some(want), "{sp:?} beta={beta}");
+                }
+                let want = compress_rows(&sp, gs, start, n, 7, 3).unwrap();
+                assert_eq!(compress_shifted_rows(&sp, gs, None, 1.0, start, n, 7, 3).unwrap(), Some(want));
+                // float32 inputs: the arithmetic in float32
+                let (g32, h32) = (gs.mapv(|v| v as f32 / 3.0), hs.mapv(|v| v as f32 / 7.0));
+                let want = compress_rows(&sp, shifted(g32.view(), h32.view(), 0.3).view(), start, n, 7, 3).unwrap();
+                assert_eq!(compress_shifted_rows(&sp, g32.view(), Some(h32.view()), 0.3, start, n, 7, 3).unwrap(), Some(want));
+            }
+        }
+        // large inputs run on the pool's threads: the same messages on 1 and 3 threads, and as compress_rows
+        let (g, h) = (big(16, 40_000), big(16, 40_000).mapv(|v| v * 0.5));
+        let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        for sp in [spec(TopK { k: 7 }), spec(RandK { k: 100 }), Spec::new(TopK { k: 3 }, Quantizer::Natural).unwrap()] {
+            let want = Some(compress_rows(&sp, shifted(g.view(), h.view(), 1.0).view(), 0, 16, 1, 2).unwrap());
+            for k in [1, 3] {
+                crate::threads::set_num_threads(k).unwrap();
+                assert_eq!(compress_shifted_rows(&sp, g.view(), Some(h.view()), 1.0, 0, 16, 1, 2).unwrap(), want);
+            }
+        }
+    }
+
+    #[test]
+    fn compress_shifted_rows_reports_non_finite_inputs_and_bad_arguments() {
+        let (n, d) = (4, 50);
+        let g = data(n, d);
+        for (i, j) in [(0, 0), (3, 49), (2, 17)] {
+            for bad in [f64::NAN, f64::INFINITY] {
+                let mut h = Array2::zeros((n, d));
+                h[[i, j]] = bad; // wherever it is: RandK(1) reads one coordinate of each worker
+                for sp in [spec(TopK { k: 2 }), spec(RandK { k: 1 }), spec(PermK)] {
+                    assert_eq!(compress_shifted_rows(&sp, g.view(), Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None, "{sp:?}");
+                }
+            }
+        }
+        let huge = Array2::from_elem((n, d), f64::MAX);
+        assert_eq!(compress_shifted_rows(&spec(TopK { k: 2 }), huge.view(), Some((-&huge).view()), 1.0, 0, n, 0, 0).unwrap(), None); // overflow
+        let sp = spec(TopK { k: 2 });
+        assert!(compress_shifted_rows(&sp, g.view(), Some(g.slice(s![..3, ..])), 1.0, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), None, 1.0, 1, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), Some(g.view()), f64::NAN, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&spec(TopK { k: 51 }), g.view(), None, 1.0, 0, n, 0, 0).is_err());
+        // strided rows are read as they are
+        let wide = data(n, 2 * d);
+        let (gs, hs) = (wide.slice(s![.., ..;2]), wide.slice(s![.., 1..;2]));
+        let want = compress_rows(&sp, shifted(gs, hs, 1.0).view(), 0, n, 0, 0).unwrap();
+        assert_eq!(compress_shifted_rows(&sp, gs, Some(hs), 1.0, 0, n, 0, 0).unwrap(), Some(want));
     }
 
     #[test]

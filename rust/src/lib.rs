@@ -11,9 +11,11 @@
 //!   natively: the held workers' values and the average from them;
 //! - [`quadratic`]: the synthetic quadratic's oracles and fused method steps;
 //! - [`rowdots`]: dot products of selected rows (the linear autoencoder's coordinates);
+//! - [`autoencoder`]: the linear autoencoder's split gradients from a block's products;
 //! - [`rng`]: the pinned random streams; [`mem`]: the memory guard; [`threads`]: the pool;
 //!   [`params`]: compressor parameters; [`error`]: the one error type.
 
+pub mod autoencoder;
 pub mod compress;
 pub mod error;
 pub mod kernels;

@@ -4,7 +4,7 @@
 
 use numpy::ndarray::{ArrayView, ArrayView1, ArrayView2, Dimension};
 use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadwriteArray1, PyReadwriteArray2,
+    IntoPyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray1, PyReadwriteArray2,
     PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
@@ -17,7 +17,7 @@ use crate::params::{Params, Value};
 use crate::plan::Ranges;
 use crate::round::{Divisor, PendingRound, Round};
 use crate::sparsify::{blockpermk, permk};
-use crate::{quadratic, rng, rowdots, threads};
+use crate::{autoencoder, quadratic, rng, rowdots, threads};
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -220,6 +220,47 @@ impl PySpec {
         match arr2(a, "A")? {
             Arr2::F64(x) => go(py, &self.0, x.as_array(), start, n_workers, seed, round),
             Arr2::F32(x) => go(py, &self.0, x.as_array(), start, n_workers, seed, round),
+        }
+    }
+
+    /// The messages of workers `start .. start + m` whose inputs are `G − beta·H` (`G` without
+    /// `H`; `G`, `H` of shape `(m, d)`, one dtype), formed row by row: `(offsets, indices,
+    /// values)`, or None when an input (or a message) is not finite.
+    #[allow(non_snake_case, clippy::too_many_arguments)]
+    #[pyo3(signature = (G, H, beta, start, n_workers, seed, round))]
+    fn compress_shifted_rows<'py>(
+        &self,
+        py: Python<'py>,
+        G: &Bound<'py, PyAny>,
+        H: Option<&Bound<'py, PyAny>>,
+        beta: f64,
+        start: usize,
+        n_workers: usize,
+        seed: u64,
+        round: u64,
+    ) -> PyResult<Option<MessageArrays<'py>>> {
+        #[allow(clippy::too_many_arguments)]
+        fn go<'py, T: Real + numpy::Element>(
+            py: Python<'py>,
+            spec: &Spec,
+            g: ArrayView2<T>,
+            h: Option<ArrayView2<T>>,
+            beta: f64,
+            start: usize,
+            n: usize,
+            seed: u64,
+            round: u64,
+        ) -> PyResult<Option<MessageArrays<'py>>> {
+            let m = py.detach(|| compress::compress_shifted_rows(spec, g, h, beta, start, n, seed, round))?;
+            Ok(m.map(|m| message_arrays(py, m)))
+        }
+        let h = H.map(|h| arr2(h, "H")).transpose()?;
+        match (arr2(G, "G")?, h) {
+            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), None, beta, start, n_workers, seed, round),
+            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), None, beta, start, n_workers, seed, round),
+            (Arr2::F64(g), Some(Arr2::F64(h))) => go(py, &self.0, g.as_array(), Some(h.as_array()), beta, start, n_workers, seed, round),
+            (Arr2::F32(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), Some(h.as_array()), beta, start, n_workers, seed, round),
+            _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32)")),
         }
     }
 
@@ -498,6 +539,42 @@ fn row_dots<'py>(
     Ok(out.into_pyarray(py))
 }
 
+/// The linear autoencoder's split gradients of a block of `b` splits, written into the rows of
+/// `out` (`(b, d)` float64) from the block's products `azw` (`(b, d_f, 2 d_e)`) and `dg`
+/// (`(d_f, b, d_e)`), `reg_e` (`(d_e, d_f)`, all three float64 or all float32) and the splits'
+/// multiplicities `reg_mult` (float64, or None).
+#[pyfunction]
+#[pyo3(signature = (azw, dg, reg_e, reg_mult, out))]
+fn autoencoder_split_grads<'py>(
+    py: Python<'py>,
+    azw: &Bound<'py, PyAny>,
+    dg: &Bound<'py, PyAny>,
+    reg_e: &Bound<'py, PyAny>,
+    reg_mult: Option<PyReadonlyArray1<'py, f64>>,
+    mut out: PyReadwriteArray2<'py, f64>,
+) -> PyResult<()> {
+    fn go<T: Real + numpy::Element>(
+        py: Python<'_>,
+        azw: PyReadonlyArray3<'_, T>,
+        dg: PyReadonlyArray3<'_, T>,
+        reg_e: PyReadonlyArray2<'_, T>,
+        reg_mult: Option<&[f64]>,
+        out: numpy::ndarray::ArrayViewMut2<'_, f64>,
+    ) -> PyResult<()> {
+        let (a, g, r) = (azw.as_array(), dg.as_array(), reg_e.as_array());
+        Ok(py.detach(|| autoencoder::split_grads(a, g, r, reg_mult, out))?)
+    }
+    let mult = reg_mult.as_ref().map(|m| m.as_slice()).transpose()?;
+    let o = out.as_array_mut();
+    if let (Ok(a), Ok(g), Ok(r)) = (azw.extract(), dg.extract(), reg_e.extract()) {
+        go::<f64>(py, a, g, r, mult, o)
+    } else if let (Ok(a), Ok(g), Ok(r)) = (azw.extract(), dg.extract(), reg_e.extract()) {
+        go::<f32>(py, a, g, r, mult, o)
+    } else {
+        Err(PyTypeError::new_err("azw and dg must be 3-D and reg_e 2-D numpy arrays, all float64 or all float32"))
+    }
+}
+
 /// Sets the number of threads of the core's pool.
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, k: usize) -> PyResult<()> {
@@ -633,6 +710,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(coin, m)?)?;
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(row_dots, m)?)?;
+    m.add_function(wrap_pyfunction!(autoencoder_split_grads, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

@@ -594,6 +594,26 @@ class Compressor(abc.ABC):
         return Messages(offsets, np.concatenate([m.indices for m in msgs]).astype(np.int64),
                         np.concatenate([m.values for m in msgs]) if msgs else np.zeros(0, dtype=A.dtype))
 
+    def compress_shifted_rows(self, G: np.ndarray, H: np.ndarray | None = None, *, beta: float = 1.0, start: int, n_workers: int,
+                              seed: int, round: int) -> Messages | None:
+        """The messages of workers ``start … start + m − 1`` whose inputs are ``G − β·H``
+        (``G`` without ``H``; both ``(m, d)``, one float dtype: ``G − H`` when ``β = 1``, else
+        ``G − H·β``), or None when an input is not finite (the exchanges' divergence): bit for
+        bit :meth:`compress_rows` of that array. With a Rust kernel the inputs are formed,
+        checked and compressed worker by worker on the core's threads, never as one array (the
+        shifted exchanges of error feedback, DIANA and DASHA without a shared plan)."""
+        n = check_int(n_workers, "n_workers", low=1)
+        start = check_int(start, "start", high=n)
+        if self.kernel is not None:
+            out = self.kernel.compress_shifted_rows(G, H, float(beta), start, n, check_seed(seed), check_int(round, "round"))
+            return None if out is None else Messages(*out)
+        with np.errstate(invalid="ignore", over="ignore"):
+            V = G if H is None else G - (H if beta == 1.0 else H * beta)
+            finite = bool(np.isfinite(V.sum())) or bool(np.isfinite(V).all())  # one pass without a temporary when finite
+        if not finite:
+            return None
+        return self.compress_rows(V, start=start, n_workers=n, seed=seed, round=round)
+
     def aggregate(self, A: Any, *, seed: int, round: int) -> np.ndarray:
         """``(1/n) Σ_i C_i(A[i])``, summed in worker order and divided by ``n`` (bit for bit the
         messages' :func:`aggregate_messages`)."""

@@ -423,14 +423,14 @@ class LinearAutoencoder:
         block buffer the next block overwrites. With ``Z``, ``W`` scaled by ``2c/m_s`` per
         split, per block: one batched product ``A_sᵀ [Z_s W_s]`` (the two products beyond the
         point's), one product ``[D  ∇_D reg] [(2c/m_s) Z_sᵀZ_s; I]`` for all the block's splits,
-        and one pass writing each half of the block. The blocks and their arithmetic do not
+        and one pass writing each split's row (``permk._core.autoencoder_split_grads``, on the
+        core's threads). The blocks and their arithmetic do not
         depend on ``out``: the values are the same bits either way."""
         S, d_f, d_e = len(self._held), self.d_f, self.d_e
-        k1 = d_f * d_e
         b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
         buf = np.empty((min(b, S), self.d)) if out is None else None
         scale = self._scale if mult is None else self._scale * mult
-        reg_mult = np.ones(S) if mult is None else mult
+        reg_mult = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
         AT3 = self._views(self._AT)
         with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
             ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
@@ -439,17 +439,16 @@ class LinearAutoencoder:
             GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
             GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
             DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
-            regE = p.regE.astype(self.dtype)
+            regE = np.ascontiguousarray(p.regE, dtype=self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
             G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
-            oD, oE = G[:, :k1].reshape(hi - lo, d_f, d_e), G[:, k1:].reshape(hi - lo, d_e, d_f)
             with np.errstate(over="ignore", invalid="ignore"):
                 AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
-                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e).transpose(1, 0, 2)
-                np.subtract(DG, AZW[:, :, :d_e], out=oD)  # (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg
-                rE = regE if mult is None else reg_mult[lo:hi, None, None] * regE
-                np.add(AZW[:, :, d_e:].transpose(0, 2, 1), rE, out=oE)  # (2c/m_s) W_sᵀA_s + ∇_E reg
+                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e)
+            # one pass on the core's threads: ∇_D = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg and
+            # ∇_E = (2c/m_s) W_sᵀA_s + ∇_E reg into each split's row
+            _core.autoencoder_split_grads(AZW, DG, regE, None if mult is None else reg_mult[lo:hi], G)
             yield lo, hi, G
 
     def split_grads(self, x: Any) -> np.ndarray:
