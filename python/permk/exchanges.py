@@ -312,14 +312,14 @@ class _Compressed(Exchange):
         pieces: list[tuple[int, int, Messages]] = []
         finite = True
         for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
-            msgs = compressor.compress_shifted_rows(G, Hb, beta=beta, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) \
+            got = compressor.compress_shifted_rows(G, Hb, beta=beta, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) \
                 if finite else None
-            if msgs is None:  # divergence: every worker's message from a zero input, NaN values
+            if got is None:  # divergence: every worker's message from a zero input, NaN values
                 if finite:
                     finite = False
                     pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
-                msgs = _compress_zeros(compressor, backend, lo, hi, seed, round)
-            pieces.append((lo, hi, msgs))
+                got = _compress_zeros(compressor, backend, lo, hi, seed, round)
+            pieces.append((lo, hi, got))
         msgs = _concat_messages([m for _, _, m in pieces])
         if not finite:
             msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))
