@@ -355,10 +355,8 @@ pub fn messages_bytes<T>(fp: &Footprint, rows: usize) -> u128 {
     8 * (rows as u128 + 1) + len * (8 + std::mem::size_of::<T>() as u128)
 }
 
-/// The messages of workers `start .. start + m` whose inputs are the rows of `a` (`(m, d)`),
-/// for `n` workers in all: for each worker the values and order of [`compress`], bit for bit.
-pub fn compress_rows<T: Real>(spec: &Spec, a: ArrayView2<T>, start: usize, n: usize, seed: u64, round: u64) -> Result<Messages<T>> {
-    let (m, d) = a.dim();
+/// The spec is defined for `n` workers in dimension `d`, and workers `start .. start + m` exist.
+fn check_rows(spec: &Spec, m: usize, d: usize, start: usize, n: usize) -> Result<()> {
     spec.check(n, d)?;
     if start.checked_add(m).map_or(true, |stop| stop > n) {
         return Err(CoreError::invalid(
@@ -366,6 +364,14 @@ pub fn compress_rows<T: Real>(spec: &Spec, a: ArrayView2<T>, start: usize, n: us
             format!("the workers start .. start + m = {start} .. {start} + {m} exceed n_workers = {n}"),
         ));
     }
+    Ok(())
+}
+
+/// The messages of workers `start .. start + m` whose inputs are the rows of `a` (`(m, d)`),
+/// for `n` workers in all: for each worker the values and order of [`compress`], bit for bit.
+pub fn compress_rows<T: Real>(spec: &Spec, a: ArrayView2<T>, start: usize, n: usize, seed: u64, round: u64) -> Result<Messages<T>> {
+    let (m, d) = a.dim();
+    check_rows(spec, m, d, start, n)?;
     let fp = spec.sparsifier.footprint(n, d);
     Need::new()
         .bytes("the round's plan", fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24))
@@ -407,13 +413,7 @@ pub fn compress_shifted_rows<T: Real>(
     round: u64,
 ) -> Result<Option<Messages<T>>> {
     let (m, d) = g.dim();
-    spec.check(n, d)?;
-    if start.checked_add(m).map_or(true, |stop| stop > n) {
-        return Err(CoreError::invalid(
-            "start",
-            format!("the workers start .. start + m = {start} .. {start} + {m} exceed n_workers = {n}"),
-        ));
-    }
+    check_rows(spec, m, d, start, n)?;
     if let Some(h) = &h {
         if h.dim() != (m, d) {
             return Err(CoreError::invalid("H", format!("must have the shape of G ({m}, {d}), got {:?}", h.dim())));
