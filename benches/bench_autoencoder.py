@@ -23,7 +23,10 @@ which a run of thousands of rounds does once). The measurements are interleaved 
 repetition): the table gives the medians of
 the times and, for the ratios, the median over repetitions of each round's time over the floor
 timed just before it, so a machine shared with other jobs slows both sides of a ratio alike.
-Prints a markdown table.
+Prints a markdown table. As the ``permk`` command does, it sets ``OPENBLAS_THREAD_TIMEOUT=4``
+unless set (``permk._blas``): OpenBLAS's threads then sleep right after each product instead of
+spinning on the cores the Rust passes between products need (``OPENBLAS_THREAD_TIMEOUT=28`` is
+OpenBLAS's default).
 
     python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick] [--threads N]
 """
@@ -37,10 +40,13 @@ import platform
 import time
 from typing import Any, Callable
 
-import numpy as np
+# as the permk command does (permk._blas), before numpy loads OpenBLAS: its idle threads sleep at once
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-import permk
-from permk.experiments.autoencoder import LinearAutoencoder
+import numpy as np  # noqa: E402
+
+import permk  # noqa: E402
+from permk.experiments.autoencoder import LinearAutoencoder  # noqa: E402
 from permk.experiments.data import DEBIAN_FASHION_MNIST, load_images
 
 
@@ -198,7 +204,8 @@ def main() -> None:
     reps = 3 if args.quick else args.reps
     print(f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round (medians of {reps} "
           f"interleaved repetitions), and ratios to the floor; {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}")
+          f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}, "
+          f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT')}")
     print("| dtype | p̂ | splits | floor (2 products) | MARINA+PermK | MARINA+RandK | full floor (4 products) | split gradients | "
           "EF21+TopK | numpy round | PermK / floor | RandK / floor | split grads / full floor | EF21 / full floor | numpy / PermK |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -110,3 +110,21 @@ def test_mpi_ranks_on_one_machine_share_its_cores(ranks: int, fixed: str | None)
     lines = [list(map(int, line.split())) for line in proc.stdout.splitlines()]
     assert sorted(v[0] for v in lines) == list(range(ranks))
     assert all(v[1] == want and set(v[2:]) == {want} for v in lines), lines  # Rust pool, then every BLAS pool
+
+
+def test_the_permk_command_lets_openblas_idle_threads_sleep(tmp_path: Path) -> None:
+    """The ``permk`` command (argv[0] named permk, numpy not yet loaded) sets
+    OPENBLAS_THREAD_TIMEOUT=4 unless it is set; ``import permk`` in a program changes nothing."""
+    from permk._blas import command_setting
+
+    assert command_setting("/usr/bin/permk", False) and not command_setting("/usr/bin/permk", True)
+    assert not command_setting("script.py", False) and not command_setting("", False)
+    base = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    fake = tmp_path / "permk"  # a script named as the command
+    fake.write_text("import os, permk\nprint(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))\n")
+    for env, want in (({}, "4"), ({"OPENBLAS_THREAD_TIMEOUT": "9"}, "9")):
+        out = subprocess.run([sys.executable, str(fake)], env={**base, **env}, capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == want
+    out = subprocess.run([sys.executable, "-c", "import os, permk; print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))"], env=base,
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"

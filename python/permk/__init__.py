@@ -13,6 +13,7 @@ catalogs (:mod:`permk.registry`).
 """
 
 from . import _clock as _clock  # first: the zero of the CLI's time line
+from . import _blas as _blas  # the permk command: OpenBLAS's idle threads sleep at once (before numpy loads it)
 from . import theory as theory
 from ._core import __version__ as __version__
 from .parallel import apply_env_threads as _apply_env_threads
