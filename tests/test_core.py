@@ -1115,6 +1115,13 @@ def test_autoencoder_split_grads_are_the_numpy_passes(dtype: type, shape: tuple[
         with pytest.raises(exc, match=match):
             _core.autoencoder_split_grads(*args, out)  # type: ignore[misc]
         assert not out.any()
+    with pytest.raises(TypeError, match="^reg_mult must be"):
+        _core.autoencoder_split_grads(azw, dg, reg_e, np.ones(b, dtype=np.float32), out)
+    read_only = np.zeros_like(out)
+    read_only.flags.writeable = False
+    for bad in (out.astype(np.float32), read_only):
+        with pytest.raises(TypeError, match="^out must be a writeable 2-D float64"):
+            _core.autoencoder_split_grads(azw, dg, reg_e, None, bad)
     with pytest.raises(ValueError, match="^out: "):
         _core.autoencoder_split_grads(azw, dg, reg_e, None, np.zeros((b, 2 * d_f * d_e + 1)))
     with pytest.raises(ValueError, match="^out: .*contiguous"):

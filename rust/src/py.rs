@@ -550,8 +550,8 @@ fn autoencoder_split_grads<'py>(
     azw: &Bound<'py, PyAny>,
     dg: &Bound<'py, PyAny>,
     reg_e: &Bound<'py, PyAny>,
-    reg_mult: Option<PyReadonlyArray1<'py, f64>>,
-    mut out: PyReadwriteArray2<'py, f64>,
+    reg_mult: Option<&Bound<'py, PyAny>>,
+    out: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
     fn go<T: Real + numpy::Element>(
         py: Python<'_>,
@@ -564,6 +564,10 @@ fn autoencoder_split_grads<'py>(
         let (a, g, r) = (azw.as_array(), dg.as_array(), reg_e.as_array());
         Ok(py.detach(|| autoencoder::split_grads(a, g, r, reg_mult, out))?)
     }
+    let reg_mult = reg_mult
+        .map(|m| m.extract::<PyReadonlyArray1<'py, f64>>().map_err(|_| PyTypeError::new_err("reg_mult must be a 1-D float64 numpy array or None")))
+        .transpose()?;
+    let mut out = out.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("out must be a writeable 2-D float64 numpy array"))?;
     let mult = reg_mult.as_ref().map(|m| m.as_slice()).transpose()?;
     let o = out.as_array_mut();
     if let (Ok(a), Ok(g), Ok(r)) = (azw.extract(), dg.extract(), reg_e.extract()) {
