@@ -160,6 +160,14 @@ def check_output(value: Any, shape: tuple[int, ...], name: str, *, finite: bool 
     return out
 
 
+def all_finite(a: np.ndarray) -> bool:
+    """Whether every entry is finite: a finite sum says so in one pass without a temporary (a
+    NaN or infinity makes the sum non-finite); otherwise (an overflow, or a non-finite entry)
+    each entry is checked."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
+
+
 def physical_memory() -> int | None:
     """The machine's physical memory in bytes, or None when unknown."""
     try:

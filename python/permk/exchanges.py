@@ -61,6 +61,7 @@ from typing import Any, Callable, ClassVar, Iterator, Protocol, runtime_checkabl
 
 import numpy as np
 
+from ._validate import all_finite
 from .compressors import Compressor, Messages, Round
 
 __all__ = [
@@ -154,14 +155,6 @@ def _held_rows(a: Any, backend: Transport, what: str) -> Array:
     return a
 
 
-def _finite(a: Array) -> bool:
-    """Whether every entry is finite: a finite sum says so in one pass without a temporary (a
-    NaN or infinity makes the sum non-finite); otherwise (an overflow, or a non-finite entry)
-    each entry is checked."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
-
-
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
     """``(gx − coef·gy) − β·h`` (the terms present), the one order every path uses."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -251,7 +244,7 @@ class _Compressed(Exchange):
         ``(workers, d)`` array) in blocks of at most :data:`CHUNK_BYTES`; with ``y`` one block,
         ``∇f_i(x) − c·∇f_i(y)`` (the backend keeps the last two points' gradients whole)."""
         if y is not None:
-            yield 0, len(backend.workers), _combine(backend.local_grads(x), backend.local_grads(y), coef, None, 1.0), H
+            yield 0, len(backend.workers), self._inputs(backend, x, y, coef, None, 1.0), H
             return
         rows = max(1, CHUNK_BYTES // (8 * backend.d))
         for lo, hi, G in backend.grad_blocks(x):
@@ -270,7 +263,7 @@ class _Compressed(Exchange):
         if compressor.capabilities.shared_plan:
             r = backend.plan(compressor, seed, round)
             dense = self._inputs(backend, x, y, coef, H, beta) if path == "dense" else None
-            dense_finite = dense is None or _finite(dense)
+            dense_finite = dense is None or all_finite(dense)
 
             def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
                 if path == "rust":  # no shift here: see Shifted._rust
@@ -314,12 +307,10 @@ class _Compressed(Exchange):
         for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
             got = compressor.compress_shifted_rows(G, Hb, beta=beta, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) \
                 if finite else None
-            if got is None:  # divergence: every worker's message from a zero input, NaN values
-                if finite:
-                    finite = False
-                    pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
-                got = _compress_zeros(compressor, backend, lo, hi, seed, round)
-            pieces.append((lo, hi, got))
+            if finite and got is None:  # divergence: every worker's message from a zero input, NaN values
+                finite = False
+                pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
+            pieces.append((lo, hi, got if got is not None else _compress_zeros(compressor, backend, lo, hi, seed, round)))
         msgs = _concat_messages([m for _, _, m in pieces])
         if not finite:
             msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))

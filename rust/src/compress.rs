@@ -424,34 +424,19 @@ pub fn compress_shifted_rows<T: Real>(
     }
     let fp = spec.sparsifier.footprint(n, d);
     let threads = crate::threads::num_threads()? as u128;
-    let plan_bytes = if spec.sparsifier.data_dependent() { 0 } else { fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24) };
     Need::new()
-        .bytes("the round's plan", plan_bytes)
+        .bytes("the round's plan", rows_plan_bytes(spec, &fp, m))
         .bytes("the workers' inputs", threads * (d as u128) * std::mem::size_of::<T>() as u128)
         .bytes("the messages", 2 * messages_bytes::<T>(&fp, m))
         .check()?;
-    let plan = if spec.sparsifier.data_dependent() { None } else { Some(spec.sparsifier.assign_rows::<T>(n, d, seed, round, start, m, None)?) };
+    let plan = rows_plan::<T>(spec, n, d, seed, round, start, m)?;
     let beta_t = T::of(beta);
     let worker = |buf: &mut Result<Vec<T>>, r: usize| -> Result<Option<Vec<(u32, T)>>> {
         let buf = buf.as_mut().map_err(|e| e.clone())?;
         if !shifted_input(buf, g.row(r), h.as_ref().map(|h| h.row(r)), beta, beta_t) {
             return Ok(None);
         }
-        let v = ArrayView1::from(buf.as_slice());
-        let owned;
-        let (coords, scale) = match &plan {
-            Some(p) => p.worker(r),
-            None => {
-                owned = spec.sparsifier.select(n, d, seed, round, start + r, Some(v))?;
-                (owned.0.as_coords(), owned.1)
-            }
-        };
-        let mut msg = mem::vec("the message", coords.len(d))?;
-        match emit_worker(spec, v, coords, scale, seed, round, start + r, |j, x| msg.push((j as u32, x))) {
-            Ok(()) => Ok(Some(msg)),
-            Err(CoreError::NonFinite { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
+        worker_message(spec, plan.as_ref(), ArrayView1::from(buf.as_slice()), r, start + r, n, seed, round)
     };
     let init = || mem::vec::<T>("a worker's input", d);
     type Message<T> = Result<Option<Vec<(u32, T)>>>;
@@ -478,6 +463,55 @@ pub fn compress_shifted_rows<T: Real>(
         out.end_worker();
     }
     Ok(Some(out))
+}
+
+/// The plan of workers `start .. start + m` when the spec's selection does not read the data;
+/// None for a data-dependent one (TopK), which [`worker_message`] selects worker by worker.
+pub(crate) fn rows_plan<T: Real>(spec: &Spec, n: usize, d: usize, seed: u64, round: u64, start: usize, m: usize) -> Result<Option<RoundPlan>> {
+    if spec.sparsifier.data_dependent() {
+        return Ok(None);
+    }
+    Ok(Some(spec.sparsifier.assign_rows::<T>(n, d, seed, round, start, m, None)?))
+}
+
+/// The estimated bytes of [`rows_plan`] for `m` workers.
+pub(crate) fn rows_plan_bytes(spec: &Spec, fp: &Footprint, m: usize) -> u128 {
+    if spec.sparsifier.data_dependent() {
+        0
+    } else {
+        fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24)
+    }
+}
+
+/// The message of `worker` (row `r` of `plan`, the [`rows_plan`] of its block) on its finite
+/// input `v`: the plan's coordinates or the spec's own selection, then [`emit_worker`], as
+/// `(coordinate, value)` pairs in message order; None when a value of the message is not finite.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn worker_message<T: Real>(
+    spec: &Spec,
+    plan: Option<&RoundPlan>,
+    v: ArrayView1<T>,
+    r: usize,
+    worker: usize,
+    n: usize,
+    seed: u64,
+    round: u64,
+) -> Result<Option<Vec<(u32, T)>>> {
+    let d = v.len();
+    let owned;
+    let (coords, scale) = match plan {
+        Some(p) => p.worker(r),
+        None => {
+            owned = spec.sparsifier.select(n, d, seed, round, worker, Some(v))?;
+            (owned.0.as_coords(), owned.1)
+        }
+    };
+    let mut msg = mem::vec("the message", coords.len(d))?;
+    match emit_worker(spec, v, coords, scale, seed, round, worker, |j, x| msg.push((j as u32, x))) {
+        Ok(()) => Ok(Some(msg)),
+        Err(CoreError::NonFinite { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// `buf ← g − h` (`β = 1`), `g − h·β` (`h` given), or `g`; whether every value is finite (a

@@ -10,7 +10,7 @@
 use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut2};
 use rayon::prelude::*;
 
-use crate::compress::{self, emit_worker, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
+use crate::compress::{self, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
 use crate::error::{CoreError, Result};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
@@ -461,7 +461,7 @@ impl Tridiagonal {
     /// `n` workers; worker index `start + row`) and sets `G_i ← G_i + c_i`. `G` is the
     /// C-contiguous `(m, d)` array of their estimators. Returns the messages in worker order.
     /// TopK without quantizer keeps the fused round's selection (bit for bit); any other spec
-    /// compresses the residual row with its per-worker selection and [`emit_worker`]. Workers
+    /// compresses the residual row with its per-worker selection and [`compress::worker_message`]. Workers
     /// run on the pool's threads for large inputs; nothing depends on the thread count. A
     /// non-finite residual (or message) returns `finite = false` and leaves `G` unchanged.
     pub fn error_feedback(&self, spec: &Spec, x: ArrayView1<f64>, mut gmat: ArrayViewMut2<f64>, seed: u64, round: u64, start: usize) -> Result<Feedback> {
@@ -504,11 +504,10 @@ impl Tridiagonal {
     fn feedback_need(spec: &Spec, n: usize, d: usize, m: usize) -> Result<()> {
         let fp = spec.sparsifier.footprint(n, d);
         let threads = threads::num_threads()? as u128;
-        let plan = if spec.sparsifier.data_dependent() { 0 } else { fp.assign + fp.plan + m as u128 * (4 * fp.worker_max + 24) };
         Need::new()
             .bytes("T x and c x", 3 * 8 * d as u128)
             .bytes("the workers' buffers", threads * 24 * d as u128)
-            .bytes("the round's plan", plan)
+            .bytes("the round's plan", compress::rows_plan_bytes(spec, &fp, m))
             .bytes("the messages", 2 * compress::messages_bytes::<f64>(&fp, m))
             .check()
     }
@@ -539,11 +538,7 @@ impl Tridiagonal {
                 }
             }
             _ => {
-                let plan = if spec.sparsifier.data_dependent() {
-                    None
-                } else {
-                    Some(spec.sparsifier.assign_rows::<f64>(n, d, seed, round, start, m, None)?)
-                };
+                let plan = compress::rows_plan::<f64>(spec, n, d, seed, round, start, m)?;
                 let worker = |buf: &mut Result<Vec<f64>>, r: usize, row: &[f64]| -> Result<WorkerMsg> {
                     let buf = buf.as_mut().map_err(|e| e.clone())?;
                     self.generic_worker(spec, plan.as_ref(), tx, cx, buf, r, row, seed, round, start)
@@ -628,7 +623,7 @@ impl Tridiagonal {
     }
 
     /// Any other spec: the residual row into `buf`, then the spec's selection and
-    /// [`emit_worker`] (a non-finite residual or message is `NonFinite`).
+    /// [`compress::worker_message`] (a non-finite residual or message is `NonFinite`).
     #[allow(clippy::too_many_arguments)]
     fn generic_worker(
         &self,
@@ -643,28 +638,15 @@ impl Tridiagonal {
         round: u64,
         start: usize,
     ) -> Result<WorkerMsg> {
-        let (n, d, i) = (self.n(), row.len(), start + r);
+        let (n, i) = (self.n(), start + r);
         let (ai, bi) = (self.a[i], self.beta[i]);
         buf.clear();
         buf.extend(row.iter().enumerate().map(|(j, &gij)| residual_at(ai, bi, tx, cx, j, gij)));
         if !buf.iter().all(|v| v.is_finite()) {
             return Ok(WorkerMsg::NonFinite);
         }
-        let residual = ArrayView1::from(buf.as_slice());
-        let owned;
-        let (coords, scale) = match plan {
-            Some(p) => p.worker(r),
-            None => {
-                owned = spec.sparsifier.select(n, d, seed, round, i, Some(residual))?;
-                (owned.0.as_coords(), owned.1)
-            }
-        };
-        let mut msg = mem::vec("the message", coords.len(d))?;
-        match emit_worker(spec, residual, coords, scale, seed, round, i, |j, v| msg.push((j as u32, v))) {
-            Ok(()) => Ok(WorkerMsg::Sparse(msg)),
-            Err(CoreError::NonFinite { .. }) => Ok(WorkerMsg::NonFinite),
-            Err(e) => Err(e),
-        }
+        let msg = compress::worker_message(spec, plan, ArrayView1::from(buf.as_slice()), r, i, n, seed, round)?;
+        Ok(msg.map_or(WorkerMsg::NonFinite, WorkerMsg::Sparse))
     }
 
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)` (with the stored `ā`).

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, Sequence, runtime_checka
 
 import numpy as np
 
-from .._validate import as_float_array, check_int, check_seed
+from .._validate import all_finite, as_float_array, check_int, check_seed
 from ..registry import Catalog
 
 
@@ -609,8 +609,7 @@ class Compressor(abc.ABC):
             return None if out is None else Messages(*out)
         with np.errstate(invalid="ignore", over="ignore"):
             V = G if H is None else G - (H if beta == 1.0 else H * beta)
-            finite = bool(np.isfinite(V.sum())) or bool(np.isfinite(V).all())  # one pass without a temporary when finite
-        if not finite:
+        if not all_finite(V):
             return None
         return self.compress_rows(V, start=start, n_workers=n, seed=seed, round=round)
 
