@@ -5,6 +5,8 @@ restricted to a block of workers (MPI)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import math
 import os
 import subprocess
@@ -171,13 +173,78 @@ class _WholeGrads:
         return self.p.local_grads(x)  # type: ignore[attr-defined, no-any-return]
 
 
+class _GradBlocks(_WholeGrads):
+    """A problem's oracles with ``local_grad_blocks`` but not ``local_message_blocks`` (the
+    exchange then compresses the blocks of gradients itself)."""
+
+    def local_grad_blocks(self, x: np.ndarray) -> Any:
+        return self.p.local_grad_blocks(x)  # type: ignore[attr-defined]
+
+
+class _PyTopK(permk.Compressor):
+    """TopK written in Python (no Rust kernel)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return self.k
+
+    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
+        x = np.asarray(x)
+        idx = np.sort(np.argsort(-np.abs(x), kind="stable")[: self.k])
+        return permk.Message(worker, n_workers, x.size, idx, x[idx])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("p_hat", [0.0, 0.6])
+def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.MonkeyPatch, dtype: type, p_hat: float) -> None:
+    """local_message_blocks gives, block by block, compress_shifted_rows on the blocks of
+    local_grad_blocks bit for bit (Rust TopK and RandK: the gradients finished and compressed
+    in one pass; a Python compressor: on the written rows), for a block of workers inside n,
+    β = 1, 0.3 and no H; None for a block whose input is not finite."""
+    import permk.experiments.autoencoder as mod
+
+    monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
+    ae = _ae(p_hat, dtype)
+    x = _point(ae)
+    k = -(-ae.d // ae.n)
+    for prob in (ae, ae.grouped()):
+        rows = np.concatenate([G.copy() for _, _, G in prob.local_grad_blocks(x)])
+        H = 0.5 * rows + np.random.default_rng(2).standard_normal(rows.shape)
+        for comp in (permk.TopK(k), permk.RandK(k), _PyTopK(k)):
+            for Hb, beta in ((H, 1.0), (H, 0.3), (None, 1.0)):
+                got = list(prob.local_message_blocks(x, comp, Hb, beta, start=3, n_workers=prob.n + 5, seed=1, round=4))
+                want = [(lo, hi, comp.compress_shifted_rows(G, None if Hb is None else Hb[lo:hi], beta=beta, start=3 + lo,
+                                                            n_workers=prob.n + 5, seed=1, round=4))
+                        for lo, hi, G in prob.local_grad_blocks(x)]
+                assert [g[:2] for g in got] == [w[:2] for w in want]
+                for (_, _, g), (_, _, w) in zip(got, want):
+                    assert g is not None and w is not None
+                    for a, b in zip(g, w):
+                        np.testing.assert_array_equal(a, b)
+        Hn = H.copy()
+        Hn[-1, 7] = np.nan
+        got = list(prob.local_message_blocks(x, permk.TopK(k), Hn, 1.0, start=0, n_workers=prob.n, seed=0, round=0))
+        assert got[-1][2] is None and all(m is not None for _, _, m in got[:-1])
+    # bad arguments are refused by name, before anything is computed
+    g = ae.grouped()
+    for kw, exc, match in ((dict(compressor="topk"), TypeError, "compressor must be a permk.Compressor"),
+                           (dict(seed=-1), ValueError, "seed"), (dict(round=1.5), TypeError, "round"),
+                           (dict(start=g.n), ValueError, "start"), (dict(beta=float("nan")), ValueError, "beta"),
+                           (dict(H=np.zeros((2, g.d))), ValueError, "^H: "), (dict(H=np.zeros((g.n, g.d), np.float32)), TypeError, "^H must be")):
+        args: dict[str, Any] = dict(compressor=permk.TopK(k), H=None, beta=1.0, start=0, n_workers=g.n, seed=0, round=0) | kw
+        with pytest.raises(exc, match=match):
+            list(g.local_message_blocks(x, args.pop("compressor"), args.pop("H"), args.pop("beta"), **args))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("p_hat", [0.0, 0.6])
 def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(monkeypatch: pytest.MonkeyPatch, dtype: type,
                                                                              p_hat: float) -> None:
     """local_grad_blocks gives local_grads' rows bit for bit (several blocks: a small block size),
-    and EF21+TopK on the blocks (never an (n, d) array) has the iterates and estimators of EF21
-    on whole rows, also when it diverges."""
+    and EF21+TopK on the problem's own messages (local_message_blocks) and on the blocks (never an
+    (n, d) array) has the iterates and estimators of EF21 on whole rows, also when it diverges."""
     import permk.experiments.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
@@ -190,12 +257,13 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
         np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), prob.local_grads(x))
         k = -(-ae.d // ae.n)
         for gamma in (1e-3, 5.0):
-            a = permk.ef21(prob, permk.TopK(k), rounds=25, seed=0, gamma=gamma)
-            b = permk.ef21(_WholeGrads(prob), permk.TopK(k), rounds=25, seed=0, gamma=gamma)
-            assert a.diverged_at == b.diverged_at and (gamma < 1 or a.diverged_at is not None)
-            np.testing.assert_array_equal(a.x, b.x)
-            np.testing.assert_array_equal(a.state.G, b.state.G)
-            np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
+            a = permk.ef21(prob, permk.TopK(k), rounds=25, seed=0, gamma=gamma)  # local_message_blocks
+            for route in (_GradBlocks, _WholeGrads):
+                b = permk.ef21(route(prob), permk.TopK(k), rounds=25, seed=0, gamma=gamma)
+                assert a.diverged_at == b.diverged_at and (gamma < 1 or a.diverged_at is not None)
+                np.testing.assert_array_equal(a.x, b.x)
+                np.testing.assert_array_equal(a.state.G, b.state.G)
+                np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
 
 
 @pytest.mark.parametrize(

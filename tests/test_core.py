@@ -1068,64 +1068,103 @@ def test_oversized_or_empty_calls_raise_instead_of_aborting(name: str) -> None:
     assert message in proc.stdout, proc.stdout
 
 
-def _split_grads_numpy(azw: np.ndarray, dg: np.ndarray, reg_e: np.ndarray, reg_mult: np.ndarray | None) -> np.ndarray:
-    """The two numpy passes ``autoencoder_split_grads`` replaces (LinearAutoencoder before it)."""
-    b, d_f, two = azw.shape
+def _split_grads_numpy(zwa: np.ndarray, gd: np.ndarray, reg_d: np.ndarray, reg_e: np.ndarray, cs: np.ndarray, rs: np.ndarray) -> np.ndarray:
+    """The split gradients of rust/src/autoencoder.rs by numpy, in float64 (products converted first)."""
+    b, two, d_f = zwa.shape
     d_e = two // 2
+    a, g = zwa.astype(np.float64), gd.astype(np.float64)
+    c, r = cs[:, None, None], rs[:, None, None]
     out = np.empty((b, 2 * d_f * d_e))
-    np.subtract(dg.transpose(1, 0, 2), azw[:, :, :d_e], out=out[:, : d_f * d_e].reshape(b, d_f, d_e))
-    r = reg_e if reg_mult is None else reg_mult[:, None, None] * reg_e
-    np.add(azw[:, :, d_e:].transpose(0, 2, 1), r, out=out[:, d_f * d_e :].reshape(b, d_e, d_f))
+    out[:, : d_f * d_e] = (c * (g - a[:, :d_e]).transpose(0, 2, 1) + r * reg_d).reshape(b, -1)
+    out[:, d_f * d_e :] = (c * a[:, d_e:] + r * reg_e).reshape(b, -1)
     return out
+
+
+def _autoencoder_block(dtype: type, b: int, d_f: int, d_e: int) -> tuple[np.ndarray, ...]:
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((b, 2 * d_e, d_f)).astype(dtype), rng.standard_normal((b, d_e, d_f)).astype(dtype),
+            rng.standard_normal((d_f, d_e)), rng.standard_normal((d_e, d_f)), rng.uniform(0.1, 2.0, b), rng.uniform(0.5, 3.0, b))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("shape", [(1, 3, 2), (7, 37, 5), (30, 64, 16)], ids=str)
-def test_autoencoder_split_grads_are_the_numpy_passes(dtype: type, shape: tuple[int, int, int]) -> None:
-    """_core.autoencoder_split_grads writes the bits of numpy's subtract and add passes (in
-    the inputs' dtype, with multiplicities in float64), into rows of a larger array too, the
-    same on one thread; bad shapes and dtypes are refused by name before anything is written."""
+def test_autoencoder_split_grads_are_the_formulas(dtype: type, shape: tuple[int, int, int]) -> None:
+    """_core.autoencoder_split_grads writes the bits of the formulas computed by numpy in
+    float64, into rows of a larger array too, the same on one thread; bad shapes and dtypes
+    are refused by name before anything is written."""
     b, d_f, d_e = shape
-    rng = np.random.default_rng(0)
-    azw = rng.standard_normal((b, d_f, 2 * d_e)).astype(dtype)
-    dg = rng.standard_normal((d_f, b, d_e)).astype(dtype)
-    reg_e = rng.standard_normal((d_e, d_f)).astype(dtype)
-    for mult in (None, rng.uniform(0.5, 3.0, b)):
-        want = _split_grads_numpy(azw, dg, reg_e, mult)
-        big = np.full((b + 2, 2 * d_f * d_e), np.nan)
-        _core.autoencoder_split_grads(azw, dg, reg_e, mult, big[1 : b + 1])
-        assert _same_bits(big[1 : b + 1], want)
-        assert np.isnan(big[[0, -1]]).all()
-        before = _core.get_num_threads()
-        try:
-            _core.set_num_threads(1)
-            one = np.empty_like(want)
-            _core.autoencoder_split_grads(azw, dg, reg_e, mult, one)
-        finally:
-            _core.set_num_threads(before)
-        assert _same_bits(one, want)
+    zwa, gd, reg_d, reg_e, cs, rs = args = _autoencoder_block(dtype, b, d_f, d_e)
+    want = _split_grads_numpy(*args)
+    big = np.full((b + 2, 2 * d_f * d_e), np.nan)
+    _core.autoencoder_split_grads(*args, big[1 : b + 1])
+    assert _same_bits(big[1 : b + 1], want)
+    assert np.isnan(big[[0, -1]]).all()
+    before = _core.get_num_threads()
+    try:
+        _core.set_num_threads(1)
+        one = np.empty_like(want)
+        _core.autoencoder_split_grads(*args, one)
+    finally:
+        _core.set_num_threads(before)
+    assert _same_bits(one, want)
     out = np.zeros((b, 2 * d_f * d_e))
-    for args, exc, match in (
-        ((azw, dg[:, :, :-1], reg_e, None), ValueError, "^dg: "),
-        ((azw, dg, reg_e.T.copy() if d_e != d_f else reg_e[:, :-1], None), ValueError, "^reg_e: "),
-        ((azw, dg, reg_e, np.ones(b + 1)), ValueError, "^reg_mult: "),
-        ((azw, dg.astype(np.float64 if dtype is np.float32 else np.float32), reg_e, None), TypeError, "float64 or all float32"),
-        ((azw, np.asfortranarray(dg), reg_e, None), ValueError, "^dg: .*contiguous"),
+    other = np.float64 if dtype is np.float32 else np.float32
+    for bad, exc, match in (
+        ((zwa, gd[:, :, :-1], reg_d, reg_e, cs, rs), ValueError, "^gd: "),
+        ((zwa, gd, reg_d, reg_e.T.copy() if d_e != d_f else reg_e[:, :-1], cs, rs), ValueError, "^reg_e: "),
+        ((zwa, gd, reg_d[:-1], reg_e, cs, rs), ValueError, "^reg_d: "),
+        ((zwa, gd, reg_d, reg_e, np.ones(b + 1), rs), ValueError, "^cs: "),
+        ((zwa, gd, reg_d, reg_e, cs, rs[:-1]), ValueError, "^rs: "),
+        ((zwa, gd.astype(other), reg_d, reg_e, cs, rs), TypeError, "both float64 or both float32"),
+        ((zwa, gd, reg_d.astype(np.float32), reg_e, cs, rs), TypeError, "^reg_d must be a 2-D float64"),
+        ((zwa, gd, reg_d, reg_e, cs.astype(np.float32), rs), TypeError, "^cs must be a 1-D float64"),
+        ((zwa, np.asfortranarray(gd), reg_d, reg_e, cs, rs), ValueError, "^gd: .*contiguous"),
     ):
         with pytest.raises(exc, match=match):
-            _core.autoencoder_split_grads(*args, out)  # type: ignore[misc]
+            _core.autoencoder_split_grads(*bad, out)  # type: ignore[arg-type]
         assert not out.any()
-    with pytest.raises(TypeError, match="^reg_mult must be"):
-        _core.autoencoder_split_grads(azw, dg, reg_e, np.ones(b, dtype=np.float32), out)
     read_only = np.zeros_like(out)
     read_only.flags.writeable = False
-    for bad in (out.astype(np.float32), read_only):
+    for bad_out in (out.astype(np.float32), read_only):
         with pytest.raises(TypeError, match="^out must be a writeable 2-D float64"):
-            _core.autoencoder_split_grads(azw, dg, reg_e, None, bad)
+            _core.autoencoder_split_grads(*args, bad_out)
     with pytest.raises(ValueError, match="^out: "):
-        _core.autoencoder_split_grads(azw, dg, reg_e, None, np.zeros((b, 2 * d_f * d_e + 1)))
+        _core.autoencoder_split_grads(*args, np.zeros((b, 2 * d_f * d_e + 1)))
     with pytest.raises(ValueError, match="^out: .*contiguous"):
-        _core.autoencoder_split_grads(azw, dg, reg_e, None, np.zeros((b, 4 * d_f * d_e))[:, ::2])
+        _core.autoencoder_split_grads(*args, np.zeros((b, 4 * d_f * d_e))[:, ::2])
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("shape", [(3, 7, 2), (30, 64, 16)], ids=str)
+def test_autoencoder_shifted_messages_are_the_compressed_shifted_rows(dtype: type, shape: tuple[int, int, int]) -> None:
+    """_core.autoencoder_shifted_messages gives Spec.compress_shifted_rows' messages on the
+    rows autoencoder_split_grads writes, bit for bit (TopK, RandK, TopK + natural; β = 1, 0.3,
+    no H; a block of workers inside n), None for a non-finite input, and refuses bad H."""
+    b, d_f, d_e = shape
+    args = _autoencoder_block(dtype, b, d_f, d_e)
+    G = np.empty((b, 2 * d_f * d_e))
+    _core.autoencoder_split_grads(*args, G)
+    H = 0.5 * G + np.random.default_rng(1).standard_normal(G.shape)
+    for spec in (_core.Spec("topk", k=5), _core.Spec("randk", k=9), _core.Spec("topk", quantizer="natural", k=3)):
+        for start, n in ((0, b), (4, b + 9)):
+            for Hb, beta in ((H, 1.0), (H, 0.3), (None, 1.0)):
+                want = spec.compress_shifted_rows(G, Hb, beta, start, n, 3, 2)
+                got = _core.autoencoder_shifted_messages(spec, *args, Hb, beta, start, n, 3, 2)
+                assert want is not None and got is not None
+                for w, g in zip(want, got):
+                    assert _same_bits(g, w)
+    spec = _core.Spec("topk", k=2)
+    Hn = H.copy()
+    Hn[b - 1, 5] = np.nan
+    assert _core.autoencoder_shifted_messages(spec, *args, Hn, 1.0, 0, b, 0, 0) is None
+    for bad, exc, match in ((H.astype(np.float32), TypeError, "^H must be a 2-D float64"), (H[:-1], ValueError, "^H: "),
+                            (np.asfortranarray(H) if b > 1 else H[:, ::2], ValueError, "^H: ")):
+        with pytest.raises(exc, match=match):
+            _core.autoencoder_shifted_messages(spec, *args, bad, 1.0, 0, b, 0, 0)
+    with pytest.raises(ValueError, match="^beta: "):
+        _core.autoencoder_shifted_messages(spec, *args, H, float("inf"), 0, b, 0, 0)
+    with pytest.raises(ValueError, match="^start: "):
+        _core.autoencoder_shifted_messages(spec, *args, H, 1.0, 1, b, 0, 0)
 
 
 def test_row_dots_are_the_rows_dot_products_in_float64() -> None:

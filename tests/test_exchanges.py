@@ -192,6 +192,56 @@ def test_error_feedback_in_blocks_of_workers_equals_the_whole_rows(monkeypatch: 
             np.testing.assert_array_equal(got[1], H + form.get("alpha", 1.0) * M)
 
 
+class _OwnMessages(_Blocked):
+    """The same with ``local_message_blocks``: the problem compresses its workers' inputs
+    itself, block by block (here with the compressor, as a problem with a faster route must
+    match); ``spoil`` corrupts one block's messages."""
+
+    def __init__(self, q: Any, bounds: list[int], spoil: Any = None) -> None:
+        super().__init__(q, bounds)
+        self.spoil = spoil
+
+    def local_message_blocks(self, x: np.ndarray, compressor: permk.Compressor, H: Any, beta: float, *, start: int, n_workers: int,
+                             seed: int, round: int) -> Any:
+        for lo, hi, G in self.local_grad_blocks(x):
+            m = compressor.compress_shifted_rows(G, None if H is None else H[lo:hi], beta=beta, start=start + lo, n_workers=n_workers,
+                                                 seed=seed, round=round)
+            yield (lo, hi, m) if self.spoil is None or m is None else self.spoil(lo, hi, m)
+
+
+@pytest.mark.parametrize("bad", [None, 0, 3], ids=["finite", "first-block-nan", "last-block-nan"])
+def test_a_problem_giving_its_own_messages_equals_the_whole_rows(bad: int | None) -> None:
+    """local_message_blocks replaces the exchange's compression of the gradient blocks: the same
+    mean and rows bit for bit, and the same divergence (any block None: every worker's zero
+    input, NaN values)."""
+    q = _problem()
+    x, _, H = _points(q)
+    if bad is not None:
+        H[bad, 1] = np.nan
+    for form in (dict(), dict(alpha=0.5, beta=0.5)):
+        want = ex.shifted(Simulator(_Whole(q)), permk.TopK(2), H.copy(), x, seed=2, round=3, **form)
+        got = ex.shifted(Simulator(_OwnMessages(q, [0, 2, 3, 5])), permk.TopK(2), H.copy(), x, seed=2, round=3, **form)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_array_equal(got[1], want[1])
+
+
+@pytest.mark.parametrize(
+    ("bounds", "spoil", "match"),
+    [
+        ([0, 2, 4], None, "gave the messages of 4 of the 5 held workers"),
+        ([1, 3, 5], None, r"got \(1, 3\) after 0"),
+        ([0, 2, 5], lambda lo, hi, m: (lo, hi, m._replace(offsets=m.offsets[:-1])), "malformed messages for workers 0 … 1"),
+        ([0, 2, 5], lambda lo, hi, m: (lo, hi, m._replace(indices=m.indices + D)), r"coordinates in range\(17\)"),
+        ([0, 2, 5], lambda lo, hi, m: (lo, hi, m._replace(values=m.values[:-1])), "malformed messages"),
+    ],
+)
+def test_a_problems_own_messages_are_checked(bounds: list[int], spoil: Any, match: str) -> None:
+    q = _problem()
+    x, _, H = _points(q)
+    with pytest.raises(ValueError, match=f"problem.local_message_blocks.*{match}"):
+        ex.error_feedback(Simulator(_OwnMessages(q, bounds, spoil)), permk.TopK(2), H.copy(), x, seed=0, round=0)
+
+
 def test_blocks_of_workers_must_cover_the_held_workers_in_order() -> None:
     q = _problem()
     x, _, H = _points(q)

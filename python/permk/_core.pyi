@@ -22,6 +22,7 @@ __all__ = [
     "permutation",
     "row_dots",
     "autoencoder_split_grads",
+    "autoencoder_shifted_messages",
     "set_num_threads",
     "get_num_threads",
 ]
@@ -204,15 +205,44 @@ def row_dots(x: npt.NDArray[Any], ix: npt.NDArray[np.int64], y: npt.NDArray[Any]
     length: the selected rows are read in place."""
 
 def autoencoder_split_grads(
-    azw: npt.NDArray[Any], dg: npt.NDArray[Any], reg_e: npt.NDArray[Any], reg_mult: npt.NDArray[np.float64] | None, out: npt.NDArray[np.float64]
+    zwa: npt.NDArray[Any],
+    gd: npt.NDArray[Any],
+    reg_d: npt.NDArray[np.float64],
+    reg_e: npt.NDArray[np.float64],
+    cs: npt.NDArray[np.float64],
+    rs: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float64],
 ) -> None:
     """The linear autoencoder's split gradients of a block of ``b`` splits, written into the
-    C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = dg[j, s, k] −
-    azw[s, j, k]`` and ``out[s, d_f d_e + k·d_f + j] = azw[s, j, d_e + k] + reg_e[k, j]`` (in the
-    inputs' dtype; with ``reg_mult``, ``+ reg_mult[s]·reg_e[k, j]`` in float64) — the values of
-    numpy's ``subtract`` and ``add`` on those operands, on the core's threads. ``azw``
-    (``(b, d_f, 2 d_e)``), ``dg`` (``(d_f, b, d_e)``) and ``reg_e`` (``(d_e, d_f)``) are
-    C-contiguous, all float64 or all float32."""
+    C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = cs[s]·(gd[s,
+    k, j] − zwa[s, k, j]) + rs[s]·reg_d[j, k]`` and ``out[s, d_f d_e + k·d_f + j] =
+    cs[s]·zwa[s, d_e + k, j] + rs[s]·reg_e[k, j]``, in float64 (float32 products converted
+    first), on the core's threads. ``zwa`` (``(b, 2 d_e, d_f)``: ``[Z_s W_s]ᵀA_s``) and ``gd``
+    (``(b, d_e, d_f)``: ``Z_sᵀZ_s Dᵀ``) are C-contiguous, both float64 or both float32;
+    ``reg_d`` (``(d_f, d_e)``), ``reg_e`` (``(d_e, d_f)``), ``cs`` and ``rs`` (``b`` values)
+    C-contiguous float64."""
+
+def autoencoder_shifted_messages(
+    spec: Spec,
+    zwa: npt.NDArray[Any],
+    gd: npt.NDArray[Any],
+    reg_d: npt.NDArray[np.float64],
+    reg_e: npt.NDArray[np.float64],
+    cs: npt.NDArray[np.float64],
+    rs: npt.NDArray[np.float64],
+    H: npt.NDArray[np.float64] | None,
+    beta: float,
+    start: int,
+    n_workers: int,
+    seed: int,
+    round: int,
+) -> _Messages | None:
+    """The messages of workers ``start … start + b − 1`` (of ``n_workers``) of ``spec`` on
+    the inputs ``g_s − β·h_s``: ``g_s`` the rows :func:`autoencoder_split_grads` writes from
+    the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64, rows contiguous; without
+    ``H``, ``g_s``). Bit for bit ``spec.compress_shifted_rows`` on those rows, which are never
+    written: each is finished, shifted, checked and compressed in a worker's buffer, on the
+    core's threads. None when an input is not finite."""
 
 def coin(seed: int, round: int, p: float) -> bool:
     """MARINA's shared Bernoulli(``p``) coin of round ``round``."""

@@ -149,6 +149,35 @@ class HeldWorkers:
         if at != len(self.workers):
             raise ValueError(f"problem.local_grad_blocks(x) gave the rows of {at} of the {len(self.workers)} held workers")
 
+    def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
+                       round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
+        """The held workers' messages on the inputs ``∇f_i(x) − β h_i`` (``h_i`` the rows of
+        ``H``) in blocks of consecutive workers ``(lo, hi, messages)``, ``messages`` None when an
+        input of the block is not finite: the problem's ``local_message_blocks`` when it has one
+        (checked: consecutive blocks, one message per worker, coordinates in ``range(d)``), else
+        None (the exchange then compresses :meth:`grad_blocks` itself)."""
+        own = getattr(self.problem, "local_message_blocks", None)
+        if own is None:
+            return None
+        return self._checked_messages(own(x, compressor, H, beta, start=self.workers.start, n_workers=self.n, seed=seed, round=round))
+
+    def _checked_messages(self, blocks: Iterator[tuple[int, int, Messages | None]]) -> Iterator[tuple[int, int, Messages | None]]:
+        name, at = "problem.local_message_blocks(...)", 0
+        for lo, hi, msgs in blocks:
+            if lo != at or not lo < hi <= len(self.workers):
+                raise ValueError(f"{name} must give consecutive blocks of the {len(self.workers)} held workers from 0, "
+                                 f"got ({lo}, {hi}) after {at}")
+            if msgs is not None:
+                off, idx, vals = (np.asarray(a) for a in msgs)
+                if off.shape != (hi - lo + 1,) or idx.ndim != 1 or vals.shape != idx.shape or (off.size and (off[0] != 0 or off[-1] != idx.size)) \
+                        or np.any(np.diff(off) < 0) or (idx.size and (int(idx.min()) < 0 or int(idx.max()) >= self.d)):
+                    raise ValueError(f"{name} gave malformed messages for workers {lo} … {hi - 1}: offsets {off.shape}, indices "
+                                     f"{idx.shape}, values {vals.shape} (one message per worker, coordinates in range({self.d}))")
+            yield lo, hi, msgs
+            at = hi
+        if at != len(self.workers):
+            raise ValueError(f"{name} gave the messages of {at} of the {len(self.workers)} held workers")
+
     def _evaluate(self, x: Array) -> Array:
         return check_output(self.problem.local_grads(x), (len(self.workers), self.d), "problem.local_grads(x)")
 

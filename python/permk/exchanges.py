@@ -44,7 +44,9 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
   (``local_grad_blocks``), each block handed to :meth:`Compressor.compress_shifted_rows`,
   which forms, checks and compresses each worker's input ``g_i − β h_i`` in turn (in Rust,
   on the core's threads, for the built-in compressors): the same messages as from the whole
-  rows (each worker's depends on its own input only).
+  rows (each worker's depends on its own input only). A problem that can compress its own
+  workers' inputs (``local_message_blocks``, e.g. the linear autoencoder: each gradient is
+  finished and compressed in a worker's buffer, never written) gives the messages itself.
 
 With a shared plan only the values travel: the backend gathers them in worker order and the
 round sums them (:meth:`permk.compressors.Round.mean`); otherwise the messages travel as
@@ -122,6 +124,8 @@ class Transport(Protocol):
     def path(self, exchange: Exchange, compressor: Compressor | None) -> str: ...
     def local_grads(self, x: Array) -> Array: ...
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
+    def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
+                       round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
     def coords(self, x: Array, rows: Array, cols: Array) -> Array: ...
     def mean_grad(self, x: Array) -> Array: ...
     def mean_rows(self, rows: Array) -> Array: ...
@@ -252,6 +256,20 @@ class _Compressed(Exchange):
                 b = min(hi, a + rows)
                 yield a, b, G[a - lo : b - lo], None if H is None else H[a:b]
 
+    def _message_blocks(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
+                        H: Array | None, beta: float, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
+        """The held workers' messages on their inputs in blocks ``(lo, hi, messages)`` (None: an
+        input of the block is not finite): the problem's own (``backend.message_blocks``, without
+        ``y``) when it gives them, else :meth:`Compressor.compress_shifted_rows` on
+        :meth:`_input_blocks`."""
+        own = backend.message_blocks(compressor, x, H, beta, seed, round) if y is None else None
+        if own is not None:
+            yield from own
+            return
+        for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
+            yield lo, hi, compressor.compress_shifted_rows(G, Hb, beta=beta, start=backend.workers.start + lo, n_workers=backend.n,
+                                                           seed=seed, round=round)
+
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
               H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
         """``(1/n) Σ_i m_i`` and, with ``alpha``, the held rows ``H + α M`` (``H`` owned)."""
@@ -304,13 +322,11 @@ class _Compressed(Exchange):
         # it gives them), never as one (workers, d) array
         pieces: list[tuple[int, int, Messages]] = []
         finite = True
-        for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
-            got = compressor.compress_shifted_rows(G, Hb, beta=beta, start=ws.start + lo, n_workers=backend.n, seed=seed, round=round) \
-                if finite else None
+        for lo, hi, got in self._message_blocks(backend, compressor, x, y, coef, H, beta, seed, round):
             if finite and got is None:  # divergence: every worker's message from a zero input, NaN values
                 finite = False
                 pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
-            pieces.append((lo, hi, got if got is not None else _compress_zeros(compressor, backend, lo, hi, seed, round)))
+            pieces.append((lo, hi, got if finite and got is not None else _compress_zeros(compressor, backend, lo, hi, seed, round)))
         msgs = _concat_messages([m for _, _, m in pieces])
         if not finite:
             msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))

@@ -1,21 +1,28 @@
 //! The linear autoencoder's split gradients from a block's products: the last pass of
 //! `LinearAutoencoder`'s gradient blocks (python/permk/experiments/autoencoder.py), which
-//! writes each split's gradient row from the block's two products, on the pool's threads.
+//! finishes each split's gradient row from the block's two products, on the pool's threads:
+//! into the rows of an array ([`split_grads`]), or, for the error-feedback exchange, into a
+//! worker's buffer where its estimator is subtracted and the row compressed at once
+//! ([`shifted_messages`]: the gradients are never written out).
 //!
-//! For split `s` of a block (`d = 2 d_f d_e` coordinates: `D` row-major, then `E` row-major):
+//! For split `s` of a block (`d = 2 d_f d_e` coordinates: `D` row-major, then `E` row-major),
+//! with `c = cs[s]` (the data term's `2c/m_s`, times a multiplicity) and `r = rs[s]` (the
+//! regulariser's multiplicity, 1 without one):
 //!
-//! - `out[s, j·d_e + k] = dg[j, s, k] − azw[s, j, k]` (`∇_D`: `dg` holds
-//!   `D (2c/m_s) Z_sᵀZ_s + ∇_D reg`, `azw[s, :, :d_e]` holds `A_sᵀ (2c/m_s) Z_s`), in `T`;
-//! - `out[s, d_f d_e + k·d_f + j] = azw[s, j, d_e + k] + r_kj` (`∇_E`: `azw[s, :, d_e:]` holds
-//!   `A_sᵀ (2c/m_s) W_s`), with `r_kj = reg_e[k, j]` added in `T`, or, with a multiplicity
-//!   `reg_mult`, `reg_mult[s]·reg_e[k, j]` added in f64;
+//! - `row[j·d_e + k] = c·(gd[s, k, j] − zwa[s, k, j]) + r·reg_d[j, k]` (`∇_D`: `gd` holds
+//!   `Z_sᵀZ_s Dᵀ`, `zwa[s, :d_e]` holds `Z_sᵀ A_s`);
+//! - `row[d_f d_e + k·d_f + j] = c·zwa[s, d_e + k, j] + r·reg_e[k, j]` (`∇_E`: `zwa[s, d_e:]`
+//!   holds `W_sᵀ A_s`);
 //!
-//! each value computed in exactly the order numpy's `subtract`/`add` would (the same bits as
-//! those two passes), independently of the others: nothing depends on the thread count.
+//! in f64 (the products, float64 or float32, converted first), each value independently of
+//! the others: nothing depends on the thread count. The products come in the layout BLAS
+//! writes fastest (`[Z_s W_s]ᵀ A_s`, rows of `d_f`), so `∇_E` is written along rows and `∇_D`
+//! through a transpose.
 
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2};
 use rayon::prelude::*;
 
+use crate::compress::{self, Messages, Shift, Spec};
 use crate::error::{CoreError, Result};
 use crate::real::Real;
 use crate::threads;
@@ -26,146 +33,359 @@ pub const PAR_MIN: usize = 1 << 16;
 /// The width of the transpose's tiles (`∇_E`'s values of one `k` for TILE consecutive `j`).
 const TILE: usize = 16;
 
-/// Writes the split gradients of a block of `b` splits into the rows of `out` (`(b, d)`,
-/// rows contiguous) from `azw` (`(b, d_f, 2 d_e)`), `dg` (`(d_f, b, d_e)`), `reg_e`
-/// (`(d_e, d_f)`) and the splits' multiplicities `reg_mult` (`b` values) if any; see the
-/// module's documentation.
-pub fn split_grads<T: Real>(
-    azw: ArrayView3<T>,
-    dg: ArrayView3<T>,
-    reg_e: ArrayView2<T>,
-    reg_mult: Option<&[f64]>,
-    mut out: ArrayViewMut2<f64>,
-) -> Result<()> {
-    let (b, d_f, two_de) = azw.dim();
-    if two_de % 2 != 0 || two_de == 0 {
-        return Err(CoreError::invalid("azw", format!("must have shape (b, d_f, 2 d_e), got {:?}", azw.dim())));
-    }
-    let d_e = two_de / 2;
-    if dg.dim() != (d_f, b, d_e) {
-        return Err(CoreError::invalid("dg", format!("must have shape (d_f, b, d_e) = ({d_f}, {b}, {d_e}), got {:?}", dg.dim())));
-    }
-    if reg_e.dim() != (d_e, d_f) {
-        return Err(CoreError::invalid("reg_e", format!("must have shape (d_e, d_f) = ({d_e}, {d_f}), got {:?}", reg_e.dim())));
-    }
-    if let Some(r) = reg_mult {
-        if r.len() != b {
-            return Err(CoreError::invalid("reg_mult", format!("must have one value per split ({b}), got {}", r.len())));
+/// A block of `b` splits' products and the coefficients that finish their gradients (see the
+/// module's documentation), checked.
+pub struct Block<'a, T> {
+    zwa: &'a [T],
+    gd: &'a [T],
+    reg_d: &'a [f64],
+    reg_e: &'a [f64],
+    cs: &'a [f64],
+    rs: &'a [f64],
+    b: usize,
+    d_f: usize,
+    d_e: usize,
+}
+
+fn contiguous<'a, T, D: ndarray::Dimension>(a: &ndarray::ArrayView<'a, T, D>, name: &str) -> Result<&'a [T]> {
+    a.to_slice().ok_or_else(|| CoreError::invalid(name, "must be C-contiguous"))
+}
+
+impl<'a, T: Real> Block<'a, T> {
+    /// `zwa` `(b, 2 d_e, d_f)`, `gd` `(b, d_e, d_f)`, `reg_d` `(d_f, d_e)`, `reg_e` `(d_e, d_f)`,
+    /// `cs`, `rs` `b` values each; all C-contiguous.
+    pub fn new(
+        zwa: ArrayView3<'a, T>,
+        gd: ArrayView3<'a, T>,
+        reg_d: ArrayView2<'a, f64>,
+        reg_e: ArrayView2<'a, f64>,
+        cs: &'a [f64],
+        rs: &'a [f64],
+    ) -> Result<Self> {
+        let (b, two_de, d_f) = zwa.dim();
+        if two_de % 2 != 0 || two_de == 0 {
+            return Err(CoreError::invalid("zwa", format!("must have shape (b, 2 d_e, d_f), got {:?}", zwa.dim())));
         }
-    }
-    let k1 = d_f * d_e;
-    if out.dim() != (b, 2 * k1) {
-        return Err(CoreError::invalid("out", format!("must have shape (b, 2 d_f d_e) = ({b}, {}), got {:?}", 2 * k1, out.dim())));
-    }
-    let az = azw.as_slice().ok_or_else(|| CoreError::invalid("azw", "must be C-contiguous"))?;
-    let dgs = dg.as_slice().ok_or_else(|| CoreError::invalid("dg", "must be C-contiguous"))?;
-    let re = reg_e.as_slice().ok_or_else(|| CoreError::invalid("reg_e", "must be C-contiguous"))?;
-    if b == 0 {
-        return Ok(());
-    }
-    if out.strides()[1] != 1 || (b > 1 && out.strides()[0] != (2 * k1) as isize) {
-        return Err(CoreError::invalid("out", "must be C-contiguous"));
-    }
-    let rows = out.as_slice_mut().ok_or_else(|| CoreError::invalid("out", "must be C-contiguous"))?;
-    let write = |(s, row): (usize, &mut [f64])| {
-        let a = &az[s * d_f * two_de..][..d_f * two_de];
-        let (od, oe) = row.split_at_mut(k1);
-        for j in 0..d_f {
-            let (gd, ad) = (&dgs[(j * b + s) * d_e..][..d_e], &a[j * two_de..][..d_e]);
-            for ((o, &x), &y) in od[j * d_e..][..d_e].iter_mut().zip(gd).zip(ad) {
-                *o = (x - y).f64();
+        let d_e = two_de / 2;
+        if gd.dim() != (b, d_e, d_f) {
+            return Err(CoreError::invalid("gd", format!("must have shape (b, d_e, d_f) = ({b}, {d_e}, {d_f}), got {:?}", gd.dim())));
+        }
+        if reg_d.dim() != (d_f, d_e) {
+            return Err(CoreError::invalid("reg_d", format!("must have shape (d_f, d_e) = ({d_f}, {d_e}), got {:?}", reg_d.dim())));
+        }
+        if reg_e.dim() != (d_e, d_f) {
+            return Err(CoreError::invalid("reg_e", format!("must have shape (d_e, d_f) = ({d_e}, {d_f}), got {:?}", reg_e.dim())));
+        }
+        for (name, v) in [("cs", cs), ("rs", rs)] {
+            if v.len() != b {
+                return Err(CoreError::invalid(name, format!("must have one value per split ({b}), got {}", v.len())));
             }
         }
-        // the transpose in tiles of TILE values of j: the tile's rows of `a` stay in L1, and each
-        // k writes TILE consecutive values
+        Ok(Block {
+            zwa: contiguous(&zwa, "zwa")?,
+            gd: contiguous(&gd, "gd")?,
+            reg_d: contiguous(&reg_d, "reg_d")?,
+            reg_e: contiguous(&reg_e, "reg_e")?,
+            cs,
+            rs,
+            b,
+            d_f,
+            d_e,
+        })
+    }
+
+    /// The number of splits.
+    pub fn splits(&self) -> usize {
+        self.b
+    }
+
+    /// The gradients' dimension `2 d_f d_e`.
+    pub fn d(&self) -> usize {
+        2 * self.d_f * self.d_e
+    }
+
+    /// Writes split `s`'s gradient row `g` into `out` (`d` values), or `g − β·h` given a row
+    /// `h` of `d` values; compiled for AVX2 when the CPU has it (detected at run time: the same
+    /// values at every vector width, as Rust never contracts `a·b + c` into a fused
+    /// multiply-add).
+    #[inline]
+    fn fill(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2 (checked just above).
+                return unsafe { fill_avx2(self, s, out, h, shift) };
+            }
+        }
+        self.fill_shifted(s, out, h, shift)
+    }
+
+    #[inline(always)]
+    fn fill_shifted(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
+        match h {
+            None => self.fill_row(s, out, None, |v, _| v),
+            Some(h) if shift.is_one() => self.fill_row(s, out, Some(h), |v, y| v - y),
+            Some(h) => self.fill_row(s, out, Some(h), |v, y| shift.apply(v, y)),
+        }
+    }
+
+    /// Writes split `s`'s gradient row `g` into `out`, or `op(g, h)` value by value with a row
+    /// `h` (subtracted as each part is written, while the row is in L1).
+    #[inline(always)]
+    fn fill_row<F: Fn(f64, f64) -> f64 + Copy>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, op: F) {
+        let (d_f, d_e) = (self.d_f, self.d_e);
+        let k1 = d_f * d_e;
+        let (c, r) = (self.cs[s], self.rs[s]);
+        let za = &self.zwa[s * 2 * k1..][..k1];
+        let wa = &self.zwa[s * 2 * k1 + k1..][..k1];
+        let gd = &self.gd[s * k1..][..k1];
+        let (od, oe) = out.split_at_mut(k1);
+        // ∇_E along rows
+        match h {
+            None => oe.iter_mut().zip(wa).zip(self.reg_e).for_each(|((o, &x), &re)| *o = c * x.f64() + r * re),
+            Some(h) => {
+                let v = wa.iter().zip(self.reg_e).map(|(&x, &re)| c * x.f64() + r * re);
+                oe.iter_mut().zip(v).zip(&h[k1..]).for_each(|((o, v), &y)| *o = op(v, y))
+            }
+        }
+        // ∇_D, the transpose of c (gd − za) (rows of d_f), through a TILE × TILE tile on the
+        // stack: computed along rows of `gd` and `za`, written along rows of ∇_D
+        let mut tile = [[0.0f64; TILE]; TILE];
         for j0 in (0..d_f).step_by(TILE) {
-            let j1 = (j0 + TILE).min(d_f);
-            for k in 0..d_e {
-                let (o, r) = (&mut oe[k * d_f + j0..k * d_f + j1], &re[k * d_f + j0..k * d_f + j1]);
-                match reg_mult {
-                    None => o.iter_mut().zip(r).enumerate().for_each(|(t, (o, &r))| *o = (a[(j0 + t) * two_de + d_e + k] + r).f64()),
-                    Some(m) => {
-                        let ms = m[s];
-                        o.iter_mut().zip(r).enumerate().for_each(|(t, (o, &r))| *o = a[(j0 + t) * two_de + d_e + k].f64() + ms * r.f64())
+            let w = (d_f - j0).min(TILE);
+            for k0 in (0..d_e).step_by(TILE) {
+                let ht = (d_e - k0).min(TILE);
+                #[allow(clippy::needless_range_loop)] // kk indexes the tile's columns: a transposed write
+                for kk in 0..ht {
+                    let at = (k0 + kk) * d_f + j0;
+                    for (t, (&g, &x)) in gd[at..][..w].iter().zip(&za[at..][..w]).enumerate() {
+                        tile[t][kk] = c * (g.f64() - x.f64());
+                    }
+                }
+                for (t, row) in tile[..w].iter().enumerate() {
+                    let at = (j0 + t) * d_e + k0;
+                    let o = &mut od[at..][..ht];
+                    for ((o, &v), &rd) in o.iter_mut().zip(&row[..ht]).zip(&self.reg_d[at..][..ht]) {
+                        *o = v + r * rd;
+                    }
+                    if let Some(h) = h {
+                        o.iter_mut().zip(&h[at..][..ht]).for_each(|(o, &y)| *o = op(*o, y));
                     }
                 }
             }
         }
-    };
-    if b >= 2 && b * 2 * k1 >= PAR_MIN {
-        threads::install(|| rows.par_chunks_mut(2 * k1).enumerate().for_each(write))?;
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_avx2<T: Real>(block: &Block<'_, T>, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
+    block.fill_shifted(s, out, h, shift)
+}
+
+/// Writes the block's split gradients into the rows of `out` (`(b, d)`, rows contiguous).
+pub fn split_grads<T: Real>(block: &Block<'_, T>, mut out: ArrayViewMut2<f64>) -> Result<()> {
+    let (b, d) = (block.splits(), block.d());
+    if out.dim() != (b, d) {
+        return Err(CoreError::invalid("out", format!("must have shape (b, 2 d_f d_e) = ({b}, {d}), got {:?}", out.dim())));
+    }
+    if b == 0 {
+        return Ok(());
+    }
+    if out.strides()[1] != 1 || (b > 1 && out.strides()[0] != d as isize) {
+        return Err(CoreError::invalid("out", "must be C-contiguous"));
+    }
+    let rows = out.as_slice_mut().ok_or_else(|| CoreError::invalid("out", "must be C-contiguous"))?;
+    let write = |(s, row): (usize, &mut [f64])| block.fill(s, row, None, Shift::ONE);
+    if b >= 2 && b * d >= PAR_MIN {
+        threads::install(|| rows.par_chunks_mut(d).enumerate().for_each(write))?;
     } else {
-        rows.chunks_mut(2 * k1).enumerate().for_each(write);
+        rows.chunks_mut(d).enumerate().for_each(write);
     }
     Ok(())
+}
+
+/// The messages of workers `start .. start + b` (one per split of the block, for `n` workers in
+/// all) whose inputs are the split gradients `g_s − β·h_s` (`h` `(b, d)`, or `g_s` without it):
+/// bit for bit [`compress::compress_shifted_rows`] on the rows [`split_grads`] writes, without
+/// writing them: each row is finished, shifted, checked and compressed in a worker's buffer.
+/// `None` when an input is not finite.
+#[allow(clippy::too_many_arguments)]
+pub fn shifted_messages<T: Real>(
+    spec: &Spec,
+    block: &Block<'_, T>,
+    h: Option<ArrayView2<f64>>,
+    beta: f64,
+    start: usize,
+    n: usize,
+    seed: u64,
+    round: u64,
+) -> Result<Option<Messages<f64>>> {
+    let (b, d) = (block.splits(), block.d());
+    let shift = Shift::new(beta)?;
+    let h = match h {
+        None => None,
+        Some(h) if h.dim() != (b, d) => return Err(CoreError::invalid("H", format!("must have shape (b, 2 d_f d_e) = ({b}, {d}), got {:?}", h.dim()))),
+        Some(h) if h.strides()[1] != 1 => return Err(CoreError::invalid("H", "must have contiguous rows")),
+        Some(h) => Some(h),
+    };
+    compress::compress_filled_rows(spec, b, d, start, n, seed, round, |s, buf: &mut [f64]| {
+        block.fill(s, buf, h.as_ref().and_then(|h| h.row(s).to_slice()), shift)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::{Array2, Array3};
+    use crate::compress::{compress_shifted_rows, Quantizer, RandK, TopK};
+    use ndarray::{s, Array2, Array3};
 
-    fn inputs(b: usize, d_f: usize, d_e: usize) -> (Array3<f64>, Array3<f64>, Array2<f64>) {
-        let azw = Array3::from_shape_fn((b, d_f, 2 * d_e), |(s, j, k)| ((s * 31 + j * 7 + k * 3) % 17) as f64 * 0.25 - 2.0);
-        let dg = Array3::from_shape_fn((d_f, b, d_e), |(j, s, k)| ((s * 5 + j * 11 + k) % 13) as f64 * 0.5 - 3.0);
+    type Inputs = (Array3<f64>, Array3<f64>, Array2<f64>, Array2<f64>);
+
+    fn inputs(b: usize, d_f: usize, d_e: usize) -> Inputs {
+        let zwa = Array3::from_shape_fn((b, 2 * d_e, d_f), |(s, k, j)| ((s * 31 + j * 7 + k * 3) % 17) as f64 * 0.25 - 2.0);
+        let gd = Array3::from_shape_fn((b, d_e, d_f), |(s, k, j)| ((s * 5 + j * 11 + k) % 13) as f64 * 0.5 - 3.0);
+        let rd = Array2::from_shape_fn((d_f, d_e), |(j, k)| ((k * 5 + j) % 11) as f64 * 0.375);
         let re = Array2::from_shape_fn((d_e, d_f), |(k, j)| ((k * 3 + j) % 7) as f64 * 0.125);
-        (azw, dg, re)
+        (zwa, gd, rd, re)
+    }
+
+    fn coefs(b: usize) -> (Vec<f64>, Vec<f64>) {
+        ((0..b).map(|s| 0.1 + s as f64 / 3.0).collect(), (0..b).map(|s| 1.0 + s as f64).collect())
+    }
+
+    /// The module's formulas, value by value.
+    fn formulas(inp: &Inputs, cs: &[f64], rs: &[f64]) -> Array2<f64> {
+        let (zwa, gd, rd, re) = inp;
+        let (b, two_de, d_f) = zwa.dim();
+        let d_e = two_de / 2;
+        Array2::from_shape_fn((b, 2 * d_f * d_e), |(s, i)| {
+            if i < d_f * d_e {
+                let (j, k) = (i / d_e, i % d_e);
+                cs[s] * (gd[[s, k, j]] - zwa[[s, k, j]]) + rs[s] * rd[[j, k]]
+            } else {
+                let (k, j) = ((i - d_f * d_e) / d_f, (i - d_f * d_e) % d_f);
+                cs[s] * zwa[[s, d_e + k, j]] + rs[s] * re[[k, j]]
+            }
+        })
+    }
+
+    fn block<'a>(inp: &'a Inputs, cs: &'a [f64], rs: &'a [f64]) -> Block<'a, f64> {
+        Block::new(inp.0.view(), inp.1.view(), inp.2.view(), inp.3.view(), cs, rs).unwrap()
     }
 
     #[test]
     fn split_grads_are_the_formulas() {
         for (b, d_f, d_e) in [(1, 3, 2), (5, 7, 3), (3, 37, 4), (40, 64, 16)] {
-            let (azw, dg, re) = inputs(b, d_f, d_e);
-            let mult: Vec<f64> = (0..b).map(|s| 1.0 + s as f64).collect();
-            for m in [None, Some(mult.as_slice())] {
-                let mut out = Array2::from_elem((b, 2 * d_f * d_e), f64::NAN);
-                split_grads(azw.view(), dg.view(), re.view(), m, out.view_mut()).unwrap();
-                for s in 0..b {
-                    for j in 0..d_f {
-                        for k in 0..d_e {
-                            assert_eq!(out[[s, j * d_e + k]], dg[[j, s, k]] - azw[[s, j, k]]);
-                            let r = m.map_or(re[[k, j]], |m| m[s] * re[[k, j]]);
-                            assert_eq!(out[[s, d_f * d_e + k * d_f + j]], azw[[s, j, d_e + k]] + r);
+            let inp = inputs(b, d_f, d_e);
+            let (cs, rs) = coefs(b);
+            let want = formulas(&inp, &cs, &rs);
+            let mut out = Array2::from_elem((b, 2 * d_f * d_e), f64::NAN);
+            split_grads(&block(&inp, &cs, &rs), out.view_mut()).unwrap();
+            assert_eq!(out, want);
+            // the same bits on one thread and on three
+            let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+            let mut again = Array2::from_elem((b, 2 * d_f * d_e), f64::NAN);
+            for k in [1, 3] {
+                crate::threads::set_num_threads(k).unwrap();
+                split_grads(&block(&inp, &cs, &rs), again.view_mut()).unwrap();
+                assert_eq!(again, out);
+            }
+        }
+    }
+
+    #[test]
+    fn float32_products_are_finished_in_float64() {
+        let zwa = Array3::from_shape_fn((1, 2, 1), |(_, k, _)| if k == 0 { 1.0f32 } else { 1e-8 });
+        let gd = Array3::from_elem((1, 1, 1), 1.0f32 + f32::EPSILON);
+        let (rd, re) = (Array2::from_elem((1, 1), 0.0), Array2::from_elem((1, 1), 1.0));
+        let mut out = Array2::zeros((1, 2));
+        split_grads(&Block::new(zwa.view(), gd.view(), rd.view(), re.view(), &[1.0], &[1.0]).unwrap(), out.view_mut()).unwrap();
+        assert_eq!(out[[0, 0]], f32::EPSILON as f64);
+        assert_eq!(out[[0, 1]], 1.0 + 1e-8f32 as f64); // 1 + 1e-8 would round to 1 in float32
+    }
+
+    #[test]
+    fn shifted_messages_are_the_compressed_shifted_rows() {
+        let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let specs = [
+            Spec::new(TopK { k: 5 }, Quantizer::None).unwrap(),
+            Spec::new(RandK { k: 9 }, Quantizer::None).unwrap(),
+            Spec::new(TopK { k: 3 }, Quantizer::Natural).unwrap(),
+        ];
+        for (b, d_f, d_e) in [(3, 7, 2), (12, 300, 16)] {
+            let inp = inputs(b, d_f, d_e);
+            let (cs, rs) = coefs(b);
+            let g = formulas(&inp, &cs, &rs);
+            let h = g.mapv(|v| 0.7 * v + 0.01);
+            for sp in &specs {
+                for (start, n) in [(0, b), (4, b + 9)] {
+                    for beta in [1.0, 0.3] {
+                        let want = compress_shifted_rows(sp, g.view(), Some(h.view()), beta, start, n, 5, 2).unwrap();
+                        assert!(want.is_some());
+                        for k in [1, 3] {
+                            crate::threads::set_num_threads(k).unwrap();
+                            let got = shifted_messages(sp, &block(&inp, &cs, &rs), Some(h.view()), beta, start, n, 5, 2).unwrap();
+                            assert_eq!(got, want, "{sp:?} beta={beta} start={start}");
                         }
                     }
-                }
-                // the same bits on one thread and on three
-                let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-                let mut again = Array2::from_elem((b, 2 * d_f * d_e), f64::NAN);
-                for k in [1, 3] {
-                    crate::threads::set_num_threads(k).unwrap();
-                    split_grads(azw.view(), dg.view(), re.view(), m, again.view_mut()).unwrap();
-                    assert_eq!(again, out);
+                    let want = compress_shifted_rows(sp, g.view(), None, 1.0, start, n, 5, 2).unwrap();
+                    assert_eq!(shifted_messages(sp, &block(&inp, &cs, &rs), None, 1.0, start, n, 5, 2).unwrap(), want);
                 }
             }
         }
     }
 
     #[test]
-    fn float32_values_are_computed_in_float32() {
-        let azw = Array3::from_shape_fn((1, 1, 2), |(_, _, k)| if k == 0 { 1.0f32 } else { 1e-8 });
-        let dg = Array3::from_elem((1, 1, 1), 1.0f32 + f32::EPSILON);
-        let re = Array2::from_elem((1, 1), 1.0f32);
-        let mut out = Array2::zeros((1, 2));
-        split_grads(azw.view(), dg.view(), re.view(), None, out.view_mut()).unwrap();
-        assert_eq!(out[[0, 0]], f32::EPSILON as f64);
-        assert_eq!(out[[0, 1]], 1.0); // 1 + 1e-8 rounds to 1 in float32
-        split_grads(azw.view(), dg.view(), re.view(), Some(&[1.0]), out.view_mut()).unwrap();
-        assert_eq!(out[[0, 1]], 1.0 + 1e-8f32 as f64); // with a multiplicity: added in f64
+    fn shifted_messages_report_non_finite_inputs() {
+        let sp = Spec::new(TopK { k: 2 }, Quantizer::None).unwrap();
+        let (b, d_f, d_e) = (4, 9, 2);
+        for (s, j, k) in [(0, 0, 0), (3, 8, 3), (2, 4, 1)] {
+            for bad in [f64::NAN, f64::INFINITY] {
+                let mut inp = inputs(b, d_f, d_e);
+                inp.0[[s, k, j]] = bad; // a value of Z_sᵀA_s or W_sᵀA_s, wherever it is
+                let (cs, rs) = coefs(b);
+                assert_eq!(shifted_messages(&sp, &block(&inp, &cs, &rs), None, 1.0, 0, b, 0, 0).unwrap(), None);
+            }
+        }
+        let inp = inputs(b, d_f, d_e);
+        let (cs, rs) = coefs(b);
+        let mut h = Array2::zeros((b, 2 * d_f * d_e));
+        h[[1, 30]] = f64::NAN;
+        assert_eq!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.view()), 1.0, 0, b, 0, 0).unwrap(), None);
+        h[[1, 30]] = 0.0;
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.view()), 1.0, 0, b, 0, 0).unwrap().is_some());
+        // bad arguments
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.view()), f64::NAN, 0, b, 0, 0).is_err());
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.slice(s![..3, ..])), 1.0, 0, b, 0, 0).is_err());
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.slice(s![.., ..;2])), 1.0, 0, b, 0, 0).is_err());
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), None, 1.0, 1, b, 0, 0).is_err());
+        // beyond n
     }
 
     #[test]
     fn bad_shapes_are_errors() {
-        let (azw, dg, re) = inputs(2, 3, 2);
-        let mut out = Array2::zeros((2, 12));
-        assert!(split_grads(azw.view(), dg.view(), re.view(), Some(&[1.0]), out.view_mut()).is_err());
-        assert!(split_grads(azw.view(), dg.view(), re.t(), None, out.view_mut()).is_err());
-        let mut short = Array2::zeros((2, 11));
-        assert!(split_grads(azw.view(), dg.view(), re.view(), None, short.view_mut()).is_err());
-        let mut wide = Array2::zeros((2, 24));
-        assert!(split_grads(azw.view(), dg.view(), re.view(), None, wide.slice_mut(ndarray::s![.., ..12])).is_err());
+        let (zwa, gd, rd, re) = inputs(2, 3, 2);
+        let (cs, rs) = coefs(2);
+        let new = |a: ArrayView3<'_, f64>, g: ArrayView3<'_, f64>, d: ArrayView2<'_, f64>, e: ArrayView2<'_, f64>, c: &[f64], r: &[f64]| {
+            Block::new(a, g, d, e, c, r).is_err()
+        };
+        assert!(new(zwa.view(), gd.view(), rd.view(), re.view(), &cs, &rs[..1]));
+        assert!(new(zwa.view(), gd.view(), rd.view(), re.view(), &cs[..1], &rs));
+        assert!(new(zwa.view(), gd.view(), rd.view(), re.t(), &cs, &rs));
+        assert!(new(zwa.view(), gd.view(), re.view(), re.view(), &cs, &rs));
+        assert!(new(zwa.view(), gd.view(), rd.view(), rd.t(), &cs, &rs)); // reg_e's shape, not contiguous
         let odd = Array3::<f64>::zeros((2, 3, 3));
-        assert!(split_grads(odd.view(), dg.view(), re.view(), None, out.view_mut()).is_err());
-        assert!(split_grads(azw.view(), dg.view(), re.view(), None, out.view_mut()).is_ok());
+        assert!(new(odd.view(), gd.view(), rd.view(), re.view(), &cs, &rs));
+        let inp = (zwa, gd, rd, re);
+        let b = block(&inp, &cs, &rs);
+        let mut short = Array2::zeros((2, 11));
+        assert!(split_grads(&b, short.view_mut()).is_err());
+        let mut wide = Array2::zeros((2, 24));
+        assert!(split_grads(&b, wide.slice_mut(s![.., ..12])).is_err());
+        let mut out = Array2::zeros((2, 12));
+        assert!(split_grads(&b, out.view_mut()).is_ok());
     }
 }

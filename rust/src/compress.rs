@@ -397,9 +397,8 @@ pub const SHIFTED_PAR_MIN: usize = 1 << 16;
 /// The messages of workers `start .. start + m` whose inputs are `v_i = g_i − β·h_i` (`g_i`,
 /// `h_i` the rows of `g`, `h`; `v_i = g_i` without `h`), for `n` workers in all: for each
 /// worker the values and order of [`compress_rows`] on the `(m, d)` array of the `v_i`, bit
-/// for bit (`g − h` when `β = 1`, else `g − h·β`, in `T`), without forming that array: each
-/// worker's input is formed in a buffer of `d` values, checked and compressed in one go (on the
-/// pool's threads for large inputs). `None` when an input is not finite (no worker's message is
+/// for bit (`g − h` when `β = 1`, else `g − h·β`, in `T`), without forming that array (see
+/// [`compress_filled_rows`]). `None` when an input is not finite (no worker's message is
 /// then meaningful: the caller handles the divergence).
 #[allow(clippy::too_many_arguments)]
 pub fn compress_shifted_rows<T: Real>(
@@ -413,15 +412,70 @@ pub fn compress_shifted_rows<T: Real>(
     round: u64,
 ) -> Result<Option<Messages<T>>> {
     let (m, d) = g.dim();
-    check_rows(spec, m, d, start, n)?;
     if let Some(h) = &h {
         if h.dim() != (m, d) {
             return Err(CoreError::invalid("H", format!("must have the shape of G ({m}, {d}), got {:?}", h.dim())));
         }
     }
-    if !beta.is_finite() {
-        return Err(CoreError::invalid("beta", format!("must be finite, got {beta}")));
+    let shift = Shift::new(beta)?;
+    compress_filled_rows(spec, m, d, start, n, seed, round, |r, buf: &mut [T]| match &h {
+        None => buf.iter_mut().zip(g.row(r)).for_each(|(v, &x)| *v = x),
+        Some(h) => match (g.row(r).as_slice(), h.row(r).as_slice()) {
+            (Some(gs), Some(hs)) => buf.iter_mut().zip(gs).zip(hs).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
+            _ => buf.iter_mut().zip(g.row(r)).zip(h.row(r)).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
+        },
+    })
+}
+
+/// The shift `g − β·h` of the shifted exchanges, in `T` as numpy computes it: `g − h` when
+/// `β = 1`, else `g − h·β`.
+#[derive(Clone, Copy)]
+pub struct Shift {
+    beta: f64,
+}
+
+impl Shift {
+    /// `β = 1`.
+    pub const ONE: Shift = Shift { beta: 1.0 };
+
+    /// Checks that `β` is finite.
+    pub fn new(beta: f64) -> Result<Self> {
+        if !beta.is_finite() {
+            return Err(CoreError::invalid("beta", format!("must be finite, got {beta}")));
+        }
+        Ok(Shift { beta })
     }
+
+    /// Whether `β = 1` (`g − h`).
+    #[inline(always)]
+    pub fn is_one(self) -> bool {
+        self.beta == 1.0
+    }
+
+    /// `g − β·h` in `T`.
+    #[inline(always)]
+    pub fn apply<T: Real>(self, g: T, h: T) -> T {
+        if self.beta == 1.0 {
+            g - h
+        } else {
+            g - h * T::of(self.beta)
+        }
+    }
+}
+
+/// The messages of workers `start .. start + m`, for `n` workers in all, whose inputs (`d`
+/// values each) `fill(r, buf)` writes into `buf` for row `r`: each worker's input is formed in a
+/// buffer of `d` values, checked (a NaN probe over eight lanes, while `buf` is in the cache)
+/// and compressed in one go, on the pool's threads for large inputs (one worker per task; no
+/// value depends on the thread count); the values and order of [`compress_rows`] on the
+/// `(m, d)` array of those inputs, which is never formed. `None` when an input is not finite.
+/// `fill` must write every value of `buf` (it is reused from worker to worker).
+#[allow(clippy::too_many_arguments)]
+pub fn compress_filled_rows<T: Real, F>(spec: &Spec, m: usize, d: usize, start: usize, n: usize, seed: u64, round: u64, fill: F) -> Result<Option<Messages<T>>>
+where
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    check_rows(spec, m, d, start, n)?;
     let fp = spec.sparsifier.footprint(n, d);
     let threads = crate::threads::num_threads()? as u128;
     Need::new()
@@ -430,21 +484,22 @@ pub fn compress_shifted_rows<T: Real>(
         .bytes("the messages", 2 * messages_bytes::<T>(&fp, m))
         .check()?;
     let plan = rows_plan::<T>(spec, n, d, seed, round, start, m)?;
-    let beta_t = T::of(beta);
-    let worker = |buf: &mut Result<Vec<T>>, r: usize| -> Result<Option<Vec<(u32, T)>>> {
-        let buf = buf.as_mut().map_err(|e| e.clone())?;
-        if !shifted_input(buf, g.row(r), h.as_ref().map(|h| h.row(r)), beta, beta_t) {
-            return Ok(None);
-        }
-        worker_message(spec, plan.as_ref(), ArrayView1::from(buf.as_slice()), r, start + r, n, seed, round)
+    let data_dependent = spec.sparsifier.data_dependent();
+    let worker = |r: usize| -> Result<Option<Vec<(u32, T)>>> {
+        with_scratch::<T, _>("a worker's input", d, |buf| {
+            fill(r, buf);
+            // a data-dependent selection reports a non-finite input itself (it reads every value)
+            if !data_dependent && !all_finite(buf) {
+                return Ok(None);
+            }
+            worker_message(spec, plan.as_ref(), ArrayView1::from(&*buf), r, start + r, n, seed, round)
+        })?
     };
-    let init = || mem::vec::<T>("a worker's input", d);
     type Message<T> = Result<Option<Vec<(u32, T)>>>;
     let msgs: Vec<Message<T>> = if m >= 2 && m * d >= SHIFTED_PAR_MIN {
-        crate::threads::install(|| (0..m).into_par_iter().map_init(init, worker).collect())?
+        crate::threads::install(|| (0..m).into_par_iter().map(worker).collect())?
     } else {
-        let mut buf = init();
-        (0..m).map(|r| worker(&mut buf, r)).collect()
+        (0..m).map(worker).collect()
     };
     let mut list = mem::vec::<Vec<(u32, T)>>("the messages", m)?;
     for msg in msgs {
@@ -483,9 +538,10 @@ pub(crate) fn rows_plan_bytes(spec: &Spec, fp: &Footprint, m: usize) -> u128 {
     }
 }
 
-/// The message of `worker` (row `r` of `plan`, the [`rows_plan`] of its block) on its finite
-/// input `v`: the plan's coordinates or the spec's own selection, then [`emit_worker`], as
-/// `(coordinate, value)` pairs in message order; None when a value of the message is not finite.
+/// The message of `worker` (row `r` of `plan`, the [`rows_plan`] of its block) on its input
+/// `v`: the plan's coordinates or the spec's own selection, then [`emit_worker`], as
+/// `(coordinate, value)` pairs in message order; None when a value of the message, or any value
+/// of `v` a data-dependent selection reads, is not finite.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn worker_message<T: Real>(
     spec: &Spec,
@@ -501,10 +557,14 @@ pub(crate) fn worker_message<T: Real>(
     let owned;
     let (coords, scale) = match plan {
         Some(p) => p.worker(r),
-        None => {
-            owned = spec.sparsifier.select(n, d, seed, round, worker, Some(v))?;
-            (owned.0.as_coords(), owned.1)
-        }
+        None => match spec.sparsifier.select(n, d, seed, round, worker, Some(v)) {
+            Ok(sel) => {
+                owned = sel;
+                (owned.0.as_coords(), owned.1)
+            }
+            Err(CoreError::NonFinite { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        },
     };
     let mut msg = mem::vec("the message", coords.len(d))?;
     match emit_worker(spec, v, coords, scale, seed, round, worker, |j, x| msg.push((j as u32, x))) {
@@ -514,19 +574,35 @@ pub(crate) fn worker_message<T: Real>(
     }
 }
 
-/// `buf ← g − h` (`β = 1`), `g − h·β` (`h` given), or `g`; whether every value is finite (a
-/// NaN probe `Σ v·0` over eight lanes, so it vectorizes; `buf` is still in the cache).
-fn shifted_input<T: Real>(buf: &mut Vec<T>, g: ArrayView1<T>, h: Option<ArrayView1<T>>, beta: f64, beta_t: T) -> bool {
-    let v = |gj: T, hj: T| if beta == 1.0 { gj - hj } else { gj - hj * beta_t };
-    buf.clear();
-    match (g.as_slice(), &h) {
-        (Some(gs), None) => buf.extend_from_slice(gs),
-        (None, None) => buf.extend(g.iter().copied()),
-        (Some(gs), Some(h)) if h.as_slice().is_some() => buf.extend(gs.iter().zip(h.as_slice().unwrap_or(&[])).map(|(&a, &b)| v(a, b))),
-        (_, Some(h)) => buf.extend(g.iter().zip(h.iter()).map(|(&a, &b)| v(a, b))),
-    }
+thread_local! {
+    /// Each thread's buffer for [`with_scratch`], kept between calls.
+    static SCRATCH: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on a buffer of `len` values owned by the calling thread and kept between calls (no
+/// allocation, zeroing or page fault per call once it is large enough); its values are left
+/// from the previous use (or zero). A nested call on the same thread gets a new buffer.
+fn with_scratch<T: Real, R>(what: &str, len: usize, f: impl FnOnce(&mut [T]) -> R) -> Result<R> {
+    const { assert!(std::mem::align_of::<T>() <= std::mem::align_of::<u64>()) };
+    let words = len.checked_mul(std::mem::size_of::<T>()).map(|b| b.div_ceil(8)).ok_or_else(|| mem::alloc_error::<T>(what, &[len]))?;
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < words {
+                *v = mem::filled(what, words, 0u64)?;
+            }
+            // SAFETY: the buffer holds at least `len · size_of::<T>()` initialised bytes, aligned
+            // for `T` (checked above), and every bit pattern is a valid `f32` or `f64` (`Real`).
+            let buf = unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut T, len) };
+            Ok(f(buf))
+        }
+        Err(_) => Ok(f(&mut mem::zeros::<T>(what, &[len])?)),
+    })
+}
+
+/// Whether every value of `v` is finite: a NaN probe `Σ v·0` over eight lanes, so it vectorizes.
+fn all_finite<T: Real>(v: &[T]) -> bool {
     let mut lanes = [T::zero(); 8];
-    let chunks = buf.chunks_exact(8);
+    let chunks = v.chunks_exact(8);
     let tail = chunks.remainder().iter().fold(T::zero(), |a, &x| a + x * T::zero());
     for c in chunks {
         for l in 0..8 {

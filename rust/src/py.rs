@@ -539,43 +539,123 @@ fn row_dots<'py>(
     Ok(out.into_pyarray(py))
 }
 
+/// A block's products for the autoencoder's kernels: `zwa` and `gd`, both float64 or both float32.
+enum Products<'py> {
+    F64(PyReadonlyArray3<'py, f64>, PyReadonlyArray3<'py, f64>),
+    F32(PyReadonlyArray3<'py, f32>, PyReadonlyArray3<'py, f32>),
+}
+
+/// The float64 arguments of the autoencoder's kernels: `reg_d`, `reg_e`, `cs`, `rs`.
+type Coefs<'py> = (PyReadonlyArray2<'py, f64>, PyReadonlyArray2<'py, f64>, PyReadonlyArray1<'py, f64>, PyReadonlyArray1<'py, f64>);
+
+fn autoencoder_args<'py>(
+    zwa: &Bound<'py, PyAny>,
+    gd: &Bound<'py, PyAny>,
+    reg_d: &Bound<'py, PyAny>,
+    reg_e: &Bound<'py, PyAny>,
+    cs: &Bound<'py, PyAny>,
+    rs: &Bound<'py, PyAny>,
+) -> PyResult<(Products<'py>, Coefs<'py>)> {
+    let products = if let (Ok(a), Ok(g)) = (zwa.extract(), gd.extract()) {
+        Products::F64(a, g)
+    } else if let (Ok(a), Ok(g)) = (zwa.extract(), gd.extract()) {
+        Products::F32(a, g)
+    } else {
+        return Err(PyTypeError::new_err("zwa and gd must be 3-D numpy arrays, both float64 or both float32"));
+    };
+    let m2 = |a: &Bound<'py, PyAny>, name: &str| {
+        a.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err(format!("{name} must be a 2-D float64 numpy array")))
+    };
+    let m1 = |a: &Bound<'py, PyAny>, name: &str| {
+        a.extract::<PyReadonlyArray1<'py, f64>>().map_err(|_| PyTypeError::new_err(format!("{name} must be a 1-D float64 numpy array")))
+    };
+    Ok((products, (m2(reg_d, "reg_d")?, m2(reg_e, "reg_e")?, m1(cs, "cs")?, m1(rs, "rs")?)))
+}
+
 /// The linear autoencoder's split gradients of a block of `b` splits, written into the rows of
-/// `out` (`(b, d)` float64) from the block's products `azw` (`(b, d_f, 2 d_e)`) and `dg`
-/// (`(d_f, b, d_e)`), `reg_e` (`(d_e, d_f)`, all three float64 or all float32) and the splits'
-/// multiplicities `reg_mult` (float64, or None).
+/// `out` (`(b, d)` float64) from the block's products `zwa` (`(b, 2 d_e, d_f)`: `[Z_s W_s]ᵀA_s`)
+/// and `gd` (`(b, d_e, d_f)`: `Z_sᵀZ_s Dᵀ`), both float64 or both float32, the regulariser's
+/// gradients `reg_d` (`(d_f, d_e)`) and `reg_e` (`(d_e, d_f)`) and the splits' coefficients
+/// `cs`, `rs` (`b` values each), all float64 (see rust/src/autoencoder.rs).
 #[pyfunction]
-#[pyo3(signature = (azw, dg, reg_e, reg_mult, out))]
+#[pyo3(signature = (zwa, gd, reg_d, reg_e, cs, rs, out))]
+#[allow(clippy::too_many_arguments)]
 fn autoencoder_split_grads<'py>(
     py: Python<'py>,
-    azw: &Bound<'py, PyAny>,
-    dg: &Bound<'py, PyAny>,
+    zwa: &Bound<'py, PyAny>,
+    gd: &Bound<'py, PyAny>,
+    reg_d: &Bound<'py, PyAny>,
     reg_e: &Bound<'py, PyAny>,
-    reg_mult: Option<&Bound<'py, PyAny>>,
+    cs: &Bound<'py, PyAny>,
+    rs: &Bound<'py, PyAny>,
     out: &Bound<'py, PyAny>,
 ) -> PyResult<()> {
     fn go<T: Real + numpy::Element>(
         py: Python<'_>,
-        azw: PyReadonlyArray3<'_, T>,
-        dg: PyReadonlyArray3<'_, T>,
-        reg_e: PyReadonlyArray2<'_, T>,
-        reg_mult: Option<&[f64]>,
+        zwa: PyReadonlyArray3<'_, T>,
+        gd: PyReadonlyArray3<'_, T>,
+        c: &Coefs<'_>,
         out: numpy::ndarray::ArrayViewMut2<'_, f64>,
     ) -> PyResult<()> {
-        let (a, g, r) = (azw.as_array(), dg.as_array(), reg_e.as_array());
-        Ok(py.detach(|| autoencoder::split_grads(a, g, r, reg_mult, out))?)
+        let block = autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?;
+        Ok(py.detach(|| autoencoder::split_grads(&block, out))?)
     }
-    let reg_mult = reg_mult
-        .map(|m| m.extract::<PyReadonlyArray1<'py, f64>>().map_err(|_| PyTypeError::new_err("reg_mult must be a 1-D float64 numpy array or None")))
-        .transpose()?;
+    let (products, coefs) = autoencoder_args(zwa, gd, reg_d, reg_e, cs, rs)?;
     let mut out = out.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("out must be a writeable 2-D float64 numpy array"))?;
-    let mult = reg_mult.as_ref().map(|m| m.as_slice()).transpose()?;
     let o = out.as_array_mut();
-    if let (Ok(a), Ok(g), Ok(r)) = (azw.extract(), dg.extract(), reg_e.extract()) {
-        go::<f64>(py, a, g, r, mult, o)
-    } else if let (Ok(a), Ok(g), Ok(r)) = (azw.extract(), dg.extract(), reg_e.extract()) {
-        go::<f32>(py, a, g, r, mult, o)
-    } else {
-        Err(PyTypeError::new_err("azw and dg must be 3-D and reg_e 2-D numpy arrays, all float64 or all float32"))
+    match products {
+        Products::F64(a, g) => go(py, a, g, &coefs, o),
+        Products::F32(a, g) => go(py, a, g, &coefs, o),
+    }
+}
+
+/// The messages of workers `start .. start + b` (for `n_workers` in all) of `spec` on the
+/// inputs `g_s − β·h_s`, `g_s` the split gradients [`autoencoder_split_grads`] would write
+/// (same arguments) and `h_s` the rows of `H` (`(b, d)` float64, rows contiguous; without `H`,
+/// `g_s`): `Spec.compress_shifted_rows` on those rows, bit for bit, without writing them; None
+/// when an input is not finite.
+#[pyfunction]
+#[pyo3(signature = (spec, zwa, gd, reg_d, reg_e, cs, rs, H, beta, start, n_workers, seed, round))]
+#[allow(clippy::too_many_arguments, non_snake_case)]
+fn autoencoder_shifted_messages<'py>(
+    py: Python<'py>,
+    spec: &PySpec,
+    zwa: &Bound<'py, PyAny>,
+    gd: &Bound<'py, PyAny>,
+    reg_d: &Bound<'py, PyAny>,
+    reg_e: &Bound<'py, PyAny>,
+    cs: &Bound<'py, PyAny>,
+    rs: &Bound<'py, PyAny>,
+    H: Option<&Bound<'py, PyAny>>,
+    beta: f64,
+    start: usize,
+    n_workers: usize,
+    seed: u64,
+    round: u64,
+) -> PyResult<Option<MessageArrays<'py>>> {
+    #[allow(clippy::too_many_arguments)]
+    fn go<'py, T: Real + numpy::Element>(
+        py: Python<'py>,
+        spec: &Spec,
+        zwa: PyReadonlyArray3<'_, T>,
+        gd: PyReadonlyArray3<'_, T>,
+        c: &Coefs<'_>,
+        h: Option<ArrayView2<'_, f64>>,
+        args: (f64, usize, usize, u64, u64),
+    ) -> PyResult<Option<MessageArrays<'py>>> {
+        let (beta, start, n, seed, round) = args;
+        let block = autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?;
+        let m = py.detach(|| autoencoder::shifted_messages(spec, &block, h, beta, start, n, seed, round))?;
+        Ok(m.map(|m| message_arrays(py, m)))
+    }
+    let (products, coefs) = autoencoder_args(zwa, gd, reg_d, reg_e, cs, rs)?;
+    let h =
+        H.map(|h| h.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 numpy array or None"))).transpose()?;
+    let hv = h.as_ref().map(|h| h.as_array());
+    let args = (beta, start, n_workers, seed, round);
+    match products {
+        Products::F64(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
+        Products::F32(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
     }
 }
 
@@ -715,6 +795,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(permutation, m)?)?;
     m.add_function(wrap_pyfunction!(row_dots, m)?)?;
     m.add_function(wrap_pyfunction!(autoencoder_split_grads, m)?)?;
+    m.add_function(wrap_pyfunction!(autoencoder_shifted_messages, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

@@ -71,7 +71,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from .. import _core
-from .._validate import as_vector, check_choice, check_int, check_real
+from .._validate import as_vector, check_choice, check_int, check_real, check_seed
+from ..compressors.base import Compressor, Messages
 from ..problems import index_array
 from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
@@ -95,6 +96,9 @@ def _only_in_pool() -> int:
 
 
 _ONLY_IN_POOL = _only_in_pool()
+#: A block's products and coefficients, the arguments of ``permk._core``'s autoencoder kernels
+#: (``zwa``, ``gd``, ``reg_d``, ``reg_e``, ``cs``, ``rs``).
+_Products = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -417,39 +421,62 @@ class LinearAutoencoder:
             pass
         return out
 
-    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
-        """``(lo, hi, G)`` for consecutive blocks of held splits: ``G`` holds ``mult_s ∇f_s``
-        (float64) of splits ``lo … hi − 1``; it is ``out[lo:hi]`` when ``out`` is given, else a
-        block buffer the next block overwrites. With ``Z``, ``W`` scaled by ``2c/m_s`` per
-        split, per block: one batched product ``A_sᵀ [Z_s W_s]`` (the two products beyond the
-        point's), one product ``[D  ∇_D reg] [(2c/m_s) Z_sᵀZ_s; I]`` for all the block's splits,
-        and one pass writing each split's row (``permk._core.autoencoder_split_grads``, on the
-        core's threads). The blocks and their arithmetic do not
-        depend on ``out``: the values are the same bits either way."""
+    def _product_blocks(self, p: _Point, mult: np.ndarray | None = None) -> Iterator[tuple[int, int, _Products]]:
+        """``(lo, hi, args)`` for consecutive blocks of held splits: ``args`` are the block's
+        products and coefficients, the arguments of ``permk._core``'s ``autoencoder_split_grads``
+        and ``autoencoder_shifted_messages`` for splits ``lo … hi − 1`` (gradients
+        ``mult_s ∇f_s``): one batched product ``[Z_s W_s]ᵀ A_s`` (the two products beyond the
+        point's, in the layout BLAS writes fastest) and one ``[Z_sᵀZ_s …] Dᵀ`` for all the
+        block's splits, in the problem's dtype; the coefficients ``2c/m_s·mult_s`` and
+        ``mult_s`` are applied in float64 by the kernels (see rust/src/autoencoder.rs). The
+        products are written into two buffers of a few MB that the next block overwrites."""
         S, d_f, d_e = len(self._held), self.d_f, self.d_e
-        b = max(1, _BLOCK_BYTES // (8 * d_f * d_e))
-        buf = np.empty((min(b, S), self.d)) if out is None else None
-        scale = self._scale if mult is None else self._scale * mult
-        reg_mult = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
-        AT3 = self._views(self._AT)
-        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
-            ZW3 = self._views(p.ZW) * scale.astype(self.dtype)[None, :, None]  # (2c/m_s) Z_s, (2c/m_s) W_s
-            # [D, ∇_D reg] @ [(2c/m_s) Z_sᵀZ_s ; reg_mult_s I], all splits side by side: (2 d_e, S d_e)
-            GI = np.empty((2 * d_e, S, d_e), dtype=self.dtype)
-            GI[:d_e] = (self._gram(p) * scale[:, None, None]).transpose(1, 0, 2)
-            GI[d_e:] = np.eye(d_e)[:, None, :] * reg_mult[None, :, None]
-            DR = np.concatenate([p.Dc, p.regD.astype(self.dtype)], axis=1)  # (d_f, 2 d_e)
-            regE = np.ascontiguousarray(p.regE, dtype=self.dtype)
+        b = min(S, max(1, _BLOCK_BYTES // (8 * d_f * d_e)))
+        cs = self._scale if mult is None else self._scale * mult
+        rs = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
+        AT3, ZW3 = self._views(self._AT), self._views(p.ZW)
+        gram = self._gram(p).reshape(S * d_e, d_e)  # rows s·d_e … (s + 1)·d_e − 1: Z_sᵀZ_s
+        regD, regE = np.ascontiguousarray(p.regD, dtype=np.float64), np.ascontiguousarray(p.regE, dtype=np.float64)
+        zwa, gd = np.empty((b, 2 * d_e, d_f), dtype=self.dtype), np.empty((b * d_e, d_f), dtype=self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
+            ZWA, GD = zwa[: hi - lo], gd[: (hi - lo) * d_e]
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
+                np.matmul(ZW3[:, lo:hi].transpose(1, 0, 2), AT3[:, lo:hi].transpose(1, 2, 0), out=ZWA)
+                np.matmul(gram[lo * d_e : hi * d_e], p.Dc.T, out=GD)
+            yield lo, hi, (ZWA, GD.reshape(hi - lo, d_e, d_f), regD, regE, cs[lo:hi], rs[lo:hi])
+
+    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(lo, hi, G)`` for the blocks of :meth:`_product_blocks`: ``G`` holds ``mult_s ∇f_s``
+        (float64) of splits ``lo … hi − 1``, written by one pass on the core's threads
+        (``permk._core.autoencoder_split_grads``); it is ``out[lo:hi]`` when ``out`` is given,
+        else a block buffer the next block overwrites. The values do not depend on ``out``."""
+        buf = np.empty((min(len(self._held), max(1, _BLOCK_BYTES // (8 * self.d_f * self.d_e))), self.d)) if out is None else None
+        for lo, hi, args in self._product_blocks(p, mult):
             G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
-            with np.errstate(over="ignore", invalid="ignore"):
-                AZW = np.matmul(AT3[:, lo:hi].transpose(1, 0, 2), ZW3[:, lo:hi].transpose(1, 2, 0))  # (b, d_f, 2 d_e)
-                DG = (DR @ GI[:, lo:hi].reshape(2 * d_e, -1)).reshape(d_f, hi - lo, d_e)
-            # one pass on the core's threads: ∇_D = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + ∇_D reg and
-            # ∇_E = (2c/m_s) W_sᵀA_s + ∇_E reg into each split's row
-            _core.autoencoder_split_grads(AZW, DG, regE, None if mult is None else reg_mult[lo:hi], G)
+            _core.autoencoder_split_grads(*args, G)
             yield lo, hi, G
+
+    def _message_blocks(self, p: _Point, mult: np.ndarray | None, compressor: Any, H: np.ndarray | None, beta: float, *,
+                        start: int, n_workers: int, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
+        """The messages of :meth:`local_message_blocks` for the held splits as workers (the
+        inputs ``mult_s ∇f_s − β h_s``), block by block: with a Rust compressor each row is
+        finished, shifted and compressed in a worker's buffer
+        (``permk._core.autoencoder_shifted_messages``), the gradients never written; otherwise
+        the block's rows are written and handed to :meth:`Compressor.compress_shifted_rows`."""
+        if not isinstance(compressor, Compressor):
+            raise TypeError(f"compressor must be a permk.Compressor, got {type(compressor).__name__}")
+        n_workers, seed, round = check_int(n_workers, "n_workers", low=1), check_seed(seed), check_int(round, "round")
+        start, beta = check_int(start, "start", high=n_workers), check_real(beta, "beta")
+        spec = compressor.kernel
+        if spec is None:
+            for lo, hi, G in self._split_grad_blocks(p, mult):
+                yield lo, hi, compressor.compress_shifted_rows(G, None if H is None else H[lo:hi], beta=beta, start=start + lo,
+                                                                n_workers=n_workers, seed=seed, round=round)
+            return
+        for lo, hi, args in self._product_blocks(p, mult):
+            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], float(beta), start + lo, n_workers, seed, round)
+            yield lo, hi, None if out is None else Messages(*out)
 
     def split_grads(self, x: Any) -> np.ndarray:
         """``(S, d)``: the gradient of each held distinct split's ``f_s`` at ``x`` (all ``S``
@@ -487,6 +514,23 @@ class LinearAutoencoder:
             yield from self._split_grad_blocks(self._point(x))
         else:
             yield 0, rows.size, self.local_grads(x)
+
+    def local_message_blocks(self, x: Any, compressor: Any, H: np.ndarray | None = None, beta: float = 1.0, *, start: int,
+                             n_workers: int, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
+        """The held workers' messages on the inputs ``∇f_i(x) − β h_i`` (``h_i`` the rows of
+        ``H``, from the first held worker; ``∇f_i(x)`` without ``H``) in blocks of consecutive
+        workers ``(lo, hi, messages)``, ``messages`` None when an input of the block is not
+        finite: bit for bit ``compressor.compress_shifted_rows`` on the blocks of
+        :meth:`local_grad_blocks` (the error-feedback exchange's route, for a compressor without
+        a shared plan; ``start`` is the first held worker's index). When every held worker has
+        its own split, each worker's gradient is finished, shifted and compressed in one pass
+        on the core's threads and never written (a Rust compressor)."""
+        rows = self._worker_rows()
+        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+            yield from self._message_blocks(self._point(x), None, compressor, H, beta, start=start, n_workers=n_workers, seed=seed, round=round)
+        else:
+            yield 0, rows.size, compressor.compress_shifted_rows(self.local_grads(x), H, beta=beta, start=start, n_workers=n_workers,
+                                                                  seed=seed, round=round)
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
@@ -533,6 +577,14 @@ class GroupedAutoencoder:
         """:meth:`local_grads` in blocks of a few virtual workers (see
         :meth:`LinearAutoencoder.local_grad_blocks`), the same bits."""
         return self.ae._split_grad_blocks(self.ae._point(x), self._mult)
+
+    def local_message_blocks(self, x: Any, compressor: Any, H: np.ndarray | None = None, beta: float = 1.0, *, start: int,
+                             n_workers: int, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
+        """The virtual workers' messages on ``∇f'_s(x) − β h_s`` in blocks (see
+        :meth:`LinearAutoencoder.local_message_blocks`), the same bits as compressing
+        :meth:`local_grad_blocks`."""
+        return self.ae._message_blocks(self.ae._point(x), self._mult, compressor, H, beta, start=start, n_workers=n_workers,
+                                       seed=seed, round=round)
 
 
 def _power(hvp: Any, d: int, rng: np.random.Generator, iters: int = 30) -> float:

@@ -97,7 +97,9 @@ pub trait Sparsify: Sized + Clone + fmt::Debug + PartialEq + Send + Sync {
         self.assign::<T>(n, d, seed, round, None)?.worker(worker)
     }
 
-    /// True when the coordinates depend on the inputs (no shared plan).
+    /// True when the coordinates depend on the inputs (no shared plan). Such a selection reads
+    /// every value of its input and must report a non-finite one ([`CoreError::NonFinite`]):
+    /// the shifted compression relies on it instead of checking the input itself.
     fn data_dependent(&self) -> bool {
         false
     }
