@@ -572,6 +572,15 @@ fn autoencoder_args<'py>(
     Ok((products, (m2(reg_d, "reg_d")?, m2(reg_e, "reg_e")?, m1(cs, "cs")?, m1(rs, "rs")?)))
 }
 
+/// The checked block of the autoencoder's kernels.
+fn block<'a, T: Real + numpy::Element>(
+    zwa: &'a PyReadonlyArray3<'_, T>,
+    gd: &'a PyReadonlyArray3<'_, T>,
+    c: &'a Coefs<'_>,
+) -> PyResult<autoencoder::Block<'a, T>> {
+    Ok(autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?)
+}
+
 /// The linear autoencoder's split gradients of a block of `b` splits, written into the rows of
 /// `out` (`(b, d)` float64) from the block's products `zwa` (`(b, 2 d_e, d_f)`: `[Z_s W_s]ᵀA_s`)
 /// and `gd` (`(b, d_e, d_f)`: `Z_sᵀZ_s Dᵀ`), both float64 or both float32, the regulariser's
@@ -597,7 +606,7 @@ fn autoencoder_split_grads<'py>(
         c: &Coefs<'_>,
         out: numpy::ndarray::ArrayViewMut2<'_, f64>,
     ) -> PyResult<()> {
-        let block = autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?;
+        let block = block(&zwa, &gd, c)?;
         Ok(py.detach(|| autoencoder::split_grads(&block, out))?)
     }
     let (products, coefs) = autoencoder_args(zwa, gd, reg_d, reg_e, cs, rs)?;
@@ -644,7 +653,7 @@ fn autoencoder_shifted_messages<'py>(
         args: (f64, usize, usize, u64, u64),
     ) -> PyResult<Option<MessageArrays<'py>>> {
         let (beta, start, n, seed, round) = args;
-        let block = autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?;
+        let block = block(&zwa, &gd, c)?;
         let m = py.detach(|| autoencoder::shifted_messages(spec, &block, h, beta, start, n, seed, round))?;
         Ok(m.map(|m| message_arrays(py, m)))
     }
