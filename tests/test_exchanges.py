@@ -225,6 +225,23 @@ def test_a_problem_giving_its_own_messages_equals_the_whole_rows(bad: int | None
         np.testing.assert_array_equal(got[1], want[1])
 
 
+def test_the_rows_exchanges_do_not_ask_the_problem_for_its_messages() -> None:
+    """compressed_mean_rows and shifted_rows compress the rows the method gives (VR-MARINA's and
+    DASHA's), not the problem's gradients: a problem with local_message_blocks gets the same
+    results as one without."""
+    q = _problem()
+    _, _, H = _points(q)
+    rows = np.random.default_rng(5).standard_normal((N, D))
+    for c in (permk.TopK(2), permk.QSGD(4)):
+        own, whole = Simulator(_OwnMessages(q, [0, 2, 5])), Simulator(_Whole(q))
+        np.testing.assert_array_equal(ex.compressed_mean_rows(own, c, rows, seed=2, round=3),
+                                      ex.compressed_mean_rows(whole, c, rows, seed=2, round=3))
+        got = ex.shifted_rows(own, c, H.copy(), rows, beta=0.5, alpha=0.5, seed=2, round=3)
+        want = ex.shifted_rows(whole, c, H.copy(), rows, beta=0.5, alpha=0.5, seed=2, round=3)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize(
     ("bounds", "spoil", "match"),
     [

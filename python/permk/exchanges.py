@@ -256,13 +256,19 @@ class _Compressed(Exchange):
                 b = min(hi, a + rows)
                 yield a, b, G[a - lo : b - lo], None if H is None else H[a:b]
 
+    def _own_messages(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, H: Array | None, beta: float,
+                      seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
+        """The problem's own messages on ``∇f_i(x) − β h_i`` (``backend.message_blocks``), or
+        None: with ``y`` the inputs are differences of gradients, not gradients."""
+        return None if y is not None else backend.message_blocks(compressor, x, H, beta, seed, round)
+
     def _message_blocks(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
                         H: Array | None, beta: float, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
         """The held workers' messages on their inputs in blocks ``(lo, hi, messages)`` (None: an
         input of the block is not finite): the problem's own (``backend.message_blocks``, without
         ``y``) when it gives them, else :meth:`Compressor.compress_shifted_rows` on
         :meth:`_input_blocks`."""
-        own = backend.message_blocks(compressor, x, H, beta, seed, round) if y is None else None
+        own = self._own_messages(backend, compressor, x, y, H, beta, seed, round)
         if own is not None:
             yield from own
             return
@@ -403,6 +409,10 @@ class CompressedMeanRows(_Compressed):
     def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float,
                       H: Array | None) -> Iterator[tuple[int, int, Array, Array | None]]:
         yield 0, len(backend.workers), x, H  # the given rows, less β h_i when shifted (by the compressor)
+
+    def _own_messages(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, H: Array | None, beta: float,
+                      seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
+        return None  # the inputs are the given rows, not the problem's gradients at a point
 
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]

@@ -30,7 +30,7 @@ use crate::threads;
 /// Blocks of at least this many output values are written on the pool's threads, one split
 /// per task.
 pub const PAR_MIN: usize = 1 << 16;
-/// The width of the transpose's tiles (`∇_E`'s values of one `k` for TILE consecutive `j`).
+/// The side of the transpose's tiles (`∇_D`'s values of TILE consecutive `j` and `k`).
 const TILE: usize = 16;
 
 /// A block of `b` splits' products and the coefficients that finish their gradients (see the
@@ -193,9 +193,6 @@ pub fn split_grads<T: Real>(block: &Block<'_, T>, mut out: ArrayViewMut2<f64>) -
     }
     if b == 0 {
         return Ok(());
-    }
-    if out.strides()[1] != 1 || (b > 1 && out.strides()[0] != d as isize) {
-        return Err(CoreError::invalid("out", "must be C-contiguous"));
     }
     let rows = out.as_slice_mut().ok_or_else(|| CoreError::invalid("out", "must be C-contiguous"))?;
     let write = |(s, row): (usize, &mut [f64])| block.fill(s, row, None, Shift::ONE);

@@ -465,8 +465,8 @@ impl Shift {
 
 /// The messages of workers `start .. start + m`, for `n` workers in all, whose inputs (`d`
 /// values each) `fill(r, buf)` writes into `buf` for row `r`: each worker's input is formed in a
-/// buffer of `d` values, checked (a NaN probe over eight lanes, while `buf` is in the cache)
-/// and compressed in one go, on the pool's threads for large inputs (one worker per task; no
+/// buffer of `d` values, checked (a NaN probe while `buf` is in the cache; a data-dependent
+/// selection checks what it reads itself) and compressed in one go, on the pool's threads for large inputs (one worker per task; no
 /// value depends on the thread count); the values and order of [`compress_rows`] on the
 /// `(m, d)` array of those inputs, which is never formed. `None` when an input is not finite.
 /// `fill` must write every value of `buf` (it is reused from worker to worker).
@@ -489,7 +489,7 @@ where
         with_scratch::<T, _>("a worker's input", d, |buf| {
             fill(r, buf);
             // a data-dependent selection reports a non-finite input itself (it reads every value)
-            if !data_dependent && !all_finite(buf) {
+            if !data_dependent && !kernels::all_finite(buf) {
                 return Ok(None);
             }
             worker_message(spec, plan.as_ref(), ArrayView1::from(&*buf), r, start + r, n, seed, round)
@@ -597,19 +597,6 @@ fn with_scratch<T: Real, R>(what: &str, len: usize, f: impl FnOnce(&mut [T]) -> 
         }
         Err(_) => Ok(f(&mut mem::zeros::<T>(what, &[len])?)),
     })
-}
-
-/// Whether every value of `v` is finite: a NaN probe `Σ v·0` over eight lanes, so it vectorizes.
-fn all_finite<T: Real>(v: &[T]) -> bool {
-    let mut lanes = [T::zero(); 8];
-    let chunks = v.chunks_exact(8);
-    let tail = chunks.remainder().iter().fold(T::zero(), |a, &x| a + x * T::zero());
-    for c in chunks {
-        for l in 0..8 {
-            lanes[l] += c[l] * T::zero();
-        }
-    }
-    lanes.iter().fold(tail, |a, &x| a + x).is_finite()
 }
 
 /// The plan of round `round`: data-dependent sparsifiers need the data `a`; the others

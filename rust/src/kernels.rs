@@ -189,7 +189,7 @@ fn combine<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) {
 
 /// True when every value is finite (vectorised: `v·0` is 0 exactly for finite `v`).
 #[inline(always)]
-fn all_finite<T: Real>(o: &[T]) -> bool {
+pub(crate) fn all_finite<T: Real>(o: &[T]) -> bool {
     let mut probe = [T::zero(); 8];
     let chunks = o.chunks_exact(8);
     let tail = chunks.remainder();

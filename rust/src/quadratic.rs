@@ -642,7 +642,7 @@ impl Tridiagonal {
         let (ai, bi) = (self.a[i], self.beta[i]);
         buf.clear();
         buf.extend(row.iter().enumerate().map(|(j, &gij)| residual_at(ai, bi, tx, cx, j, gij)));
-        if !buf.iter().all(|v| v.is_finite()) {
+        if !crate::kernels::all_finite(buf) {
             return Ok(WorkerMsg::NonFinite);
         }
         let msg = compress::worker_message(spec, plan, ArrayView1::from(buf.as_slice()), r, i, n, seed, round)?;

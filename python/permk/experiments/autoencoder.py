@@ -421,6 +421,11 @@ class LinearAutoencoder:
             pass
         return out
 
+    def _block_splits(self) -> int:
+        """The splits of a block of :meth:`_product_blocks` (gradient rows of about
+        :data:`_BLOCK_BYTES` bytes, at most every held split)."""
+        return min(len(self._held), max(1, _BLOCK_BYTES // (8 * self.d_f * self.d_e)))
+
     def _product_blocks(self, p: _Point, mult: np.ndarray | None = None) -> Iterator[tuple[int, int, _Products]]:
         """``(lo, hi, args)`` for consecutive blocks of held splits: ``args`` are the block's
         products and coefficients, the arguments of ``permk._core``'s ``autoencoder_split_grads``
@@ -430,8 +435,7 @@ class LinearAutoencoder:
         block's splits, in the problem's dtype; the coefficients ``2c/m_s·mult_s`` and
         ``mult_s`` are applied in float64 by the kernels (see rust/src/autoencoder.rs). The
         products are written into two buffers of a few MB that the next block overwrites."""
-        S, d_f, d_e = len(self._held), self.d_f, self.d_e
-        b = min(S, max(1, _BLOCK_BYTES // (8 * d_f * d_e)))
+        S, d_f, d_e, b = len(self._held), self.d_f, self.d_e, self._block_splits()
         cs = self._scale if mult is None else self._scale * mult
         rs = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
         AT3, ZW3 = self._views(self._AT), self._views(p.ZW)
@@ -451,7 +455,7 @@ class LinearAutoencoder:
         (float64) of splits ``lo … hi − 1``, written by one pass on the core's threads
         (``permk._core.autoencoder_split_grads``); it is ``out[lo:hi]`` when ``out`` is given,
         else a block buffer the next block overwrites. The values do not depend on ``out``."""
-        buf = np.empty((min(len(self._held), max(1, _BLOCK_BYTES // (8 * self.d_f * self.d_e))), self.d)) if out is None else None
+        buf = np.empty((self._block_splits(), self.d)) if out is None else None
         for lo, hi, args in self._product_blocks(p, mult):
             G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
             _core.autoencoder_split_grads(*args, G)
@@ -475,7 +479,7 @@ class LinearAutoencoder:
                                                                 n_workers=n_workers, seed=seed, round=round)
             return
         for lo, hi, args in self._product_blocks(p, mult):
-            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], float(beta), start + lo, n_workers, seed, round)
+            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], beta, start + lo, n_workers, seed, round)
             yield lo, hi, None if out is None else Messages(*out)
 
     def split_grads(self, x: Any) -> np.ndarray:
@@ -493,15 +497,21 @@ class LinearAutoencoder:
         ws = self.held_workers
         return self._slot[self.worker_split[ws.start : ws.stop]]
 
+    @functools.cached_property
+    def _own_splits(self) -> bool:
+        """Whether every held worker holds its own split, in worker order (e.g. p̂ = 0): the
+        workers' gradients are then the split gradients themselves."""
+        rows = self._worker_rows()
+        return rows.size == len(self._held) and bool(np.array_equal(rows, np.arange(rows.size)))
+
     def local_grads(self, x: Any) -> np.ndarray:
         """``(n, d)`` (a local problem: ``(len(workers), d)``), memory ``n·d``; the methods use
         the cheaper routes above when they can. When every held worker has its own split (e.g.
         p̂ = 0) the rows are the split gradients themselves, in a reused buffer."""
-        rows = self._worker_rows()
-        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+        if self._own_splits:
             with np.errstate(over="ignore", invalid="ignore"):
                 return self._split_grads(self._point(x), pooled=True)
-        return self.split_grads(x)[rows]
+        return self.split_grads(x)[self._worker_rows()]
 
     def local_grad_blocks(self, x: Any) -> Iterator[tuple[int, int, np.ndarray]]:
         """The held workers' gradients at ``x`` as ``(lo, hi, G)``: ``G`` the rows of workers
@@ -509,11 +519,10 @@ class LinearAutoencoder:
         asked, equal bit for bit to those rows of :meth:`local_grads` (the error-feedback
         exchange's route: no ``(n, d)`` array). When every held worker has its own split, blocks
         of a few splits (a few MB); otherwise one block, :meth:`local_grads`."""
-        rows = self._worker_rows()
-        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+        if self._own_splits:
             yield from self._split_grad_blocks(self._point(x))
         else:
-            yield 0, rows.size, self.local_grads(x)
+            yield 0, len(self.held_workers), self.local_grads(x)
 
     def local_message_blocks(self, x: Any, compressor: Any, H: np.ndarray | None = None, beta: float = 1.0, *, start: int,
                              n_workers: int, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
@@ -525,11 +534,10 @@ class LinearAutoencoder:
         a shared plan; ``start`` is the first held worker's index). When every held worker has
         its own split, each worker's gradient is finished, shifted and compressed in one pass
         on the core's threads and never written (a Rust compressor)."""
-        rows = self._worker_rows()
-        if rows.size == len(self._held) and np.array_equal(rows, np.arange(rows.size)):
+        if self._own_splits:
             yield from self._message_blocks(self._point(x), None, compressor, H, beta, start=start, n_workers=n_workers, seed=seed, round=round)
         else:
-            yield 0, rows.size, compressor.compress_shifted_rows(self.local_grads(x), H, beta=beta, start=start, n_workers=n_workers,
+            yield 0, len(self.held_workers), compressor.compress_shifted_rows(self.local_grads(x), H, beta=beta, start=start, n_workers=n_workers,
                                                                   seed=seed, round=round)
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:

@@ -195,8 +195,8 @@ unsafe fn scan_slice_avx2<T: Real>(s: &[T], c: Candidates) -> (Vec<(u64, u32)>, 
 /// rows a strided sample first suggests a starting bar (about the `2k`-th largest magnitude);
 /// if fewer than `k` values clear it, the pass is redone without it. A contiguous row is read in
 /// blocks of 16 whose magnitudes are compared with the bar first (vectorized), so most blocks
-/// cost one vector comparison. This is `O(d)` work and selects exactly the set a full sort by (magnitude
-/// descending, index ascending) would.
+/// cost one vector comparison. This is `O(d)` work and selects exactly the set a full sort by
+/// (magnitude descending, index ascending) would.
 pub fn topk_coords<T: Real>(row: ArrayView1<T>, k: usize, worker: usize) -> Result<Vec<u32>> {
     let d = row.len();
     if k == 0 || k > d {
