@@ -27,8 +27,8 @@ use crate::error::{CoreError, Result};
 use crate::real::Real;
 use crate::threads;
 
-/// Blocks of at least this many output values are written on the pool's threads, one split
-/// per task.
+/// Blocks of at least this many output values are written on the pool's threads (when it has
+/// more than one), one split per task.
 pub const PAR_MIN: usize = 1 << 16;
 /// The side of the transpose's tiles (`∇_D`'s values of TILE consecutive `j` and `k`).
 const TILE: usize = 16;
@@ -107,32 +107,32 @@ impl<'a, T: Real> Block<'a, T> {
     /// Writes split `s`'s gradient row `g` into `out` (`d` values), or `g − β·h` given a row
     /// `h` of `d` values; compiled for AVX2 when the CPU has it (detected at run time: the same
     /// values at every vector width, as Rust never contracts `a·b + c` into a fused
-    /// multiply-add).
+    /// multiply-add and a transpose only moves values).
     #[inline]
     fn fill(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
                 // SAFETY: the CPU supports AVX2 (checked just above).
-                return unsafe { fill_avx2(self, s, out, h, shift) };
+                return unsafe { fill_avx2(self, s, out, h, shift, Avx2(())) };
             }
         }
-        self.fill_shifted(s, out, h, shift)
+        self.fill_shifted(s, out, h, shift, Portable)
     }
 
     #[inline(always)]
-    fn fill_shifted(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
+    fn fill_shifted<X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift, x: X) {
         match h {
-            None => self.fill_row(s, out, None, |v, _| v),
-            Some(h) if shift.is_one() => self.fill_row(s, out, Some(h), |v, y| v - y),
-            Some(h) => self.fill_row(s, out, Some(h), |v, y| shift.apply(v, y)),
+            None => self.fill_row(s, out, None, |v, _| v, x),
+            Some(h) if shift.is_one() => self.fill_row(s, out, Some(h), |v, y| v - y, x),
+            Some(h) => self.fill_row(s, out, Some(h), |v, y| shift.apply(v, y), x),
         }
     }
 
     /// Writes split `s`'s gradient row `g` into `out`, or `op(g, h)` value by value with a row
     /// `h` (subtracted as each part is written, while the row is in L1).
     #[inline(always)]
-    fn fill_row<F: Fn(f64, f64) -> f64 + Copy>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, op: F) {
+    fn fill_row<F: Fn(f64, f64) -> f64 + Copy, X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, op: F, x: X) {
         let (d_f, d_e) = (self.d_f, self.d_e);
         let k1 = d_f * d_e;
         let (c, r) = (self.cs[s], self.rs[s]);
@@ -149,17 +149,29 @@ impl<'a, T: Real> Block<'a, T> {
             }
         }
         // ∇_D, the transpose of c (gd − za) (rows of d_f), through a TILE × TILE tile on the
-        // stack: computed along rows of `gd` and `za`, written along rows of ∇_D
-        let mut tile = [[0.0f64; TILE]; TILE];
+        // stack: computed along rows of `gd` and `za` (a whole tile into `rows`, then
+        // transposed; a partial one at the edges straight into `tile`), written along rows of ∇_D
+        let mut rows: Tile = [[0.0; TILE]; TILE];
+        let mut tile: Tile = [[0.0; TILE]; TILE];
         for j0 in (0..d_f).step_by(TILE) {
             let w = (d_f - j0).min(TILE);
             for k0 in (0..d_e).step_by(TILE) {
                 let ht = (d_e - k0).min(TILE);
-                #[allow(clippy::needless_range_loop)] // kk indexes the tile's columns: a transposed write
-                for kk in 0..ht {
-                    let at = (k0 + kk) * d_f + j0;
-                    for (t, (&g, &x)) in gd[at..][..w].iter().zip(&za[at..][..w]).enumerate() {
-                        tile[t][kk] = c * (g.f64() - x.f64());
+                if w == TILE && ht == TILE {
+                    for (kk, row) in rows.iter_mut().enumerate() {
+                        let at = (k0 + kk) * d_f + j0;
+                        for (v, (&g, &z)) in row.iter_mut().zip(gd[at..][..TILE].iter().zip(&za[at..][..TILE])) {
+                            *v = c * (g.f64() - z.f64());
+                        }
+                    }
+                    x.transpose(&rows, &mut tile);
+                } else {
+                    #[allow(clippy::needless_range_loop)] // kk indexes the tile's columns: a transposed write
+                    for kk in 0..ht {
+                        let at = (k0 + kk) * d_f + j0;
+                        for (t, (&g, &z)) in gd[at..][..w].iter().zip(&za[at..][..w]).enumerate() {
+                            tile[t][kk] = c * (g.f64() - z.f64());
+                        }
                     }
                 }
                 for (t, row) in tile[..w].iter().enumerate() {
@@ -177,12 +189,73 @@ impl<'a, T: Real> Block<'a, T> {
     }
 }
 
+/// A TILE × TILE block of values, row by row.
+type Tile = [[f64; TILE]; TILE];
+
+/// How [`Block::fill`] transposes a whole tile (`dst[t][k] = src[k][t]`).
+trait Transpose: Copy {
+    fn transpose(self, src: &Tile, dst: &mut Tile);
+}
+
+/// Value by value.
+#[derive(Clone, Copy)]
+struct Portable;
+
+impl Transpose for Portable {
+    #[inline(always)]
+    fn transpose(self, src: &Tile, dst: &mut Tile) {
+        for (k, row) in src.iter().enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                dst[t][k] = v;
+            }
+        }
+    }
+}
+
+/// In 4 × 4 blocks of AVX registers; made only where the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2(());
+
+#[cfg(target_arch = "x86_64")]
+impl Transpose for Avx2 {
+    #[inline(always)]
+    fn transpose(self, src: &Tile, dst: &mut Tile) {
+        // SAFETY: an `Avx2` exists only where the CPU supports AVX2 (see `Block::fill`).
+        unsafe { transpose_avx2(src, dst) }
+    }
+}
+
 /// # Safety
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn fill_avx2<T: Real>(block: &Block<'_, T>, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
-    block.fill_shifted(s, out, h, shift)
+#[inline]
+#[allow(unused_unsafe)] // the intrinsics are safe in a function with the feature from Rust 1.87 on
+unsafe fn transpose_avx2(src: &Tile, dst: &mut Tile) {
+    use std::arch::x86_64::{_mm256_loadu_pd, _mm256_permute2f128_pd, _mm256_storeu_pd, _mm256_unpackhi_pd, _mm256_unpacklo_pd};
+    for a in (0..TILE).step_by(4) {
+        for b in (0..TILE).step_by(4) {
+            // rows a … a + 3 of `src`, columns b … b + 3 (in bounds: TILE is a multiple of 4)
+            let r = [0, 1, 2, 3].map(|i| unsafe { _mm256_loadu_pd(src[a + i][b..].as_ptr()) });
+            unsafe {
+                let (t0, t1) = (_mm256_unpacklo_pd(r[0], r[1]), _mm256_unpackhi_pd(r[0], r[1]));
+                let (t2, t3) = (_mm256_unpacklo_pd(r[2], r[3]), _mm256_unpackhi_pd(r[2], r[3]));
+                _mm256_storeu_pd(dst[b][a..].as_mut_ptr(), _mm256_permute2f128_pd::<0x20>(t0, t2));
+                _mm256_storeu_pd(dst[b + 1][a..].as_mut_ptr(), _mm256_permute2f128_pd::<0x20>(t1, t3));
+                _mm256_storeu_pd(dst[b + 2][a..].as_mut_ptr(), _mm256_permute2f128_pd::<0x31>(t0, t2));
+                _mm256_storeu_pd(dst[b + 3][a..].as_mut_ptr(), _mm256_permute2f128_pd::<0x31>(t1, t3));
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fill_avx2<T: Real>(block: &Block<'_, T>, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift, x: Avx2) {
+    block.fill_shifted(s, out, h, shift, x)
 }
 
 /// Writes the block's split gradients into the rows of `out` (`(b, d)`, rows contiguous).
@@ -196,7 +269,7 @@ pub fn split_grads<T: Real>(block: &Block<'_, T>, mut out: ArrayViewMut2<f64>) -
     }
     let rows = out.as_slice_mut().ok_or_else(|| CoreError::invalid("out", "must be C-contiguous"))?;
     let write = |(s, row): (usize, &mut [f64])| block.fill(s, row, None, Shift::ONE);
-    if b >= 2 && b * d >= PAR_MIN {
+    if threads::spread(b, b * d, PAR_MIN)? {
         threads::install(|| rows.par_chunks_mut(d).enumerate().for_each(write))?;
     } else {
         rows.chunks_mut(d).enumerate().for_each(write);
@@ -290,6 +363,31 @@ mod tests {
                 split_grads(&block(&inp, &cs, &rs), again.view_mut()).unwrap();
                 assert_eq!(again, out);
             }
+        }
+    }
+
+    #[test]
+    fn the_portable_fill_writes_the_same_bits() {
+        // whole tiles and partial ones at both edges; with and without a shifted row
+        for (b, d_f, d_e) in [(2, 64, 16), (2, 37, 20), (1, 16, 32)] {
+            let inp = inputs(b, d_f, d_e);
+            let (cs, rs) = coefs(b);
+            let blk = block(&inp, &cs, &rs);
+            let d = blk.d();
+            let h: Vec<f64> = (0..d).map(|i| (i % 23) as f64 * 0.5 - 4.0).collect();
+            for s in 0..b {
+                for (hh, shift) in [(None, Shift::ONE), (Some(&h[..]), Shift::ONE), (Some(&h[..]), Shift::new(0.3).unwrap())] {
+                    let (mut fast, mut portable) = (vec![f64::NAN; d], vec![f64::NAN; d]);
+                    blk.fill(s, &mut fast, hh, shift);
+                    blk.fill_shifted(s, &mut portable, hh, shift, Portable);
+                    assert_eq!(fast.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                }
+            }
+            let mut src: Tile = [[0.0; TILE]; TILE];
+            src.iter_mut().flatten().enumerate().for_each(|(i, v)| *v = i as f64);
+            let mut dst: Tile = [[f64::NAN; TILE]; TILE];
+            Portable.transpose(&src, &mut dst);
+            assert!((0..TILE).all(|t| (0..TILE).all(|k| dst[t][k] == src[k][t])));
         }
     }
 

@@ -466,8 +466,9 @@ impl Shift {
 /// The messages of workers `start .. start + m`, for `n` workers in all, whose inputs (`d`
 /// values each) `fill(r, buf)` writes into `buf` for row `r`: each worker's input is formed in a
 /// buffer of `d` values, checked (a NaN probe while `buf` is in the cache; a data-dependent
-/// selection checks what it reads itself) and compressed in one go, on the pool's threads for large inputs (one worker per task; no
-/// value depends on the thread count); the values and order of [`compress_rows`] on the
+/// selection checks what it reads itself) and compressed in one go, on the pool's threads for
+/// large inputs when it has more than one (one worker per task; no value depends on the thread
+/// count); the values and order of [`compress_rows`] on the
 /// `(m, d)` array of those inputs, which is never formed. `None` when an input is not finite.
 /// `fill` must write every value of `buf` (it is reused from worker to worker).
 #[allow(clippy::too_many_arguments)]
@@ -496,7 +497,7 @@ where
         })?
     };
     type Message<T> = Result<Option<Vec<(u32, T)>>>;
-    let msgs: Vec<Message<T>> = if m >= 2 && m * d >= SHIFTED_PAR_MIN {
+    let msgs: Vec<Message<T>> = if crate::threads::spread(m, m * d, SHIFTED_PAR_MIN)? {
         crate::threads::install(|| (0..m).into_par_iter().map(worker).collect())?
     } else {
         (0..m).map(worker).collect()

@@ -53,6 +53,13 @@ pub fn num_threads() -> Result<usize> {
     Ok(pool()?.current_num_threads())
 }
 
+/// Whether `parts` independent parts of `work` values in all are worth spreading over the pool:
+/// at least two parts and `min_work` values, and more than one thread (on a pool of one the
+/// work would only move to another thread, away from the caches the caller has just filled).
+pub fn spread(parts: usize, work: usize, min_work: usize) -> Result<bool> {
+    Ok(parts >= 2 && work >= min_work && num_threads()? > 1)
+}
+
 /// Runs `f` inside the pool (directly when already on one of its threads).
 pub fn install<R: Send>(f: impl FnOnce() -> R + Send) -> Result<R> {
     Ok(pool()?.install(f))
@@ -78,7 +85,10 @@ mod tests {
         assert_eq!(num_threads().unwrap(), 1);
         assert_eq!(install(rayon::current_num_threads).unwrap(), 1);
         assert_eq!(sum(()), before);
+        assert!(!spread(10, 1 << 20, 1).unwrap());
         set_num_threads(3).unwrap();
+        assert!(spread(10, 1 << 20, 1).unwrap());
+        assert!(!spread(1, 1 << 20, 1).unwrap() && !spread(10, 5, 6).unwrap());
         assert_eq!(num_threads().unwrap(), 3);
         assert_eq!(sum(()), before);
     }

@@ -124,30 +124,30 @@ fn scan(keys: impl Iterator<Item = u64>, mut c: Candidates) -> (Vec<(u64, u32)>,
     }
     (c.finish(), max_key)
 }
-/// The same over a contiguous row, in blocks of 16: a block is offered only when one of its
-/// magnitudes clears the candidates' bar (a comparison of all 16 at once, so it vectorizes; the
-/// bar as a value, exact since the keys of non-negative values are ordered like the values); a
-/// NaN probe (`Σ v·0`, NaN for a NaN or ±inf) stands for the non-finite values, whose keys the
-/// blocks do not compute. The largest key returned is that of the tail, or `u64::MAX` when a
-/// value is not finite.
+/// The same over a contiguous row, in blocks of 16: the values of a block whose magnitudes are
+/// not below the candidates' bar are offered (a comparison of all 16 at once into a bit mask,
+/// so it vectorizes; the bar as a value, exact since the keys of non-negative values are
+/// ordered like the values; the other values could not enter). The comparison is unordered
+/// (`!(|x| < bar)`), so a NaN or ±inf is always offered: the largest key offered, returned, is
+/// `>= T::NON_FINITE_KEY` exactly when a value is not finite.
 #[inline(always)]
 fn scan_slice<T: Real>(s: &[T], mut c: Candidates) -> (Vec<(u64, u32)>, u64) {
     const B: usize = 16;
     let bar_of = |lo: u64| T::of_magnitude_key(lo.min(T::NON_FINITE_KEY + 1));
     let mut max_key = 0u64;
-    let mut probe = [T::zero(); 8];
     let (mut lo, mut bar) = (c.lo, bar_of(c.lo));
     let blocks = s.chunks_exact(B);
     let tail = blocks.len() * B;
     for (b, x) in blocks.enumerate() {
-        let mut hit = false;
-        for l in 0..8 {
-            probe[l] += x[l] * T::zero() + x[l + 8] * T::zero();
-            hit |= (x[l].abs() >= bar) | (x[l + 8].abs() >= bar);
-        }
-        if hit {
-            for (t, v) in x.iter().enumerate() {
-                c.offer(v.magnitude_key(), b * B + t);
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // unordered on purpose: a NaN must open its block
+        let mut hits = x.iter().enumerate().fold(0u32, |m, (t, v)| m | ((!(v.abs() < bar)) as u32) << t);
+        if hits != 0 {
+            while hits != 0 {
+                let t = hits.trailing_zeros() as usize;
+                hits &= hits - 1;
+                let key = x[t].magnitude_key();
+                max_key = max_key.max(key);
+                c.offer(key, b * B + t);
             }
             if c.lo != lo {
                 (lo, bar) = (c.lo, bar_of(c.lo));
@@ -158,15 +158,12 @@ fn scan_slice<T: Real>(s: &[T], mut c: Candidates) -> (Vec<(u64, u32)>, u64) {
         max_key = max_key.max(v.magnitude_key());
         c.offer(v.magnitude_key(), j);
     }
-    if !probe.iter().fold(T::zero(), |a, &v| a + v).is_finite() {
-        max_key = u64::MAX; // a NaN or ±inf: the caller reports the first non-finite value
-    }
     (c.finish(), max_key)
 }
 
 /// [`scan_slice`] compiled for AVX2 when the CPU has it (detected at run time): the blocks'
-/// comparisons and the NaN probe take half the instructions; the same candidates (no value
-/// depends on the vector width).
+/// comparisons take half the instructions; the same candidates (no value depends on the vector
+/// width).
 #[inline]
 fn scan_slice_dispatch<T: Real>(s: &[T], c: Candidates) -> (Vec<(u64, u32)>, u64) {
     #[cfg(target_arch = "x86_64")]
