@@ -19,6 +19,7 @@ import pytest
 import permk
 import permk.distributed
 import permk.exchanges
+from permk import _core
 from permk.experiments.autoencoder import GroupedAutoencoder, LinearAutoencoder
 
 from conftest import MPI_DIR, MPIEXEC, final_grad_norms  # noqa: E402
@@ -264,6 +265,31 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
                 np.testing.assert_array_equal(a.x, b.x)
                 np.testing.assert_array_equal(a.state.G, b.state.G)
                 np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_ef21_has_the_same_bits_on_one_thread_and_on_several(monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """The blocks are smaller on one thread (one split here, two on several): EF21's iterates,
+    estimators and records are the same bits."""
+    import permk.experiments.autoencoder as mod
+
+    monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)
+    ae = _ae(0.0, dtype)
+    g = ae.grouped()
+    k = -(-ae.d // ae.n)
+    before = _core.get_num_threads()
+    runs = []
+    try:
+        for threads in (1, 3):
+            _core.set_num_threads(threads)
+            assert ae._block_splits() == (1 if threads == 1 else 2)
+            runs.append(permk.ef21(g, permk.TopK(k), rounds=20, seed=0, gamma=1e-3))
+    finally:
+        _core.set_num_threads(before)
+    a, b = runs
+    np.testing.assert_array_equal(a.x, b.x)
+    np.testing.assert_array_equal(a.state.G, b.state.G)
+    np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
 
 
 @pytest.mark.parametrize(

@@ -468,9 +468,9 @@ impl Shift {
 /// buffer of `d` values, checked (a NaN probe while `buf` is in the cache; a data-dependent
 /// selection checks what it reads itself) and compressed in one go, on the pool's threads for
 /// large inputs when it has more than one (one worker per task; no value depends on the thread
-/// count); the values and order of [`compress_rows`] on the
-/// `(m, d)` array of those inputs, which is never formed. `None` when an input is not finite.
-/// `fill` must write every value of `buf` (it is reused from worker to worker).
+/// count), else on the caller; the values and order of [`compress_rows`] on the `(m, d)` array
+/// of those inputs, which is never formed. `None` when an input is not finite. `fill` must
+/// write every value of `buf` (it is reused from worker to worker).
 #[allow(clippy::too_many_arguments)]
 pub fn compress_filled_rows<T: Real, F>(spec: &Spec, m: usize, d: usize, start: usize, n: usize, seed: u64, round: u64, fill: F) -> Result<Option<Messages<T>>>
 where
