@@ -83,8 +83,8 @@ __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "
 SPLITS = ("per-worker", "per-sample")
 #: ``loss=``: the paper's ``f_i`` or the authors' (data term / d_f, λ not halved).
 LOSSES = ("paper", "authors")
-# the split gradients are computed in blocks of splits whose rows take about this many bytes (their products
-# 1.5 times as many) on a pool of several threads, a quarter of it on one thread (see _block_splits)
+# the split gradients are computed in blocks of splits whose rows take about twice this many bytes (float64
+# products: 1.5 times as many) on a pool of several threads, a quarter of that on one (see _block_splits)
 _BLOCK_BYTES = 1 << 21
 
 
@@ -424,12 +424,13 @@ class LinearAutoencoder:
         return out
 
     def _block_splits(self) -> int:
-        """The splits of a block of :meth:`_product_blocks` (gradient rows of about
-        :data:`_BLOCK_BYTES` bytes, at most every held split). With one thread the Rust pass runs
-        on the caller, right after BLAS wrote the block's products on the same core: blocks a
-        quarter that size keep them in its L2 cache (at full scale EF21's rounds took about 1.4×
-        their BLAS floor instead of 1.55× on one thread; with two, the pool's threads share the
-        block and the larger size is as fast or faster). The values do not depend on the size."""
+        """The splits of a block of :meth:`_product_blocks` (gradient rows of about twice
+        :data:`_BLOCK_BYTES` bytes, at most every held split). With one thread the
+        Rust pass runs on the caller, right after BLAS wrote the block's products on the same
+        core: blocks a quarter that size let it read them largely from that core's L2 cache (at
+        full scale EF21's rounds took about 1.4× their BLAS floor instead of 1.55× on one thread;
+        with two, where the pool's threads share a block, the larger size was as fast or faster).
+        The values do not depend on the size (tested)."""
         size = _BLOCK_BYTES if _core.get_num_threads() > 1 else _BLOCK_BYTES // 4
         return min(len(self._held), max(1, size // (8 * self.d_f * self.d_e)))
 
