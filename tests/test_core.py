@@ -1068,22 +1068,28 @@ def test_oversized_or_empty_calls_raise_instead_of_aborting(name: str) -> None:
     assert message in proc.stdout, proc.stdout
 
 
-def _split_grads_numpy(zwa: np.ndarray, gd: np.ndarray, reg_d: np.ndarray, reg_e: np.ndarray, cs: np.ndarray, rs: np.ndarray) -> np.ndarray:
-    """The split gradients of rust/src/autoencoder.rs by numpy, in float64 (products converted first)."""
+def _split_grads_numpy(zwa: np.ndarray, gram: np.ndarray, dec: np.ndarray, reg_d: np.ndarray, reg_e: np.ndarray, cs: np.ndarray,
+                       rs: np.ndarray) -> np.ndarray:
+    """The split gradients of rust/src/autoencoder.rs by numpy, in float64 (products and Gram
+    matrices converted first; D·Z_sᵀZ_s summed over l in order, one rounding per operation)."""
     b, two, d_f = zwa.shape
     d_e = two // 2
-    a, g = zwa.astype(np.float64), gd.astype(np.float64)
+    a, g = zwa.astype(np.float64), gram.astype(np.float64)
+    dg = np.zeros((b, d_f, d_e))
+    for l in range(d_e):
+        dg = dg + dec[None, :, l, None] * g[:, None, l, :]
     c, r = cs[:, None, None], rs[:, None, None]
     out = np.empty((b, 2 * d_f * d_e))
-    out[:, : d_f * d_e] = (c * (g - a[:, :d_e]).transpose(0, 2, 1) + r * reg_d).reshape(b, -1)
+    out[:, : d_f * d_e] = (c * (dg - a[:, :d_e].transpose(0, 2, 1)) + r * reg_d).reshape(b, -1)
     out[:, d_f * d_e :] = (c * a[:, d_e:] + r * reg_e).reshape(b, -1)
     return out
 
 
 def _autoencoder_block(dtype: type, b: int, d_f: int, d_e: int) -> tuple[np.ndarray, ...]:
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((b, 2 * d_e, d_f)).astype(dtype), rng.standard_normal((b, d_e, d_f)).astype(dtype),
-            rng.standard_normal((d_f, d_e)), rng.standard_normal((d_e, d_f)), rng.uniform(0.1, 2.0, b), rng.uniform(0.5, 3.0, b))
+    return (rng.standard_normal((b, 2 * d_e, d_f)).astype(dtype), rng.standard_normal((b, d_e, d_e)).astype(dtype),
+            rng.standard_normal((d_f, d_e)) * np.logspace(-3, 3, d_e), rng.standard_normal((d_f, d_e)), rng.standard_normal((d_e, d_f)),
+            rng.uniform(0.1, 2.0, b), rng.uniform(0.5, 3.0, b))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -1093,7 +1099,7 @@ def test_autoencoder_split_grads_are_the_formulas(dtype: type, shape: tuple[int,
     float64, into rows of a larger array too, the same on one thread; bad shapes and dtypes
     are refused by name before anything is written."""
     b, d_f, d_e = shape
-    zwa, gd, reg_d, reg_e, cs, rs = args = _autoencoder_block(dtype, b, d_f, d_e)
+    zwa, gram, dec, reg_d, reg_e, cs, rs = args = _autoencoder_block(dtype, b, d_f, d_e)
     want = _split_grads_numpy(*args)
     big = np.full((b + 2, 2 * d_f * d_e), np.nan)
     _core.autoencoder_split_grads(*args, big[1 : b + 1])
@@ -1110,15 +1116,17 @@ def test_autoencoder_split_grads_are_the_formulas(dtype: type, shape: tuple[int,
     out = np.zeros((b, 2 * d_f * d_e))
     other = np.float64 if dtype is np.float32 else np.float32
     for bad, exc, match in (
-        ((zwa, gd[:, :, :-1], reg_d, reg_e, cs, rs), ValueError, "^gd: "),
-        ((zwa, gd, reg_d, reg_e.T.copy() if d_e != d_f else reg_e[:, :-1], cs, rs), ValueError, "^reg_e: "),
-        ((zwa, gd, reg_d[:-1], reg_e, cs, rs), ValueError, "^reg_d: "),
-        ((zwa, gd, reg_d, reg_e, np.ones(b + 1), rs), ValueError, "^cs: "),
-        ((zwa, gd, reg_d, reg_e, cs, rs[:-1]), ValueError, "^rs: "),
-        ((zwa, gd.astype(other), reg_d, reg_e, cs, rs), TypeError, "both float64 or both float32"),
-        ((zwa, gd, reg_d.astype(np.float32), reg_e, cs, rs), TypeError, "^reg_d must be a 2-D float64"),
-        ((zwa, gd, reg_d, reg_e, cs.astype(np.float32), rs), TypeError, "^cs must be a 1-D float64"),
-        ((zwa, np.asfortranarray(gd), reg_d, reg_e, cs, rs), ValueError, "^gd: .*contiguous"),
+        ((zwa, gram[:, :, :-1], dec, reg_d, reg_e, cs, rs), ValueError, "^gram: "),
+        ((zwa, gram, dec[:-1], reg_d, reg_e, cs, rs), ValueError, "^dec: "),
+        ((zwa, gram, dec, reg_d, reg_e.T.copy() if d_e != d_f else reg_e[:, :-1], cs, rs), ValueError, "^reg_e: "),
+        ((zwa, gram, dec, reg_d[:-1], reg_e, cs, rs), ValueError, "^reg_d: "),
+        ((zwa, gram, dec, reg_d, reg_e, np.ones(b + 1), rs), ValueError, "^cs: "),
+        ((zwa, gram, dec, reg_d, reg_e, cs, rs[:-1]), ValueError, "^rs: "),
+        ((zwa, gram.astype(other), dec, reg_d, reg_e, cs, rs), TypeError, "both float64 or both float32"),
+        ((zwa, gram, dec.astype(np.float32), reg_d, reg_e, cs, rs), TypeError, "^dec must be a 2-D float64"),
+        ((zwa, gram, dec, reg_d.astype(np.float32), reg_e, cs, rs), TypeError, "^reg_d must be a 2-D float64"),
+        ((zwa, gram, dec, reg_d, reg_e, cs.astype(np.float32), rs), TypeError, "^cs must be a 1-D float64"),
+        ((zwa, np.asfortranarray(gram), dec, reg_d, reg_e, cs, rs), ValueError, "^gram: .*contiguous"),
     ):
         with pytest.raises(exc, match=match):
             _core.autoencoder_split_grads(*bad, out)  # type: ignore[arg-type]

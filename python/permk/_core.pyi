@@ -206,7 +206,8 @@ def row_dots(x: npt.NDArray[Any], ix: npt.NDArray[np.int64], y: npt.NDArray[Any]
 
 def autoencoder_split_grads(
     zwa: npt.NDArray[Any],
-    gd: npt.NDArray[Any],
+    gram: npt.NDArray[Any],
+    dec: npt.NDArray[np.float64],
     reg_d: npt.NDArray[np.float64],
     reg_e: npt.NDArray[np.float64],
     cs: npt.NDArray[np.float64],
@@ -214,18 +215,20 @@ def autoencoder_split_grads(
     out: npt.NDArray[np.float64],
 ) -> None:
     """The linear autoencoder's split gradients of a block of ``b`` splits, written into the
-    C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = cs[s]·(gd[s,
-    k, j] − zwa[s, k, j]) + rs[s]·reg_d[j, k]`` and ``out[s, d_f d_e + k·d_f + j] =
-    cs[s]·zwa[s, d_e + k, j] + rs[s]·reg_e[k, j]``, in float64 (float32 products converted
-    first), on the core's threads. ``zwa`` (``(b, 2 d_e, d_f)``: ``[Z_s W_s]ᵀA_s``) and ``gd``
-    (``(b, d_e, d_f)``: ``Z_sᵀZ_s Dᵀ``) are C-contiguous, both float64 or both float32;
-    ``reg_d`` (``(d_f, d_e)``), ``reg_e`` (``(d_e, d_f)``), ``cs`` and ``rs`` (``b`` values)
-    C-contiguous float64."""
+    C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = cs[s]·(Σ_l
+    dec[j, l]·gram[s, l, k] − zwa[s, k, j]) + rs[s]·reg_d[j, k]`` (the sum over ``l = 0, 1, …``
+    in that order) and ``out[s, d_f d_e + k·d_f + j] = cs[s]·zwa[s, d_e + k, j] +
+    rs[s]·reg_e[k, j]``, in float64 (float32 inputs converted first), on the core's threads.
+    ``zwa`` (``(b, 2 d_e, d_f)``: ``[Z_s W_s]ᵀA_s``) and ``gram`` (``(b, d_e, d_e)``:
+    ``Z_sᵀZ_s``) are C-contiguous, both float64 or both float32; ``dec`` (``D``, ``(d_f,
+    d_e)``), ``reg_d`` (``(d_f, d_e)``), ``reg_e`` (``(d_e, d_f)``), ``cs`` and ``rs`` (``b``
+    values) C-contiguous float64."""
 
 def autoencoder_shifted_messages(
     spec: Spec,
     zwa: npt.NDArray[Any],
-    gd: npt.NDArray[Any],
+    gram: npt.NDArray[Any],
+    dec: npt.NDArray[np.float64],
     reg_d: npt.NDArray[np.float64],
     reg_e: npt.NDArray[np.float64],
     cs: npt.NDArray[np.float64],

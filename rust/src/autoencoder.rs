@@ -1,6 +1,6 @@
 //! The linear autoencoder's split gradients from a block's products: the last pass of
 //! `LinearAutoencoder`'s gradient blocks (python/permk/experiments/autoencoder.py), which
-//! finishes each split's gradient row from the block's two products, on the pool's threads:
+//! finishes each split's gradient row from the block's product and Gram matrix, on the pool's threads:
 //! into the rows of an array ([`split_grads`]), or, for the error-feedback exchange, into a
 //! worker's buffer where its estimator is subtracted and the row compressed at once
 //! ([`shifted_messages`]: the gradients are never written out).
@@ -9,15 +9,18 @@
 //! with `c = cs[s]` (the data term's `2c/m_s`, times a multiplicity) and `r = rs[s]` (the
 //! regulariser's multiplicity, 1 without one):
 //!
-//! - `row[j·d_e + k] = c·(gd[s, k, j] − zwa[s, k, j]) + r·reg_d[j, k]` (`∇_D`: `gd` holds
-//!   `Z_sᵀZ_s Dᵀ`, `zwa[s, :d_e]` holds `Z_sᵀ A_s`);
+//! - `row[j·d_e + k] = c·((D Z_sᵀZ_s)[j, k] − zwa[s, k, j]) + r·reg_d[j, k]` (`∇_D`:
+//!   `zwa[s, :d_e]` holds `Z_sᵀ A_s`; `(D Z_sᵀZ_s)[j, k] = Σ_l dec[j, l]·gram[s, l, k]`, summed
+//!   over `l = 0, 1, …` in that order, `D` = `dec` and `Z_sᵀZ_s` = `gram[s]`);
 //! - `row[d_f d_e + k·d_f + j] = c·zwa[s, d_e + k, j] + r·reg_e[k, j]` (`∇_E`: `zwa[s, d_e:]`
 //!   holds `W_sᵀ A_s`);
 //!
-//! in f64 (the products, float64 or float32, converted first), each value independently of
-//! the others: nothing depends on the thread count. The products come in the layout BLAS
-//! writes fastest (`[Z_s W_s]ᵀ A_s`, rows of `d_f`), so `∇_E` is written along rows and `∇_D`
-//! through a transpose.
+//! in f64 (the products and Gram matrices, float64 or float32, converted first), each value
+//! independently of the others: nothing depends on the thread count. The products come in the
+//! layout BLAS writes fastest (`[Z_s W_s]ᵀ A_s`, rows of `d_f`), so `∇_E` is written along rows
+//! and `∇_D` through a transpose. `D Z_sᵀZ_s` (`d_e` multiply-adds per value) is computed here,
+//! in the pass, rather than by BLAS into a buffer read back: its inner dimension `d_e` is too
+//! small for BLAS to run near its peak, and the pass needs its values once.
 
 use ndarray::{ArrayView2, ArrayView3, ArrayViewMut2};
 use rayon::prelude::*;
@@ -37,7 +40,8 @@ const TILE: usize = 16;
 /// module's documentation), checked.
 pub struct Block<'a, T> {
     zwa: &'a [T],
-    gd: &'a [T],
+    gram: &'a [T],
+    dec: &'a [f64],
     reg_d: &'a [f64],
     reg_e: &'a [f64],
     cs: &'a [f64],
@@ -52,11 +56,13 @@ fn contiguous<'a, T, D: ndarray::Dimension>(a: &ndarray::ArrayView<'a, T, D>, na
 }
 
 impl<'a, T: Real> Block<'a, T> {
-    /// `zwa` `(b, 2 d_e, d_f)`, `gd` `(b, d_e, d_f)`, `reg_d` `(d_f, d_e)`, `reg_e` `(d_e, d_f)`,
-    /// `cs`, `rs` `b` values each; all C-contiguous.
+    /// `zwa` `(b, 2 d_e, d_f)`, `gram` `(b, d_e, d_e)`, `dec`, `reg_d` `(d_f, d_e)`, `reg_e`
+    /// `(d_e, d_f)`, `cs`, `rs` `b` values each; all C-contiguous.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         zwa: ArrayView3<'a, T>,
-        gd: ArrayView3<'a, T>,
+        gram: ArrayView3<'a, T>,
+        dec: ArrayView2<'a, f64>,
         reg_d: ArrayView2<'a, f64>,
         reg_e: ArrayView2<'a, f64>,
         cs: &'a [f64],
@@ -67,8 +73,11 @@ impl<'a, T: Real> Block<'a, T> {
             return Err(CoreError::invalid("zwa", format!("must have shape (b, 2 d_e, d_f), got {:?}", zwa.dim())));
         }
         let d_e = two_de / 2;
-        if gd.dim() != (b, d_e, d_f) {
-            return Err(CoreError::invalid("gd", format!("must have shape (b, d_e, d_f) = ({b}, {d_e}, {d_f}), got {:?}", gd.dim())));
+        if gram.dim() != (b, d_e, d_e) {
+            return Err(CoreError::invalid("gram", format!("must have shape (b, d_e, d_e) = ({b}, {d_e}, {d_e}), got {:?}", gram.dim())));
+        }
+        if dec.dim() != (d_f, d_e) {
+            return Err(CoreError::invalid("dec", format!("must have shape (d_f, d_e) = ({d_f}, {d_e}), got {:?}", dec.dim())));
         }
         if reg_d.dim() != (d_f, d_e) {
             return Err(CoreError::invalid("reg_d", format!("must have shape (d_f, d_e) = ({d_f}, {d_e}), got {:?}", reg_d.dim())));
@@ -83,7 +92,8 @@ impl<'a, T: Real> Block<'a, T> {
         }
         Ok(Block {
             zwa: contiguous(&zwa, "zwa")?,
-            gd: contiguous(&gd, "gd")?,
+            gram: contiguous(&gram, "gram")?,
+            dec: contiguous(&dec, "dec")?,
             reg_d: contiguous(&reg_d, "reg_d")?,
             reg_e: contiguous(&reg_e, "reg_e")?,
             cs,
@@ -138,7 +148,10 @@ impl<'a, T: Real> Block<'a, T> {
         let (c, r) = (self.cs[s], self.rs[s]);
         let za = &self.zwa[s * 2 * k1..][..k1];
         let wa = &self.zwa[s * 2 * k1 + k1..][..k1];
-        let gd = &self.gd[s * k1..][..k1];
+        let gram = &self.gram[s * d_e * d_e..][..d_e * d_e];
+        let dec = self.dec;
+        // (D Z_sᵀZ_s)[j, k], the sum in order of l
+        let dg = |j: usize, k: usize| (0..d_e).fold(0.0, |acc, l| acc + dec[j * d_e + l] * gram[l * d_e + k].f64());
         let (od, oe) = out.split_at_mut(k1);
         // ∇_E along rows
         match h {
@@ -148,9 +161,10 @@ impl<'a, T: Real> Block<'a, T> {
                 oe.iter_mut().zip(v).zip(&h[k1..]).for_each(|((o, v), &y)| *o = op(v, y))
             }
         }
-        // ∇_D, the transpose of c (gd − za) (rows of d_f), through a TILE × TILE tile on the
-        // stack: computed along rows of `gd` and `za` (a whole tile into `rows`, then
-        // transposed; a partial one at the edges straight into `tile`), written along rows of ∇_D
+        // ∇_D through a TILE × TILE tile on the stack (rows j, columns k): the transpose of `za`
+        // (a whole tile read along its rows into `rows`, then transposed; a partial one at the
+        // edges read value by value), then c (D Z_sᵀZ_s − zaᵀ) with D Z_sᵀZ_s along the tile's rows
+        // (two rows at a time: sixteen independent sums), written along rows of ∇_D
         let mut rows: Tile = [[0.0; TILE]; TILE];
         let mut tile: Tile = [[0.0; TILE]; TILE];
         for j0 in (0..d_f).step_by(TILE) {
@@ -159,18 +173,26 @@ impl<'a, T: Real> Block<'a, T> {
                 let ht = (d_e - k0).min(TILE);
                 if w == TILE && ht == TILE {
                     for (kk, row) in rows.iter_mut().enumerate() {
-                        let at = (k0 + kk) * d_f + j0;
-                        for (v, (&g, &z)) in row.iter_mut().zip(gd[at..][..TILE].iter().zip(&za[at..][..TILE])) {
-                            *v = c * (g.f64() - z.f64());
-                        }
+                        row.iter_mut().zip(&za[(k0 + kk) * d_f + j0..][..TILE]).for_each(|(v, &z)| *v = z.f64());
                     }
                     x.transpose(&rows, &mut tile);
+                    for t in (0..TILE).step_by(2) {
+                        let mut acc = [[0.0f64; TILE]; 2];
+                        for l in 0..d_e {
+                            let gl = &gram[l * d_e + k0..][..TILE];
+                            for (q, a) in acc.iter_mut().enumerate() {
+                                let dj = dec[(j0 + t + q) * d_e + l];
+                                a.iter_mut().zip(gl).for_each(|(a, &g)| *a += dj * g.f64());
+                            }
+                        }
+                        for (q, a) in acc.iter().enumerate() {
+                            tile[t + q].iter_mut().zip(a).for_each(|(v, &g)| *v = c * (g - *v));
+                        }
+                    }
                 } else {
-                    #[allow(clippy::needless_range_loop)] // kk indexes the tile's columns: a transposed write
-                    for kk in 0..ht {
-                        let at = (k0 + kk) * d_f + j0;
-                        for (t, (&g, &z)) in gd[at..][..w].iter().zip(&za[at..][..w]).enumerate() {
-                            tile[t][kk] = c * (g.f64() - z.f64());
+                    for (t, row) in tile[..w].iter_mut().enumerate() {
+                        for (kk, v) in row[..ht].iter_mut().enumerate() {
+                            *v = c * (dg(j0 + t, k0 + kk) - za[(k0 + kk) * d_f + j0 + t].f64());
                         }
                     }
                 }
@@ -312,14 +334,17 @@ mod tests {
     use crate::compress::{compress_shifted_rows, Quantizer, RandK, TopK};
     use ndarray::{s, Array2, Array3};
 
-    type Inputs = (Array3<f64>, Array3<f64>, Array2<f64>, Array2<f64>);
+    type Inputs = (Array3<f64>, Array3<f64>, Array2<f64>, Array2<f64>, Array2<f64>);
 
+    /// Products, Gram matrices and D with values of many magnitudes (so that the order of a sum
+    /// shows in its bits), and the regulariser's gradients.
     fn inputs(b: usize, d_f: usize, d_e: usize) -> Inputs {
         let zwa = Array3::from_shape_fn((b, 2 * d_e, d_f), |(s, k, j)| ((s * 31 + j * 7 + k * 3) % 17) as f64 * 0.25 - 2.0);
-        let gd = Array3::from_shape_fn((b, d_e, d_f), |(s, k, j)| ((s * 5 + j * 11 + k) % 13) as f64 * 0.5 - 3.0);
+        let gram = Array3::from_shape_fn((b, d_e, d_e), |(s, l, k)| ((s * 5 + l * 11 + k) % 13) as f64 * 0.1 - 0.7);
+        let dec = Array2::from_shape_fn((d_f, d_e), |(j, l)| ((j * 3 + l * 7) % 19) as f64 * 10f64.powi((l % 5) as i32 - 2) / 3.0);
         let rd = Array2::from_shape_fn((d_f, d_e), |(j, k)| ((k * 5 + j) % 11) as f64 * 0.375);
         let re = Array2::from_shape_fn((d_e, d_f), |(k, j)| ((k * 3 + j) % 7) as f64 * 0.125);
-        (zwa, gd, rd, re)
+        (zwa, gram, dec, rd, re)
     }
 
     fn coefs(b: usize) -> (Vec<f64>, Vec<f64>) {
@@ -328,13 +353,17 @@ mod tests {
 
     /// The module's formulas, value by value.
     fn formulas(inp: &Inputs, cs: &[f64], rs: &[f64]) -> Array2<f64> {
-        let (zwa, gd, rd, re) = inp;
+        let (zwa, gram, dec, rd, re) = inp;
         let (b, two_de, d_f) = zwa.dim();
         let d_e = two_de / 2;
         Array2::from_shape_fn((b, 2 * d_f * d_e), |(s, i)| {
             if i < d_f * d_e {
                 let (j, k) = (i / d_e, i % d_e);
-                cs[s] * (gd[[s, k, j]] - zwa[[s, k, j]]) + rs[s] * rd[[j, k]]
+                let mut dg = 0.0;
+                for l in 0..d_e {
+                    dg += dec[[j, l]] * gram[[s, l, k]];
+                }
+                cs[s] * (dg - zwa[[s, k, j]]) + rs[s] * rd[[j, k]]
             } else {
                 let (k, j) = ((i - d_f * d_e) / d_f, (i - d_f * d_e) % d_f);
                 cs[s] * zwa[[s, d_e + k, j]] + rs[s] * re[[k, j]]
@@ -343,7 +372,7 @@ mod tests {
     }
 
     fn block<'a>(inp: &'a Inputs, cs: &'a [f64], rs: &'a [f64]) -> Block<'a, f64> {
-        Block::new(inp.0.view(), inp.1.view(), inp.2.view(), inp.3.view(), cs, rs).unwrap()
+        Block::new(inp.0.view(), inp.1.view(), inp.2.view(), inp.3.view(), inp.4.view(), cs, rs).unwrap()
     }
 
     #[test]
@@ -394,10 +423,10 @@ mod tests {
     #[test]
     fn float32_products_are_finished_in_float64() {
         let zwa = Array3::from_shape_fn((1, 2, 1), |(_, k, _)| if k == 0 { 1.0f32 } else { 1e-8 });
-        let gd = Array3::from_elem((1, 1, 1), 1.0f32 + f32::EPSILON);
-        let (rd, re) = (Array2::from_elem((1, 1), 0.0), Array2::from_elem((1, 1), 1.0));
+        let gram = Array3::from_elem((1, 1, 1), 1.0f32 + f32::EPSILON);
+        let (dec, rd, re) = (Array2::from_elem((1, 1), 1.0), Array2::from_elem((1, 1), 0.0), Array2::from_elem((1, 1), 1.0));
         let mut out = Array2::zeros((1, 2));
-        split_grads(&Block::new(zwa.view(), gd.view(), rd.view(), re.view(), &[1.0], &[1.0]).unwrap(), out.view_mut()).unwrap();
+        split_grads(&Block::new(zwa.view(), gram.view(), dec.view(), rd.view(), re.view(), &[1.0], &[1.0]).unwrap(), out.view_mut()).unwrap();
         assert_eq!(out[[0, 0]], f32::EPSILON as f64);
         assert_eq!(out[[0, 1]], 1.0 + 1e-8f32 as f64); // 1 + 1e-8 would round to 1 in float32
     }
@@ -462,19 +491,23 @@ mod tests {
 
     #[test]
     fn bad_shapes_are_errors() {
-        let (zwa, gd, rd, re) = inputs(2, 3, 2);
+        let (zwa, gram, dec, rd, re) = inputs(2, 3, 2);
         let (cs, rs) = coefs(2);
-        let new = |a: ArrayView3<'_, f64>, g: ArrayView3<'_, f64>, d: ArrayView2<'_, f64>, e: ArrayView2<'_, f64>, c: &[f64], r: &[f64]| {
-            Block::new(a, g, d, e, c, r).is_err()
+        type V2<'a> = ArrayView2<'a, f64>;
+        let new = |a: ArrayView3<'_, f64>, g: ArrayView3<'_, f64>, m: V2<'_>, d: V2<'_>, e: V2<'_>, c: &[f64], r: &[f64]| {
+            Block::new(a, g, m, d, e, c, r).is_err()
         };
-        assert!(new(zwa.view(), gd.view(), rd.view(), re.view(), &cs, &rs[..1]));
-        assert!(new(zwa.view(), gd.view(), rd.view(), re.view(), &cs[..1], &rs));
-        assert!(new(zwa.view(), gd.view(), rd.view(), re.t(), &cs, &rs));
-        assert!(new(zwa.view(), gd.view(), re.view(), re.view(), &cs, &rs));
-        assert!(new(zwa.view(), gd.view(), rd.view(), rd.t(), &cs, &rs)); // reg_e's shape, not contiguous
+        assert!(!new(zwa.view(), gram.view(), dec.view(), rd.view(), re.view(), &cs, &rs));
+        assert!(new(zwa.view(), gram.view(), dec.view(), rd.view(), re.view(), &cs, &rs[..1]));
+        assert!(new(zwa.view(), gram.view(), dec.view(), rd.view(), re.view(), &cs[..1], &rs));
+        assert!(new(zwa.view(), gram.view(), dec.view(), rd.view(), re.t(), &cs, &rs));
+        assert!(new(zwa.view(), gram.view(), dec.view(), re.view(), re.view(), &cs, &rs));
+        assert!(new(zwa.view(), gram.view(), dec.view(), rd.view(), rd.t(), &cs, &rs)); // reg_e's shape, not contiguous
+        assert!(new(zwa.view(), gram.slice(s![.., .., ..1]), dec.view(), rd.view(), re.view(), &cs, &rs));
+        assert!(new(zwa.view(), gram.view(), re.view(), rd.view(), re.view(), &cs, &rs));
         let odd = Array3::<f64>::zeros((2, 3, 3));
-        assert!(new(odd.view(), gd.view(), rd.view(), re.view(), &cs, &rs));
-        let inp = (zwa, gd, rd, re);
+        assert!(new(odd.view(), gram.view(), dec.view(), rd.view(), re.view(), &cs, &rs));
+        let inp = (zwa, gram, dec, rd, re);
         let b = block(&inp, &cs, &rs);
         let mut short = Array2::zeros((2, 11));
         assert!(split_grads(&b, short.view_mut()).is_err());

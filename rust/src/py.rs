@@ -539,29 +539,32 @@ fn row_dots<'py>(
     Ok(out.into_pyarray(py))
 }
 
-/// A block's products for the autoencoder's kernels: `zwa` and `gd`, both float64 or both float32.
+/// A block's products and Gram matrices for the autoencoder's kernels: `zwa` and `gram`, both
+/// float64 or both float32.
 enum Products<'py> {
     F64(PyReadonlyArray3<'py, f64>, PyReadonlyArray3<'py, f64>),
     F32(PyReadonlyArray3<'py, f32>, PyReadonlyArray3<'py, f32>),
 }
 
-/// The float64 arguments of the autoencoder's kernels: `reg_d`, `reg_e`, `cs`, `rs`.
-type Coefs<'py> = (PyReadonlyArray2<'py, f64>, PyReadonlyArray2<'py, f64>, PyReadonlyArray1<'py, f64>, PyReadonlyArray1<'py, f64>);
+/// The float64 arguments of the autoencoder's kernels: `dec`, `reg_d`, `reg_e`, `cs`, `rs`.
+type Coefs<'py> = (PyReadonlyArray2<'py, f64>, PyReadonlyArray2<'py, f64>, PyReadonlyArray2<'py, f64>, PyReadonlyArray1<'py, f64>, PyReadonlyArray1<'py, f64>);
 
+#[allow(clippy::too_many_arguments)]
 fn autoencoder_args<'py>(
     zwa: &Bound<'py, PyAny>,
-    gd: &Bound<'py, PyAny>,
+    gram: &Bound<'py, PyAny>,
+    dec: &Bound<'py, PyAny>,
     reg_d: &Bound<'py, PyAny>,
     reg_e: &Bound<'py, PyAny>,
     cs: &Bound<'py, PyAny>,
     rs: &Bound<'py, PyAny>,
 ) -> PyResult<(Products<'py>, Coefs<'py>)> {
-    let products = if let (Ok(a), Ok(g)) = (zwa.extract(), gd.extract()) {
+    let products = if let (Ok(a), Ok(g)) = (zwa.extract(), gram.extract()) {
         Products::F64(a, g)
-    } else if let (Ok(a), Ok(g)) = (zwa.extract(), gd.extract()) {
+    } else if let (Ok(a), Ok(g)) = (zwa.extract(), gram.extract()) {
         Products::F32(a, g)
     } else {
-        return Err(PyTypeError::new_err("zwa and gd must be 3-D numpy arrays, both float64 or both float32"));
+        return Err(PyTypeError::new_err("zwa and gram must be 3-D numpy arrays, both float64 or both float32"));
     };
     let m2 = |a: &Bound<'py, PyAny>, name: &str| {
         a.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err(format!("{name} must be a 2-D float64 numpy array")))
@@ -569,30 +572,32 @@ fn autoencoder_args<'py>(
     let m1 = |a: &Bound<'py, PyAny>, name: &str| {
         a.extract::<PyReadonlyArray1<'py, f64>>().map_err(|_| PyTypeError::new_err(format!("{name} must be a 1-D float64 numpy array")))
     };
-    Ok((products, (m2(reg_d, "reg_d")?, m2(reg_e, "reg_e")?, m1(cs, "cs")?, m1(rs, "rs")?)))
+    Ok((products, (m2(dec, "dec")?, m2(reg_d, "reg_d")?, m2(reg_e, "reg_e")?, m1(cs, "cs")?, m1(rs, "rs")?)))
 }
 
 /// The checked block of the autoencoder's kernels.
 fn block<'a, T: Real + numpy::Element>(
     zwa: &'a PyReadonlyArray3<'_, T>,
-    gd: &'a PyReadonlyArray3<'_, T>,
+    gram: &'a PyReadonlyArray3<'_, T>,
     c: &'a Coefs<'_>,
 ) -> PyResult<autoencoder::Block<'a, T>> {
-    Ok(autoencoder::Block::new(zwa.as_array(), gd.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_slice()?, c.3.as_slice()?)?)
+    Ok(autoencoder::Block::new(zwa.as_array(), gram.as_array(), c.0.as_array(), c.1.as_array(), c.2.as_array(), c.3.as_slice()?, c.4.as_slice()?)?)
 }
 
 /// The linear autoencoder's split gradients of a block of `b` splits, written into the rows of
 /// `out` (`(b, d)` float64) from the block's products `zwa` (`(b, 2 d_e, d_f)`: `[Z_s W_s]ᵀA_s`)
-/// and `gd` (`(b, d_e, d_f)`: `Z_sᵀZ_s Dᵀ`), both float64 or both float32, the regulariser's
-/// gradients `reg_d` (`(d_f, d_e)`) and `reg_e` (`(d_e, d_f)`) and the splits' coefficients
-/// `cs`, `rs` (`b` values each), all float64 (see rust/src/autoencoder.rs).
+/// and Gram matrices `gram` (`(b, d_e, d_e)`: `Z_sᵀZ_s`), both float64 or both float32, the
+/// decoder `dec` (`D`, `(d_f, d_e)`), the regulariser's gradients `reg_d` (`(d_f, d_e)`) and
+/// `reg_e` (`(d_e, d_f)`) and the splits' coefficients `cs`, `rs` (`b` values each), all float64
+/// (see rust/src/autoencoder.rs).
 #[pyfunction]
-#[pyo3(signature = (zwa, gd, reg_d, reg_e, cs, rs, out))]
+#[pyo3(signature = (zwa, gram, dec, reg_d, reg_e, cs, rs, out))]
 #[allow(clippy::too_many_arguments)]
 fn autoencoder_split_grads<'py>(
     py: Python<'py>,
     zwa: &Bound<'py, PyAny>,
-    gd: &Bound<'py, PyAny>,
+    gram: &Bound<'py, PyAny>,
+    dec: &Bound<'py, PyAny>,
     reg_d: &Bound<'py, PyAny>,
     reg_e: &Bound<'py, PyAny>,
     cs: &Bound<'py, PyAny>,
@@ -602,14 +607,14 @@ fn autoencoder_split_grads<'py>(
     fn go<T: Real + numpy::Element>(
         py: Python<'_>,
         zwa: PyReadonlyArray3<'_, T>,
-        gd: PyReadonlyArray3<'_, T>,
+        gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
         out: numpy::ndarray::ArrayViewMut2<'_, f64>,
     ) -> PyResult<()> {
-        let block = block(&zwa, &gd, c)?;
+        let block = block(&zwa, &gram, c)?;
         Ok(py.detach(|| autoencoder::split_grads(&block, out))?)
     }
-    let (products, coefs) = autoencoder_args(zwa, gd, reg_d, reg_e, cs, rs)?;
+    let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
     let mut out = out.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("out must be a writeable 2-D float64 numpy array"))?;
     let o = out.as_array_mut();
     match products {
@@ -624,13 +629,14 @@ fn autoencoder_split_grads<'py>(
 /// `g_s`): `Spec.compress_shifted_rows` on those rows, bit for bit, without writing them; None
 /// when an input is not finite.
 #[pyfunction]
-#[pyo3(signature = (spec, zwa, gd, reg_d, reg_e, cs, rs, H, beta, start, n_workers, seed, round))]
+#[pyo3(signature = (spec, zwa, gram, dec, reg_d, reg_e, cs, rs, H, beta, start, n_workers, seed, round))]
 #[allow(clippy::too_many_arguments, non_snake_case)]
 fn autoencoder_shifted_messages<'py>(
     py: Python<'py>,
     spec: &PySpec,
     zwa: &Bound<'py, PyAny>,
-    gd: &Bound<'py, PyAny>,
+    gram: &Bound<'py, PyAny>,
+    dec: &Bound<'py, PyAny>,
     reg_d: &Bound<'py, PyAny>,
     reg_e: &Bound<'py, PyAny>,
     cs: &Bound<'py, PyAny>,
@@ -647,17 +653,17 @@ fn autoencoder_shifted_messages<'py>(
         py: Python<'py>,
         spec: &Spec,
         zwa: PyReadonlyArray3<'_, T>,
-        gd: PyReadonlyArray3<'_, T>,
+        gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
         h: Option<ArrayView2<'_, f64>>,
         args: (f64, usize, usize, u64, u64),
     ) -> PyResult<Option<MessageArrays<'py>>> {
         let (beta, start, n, seed, round) = args;
-        let block = block(&zwa, &gd, c)?;
+        let block = block(&zwa, &gram, c)?;
         let m = py.detach(|| autoencoder::shifted_messages(spec, &block, h, beta, start, n, seed, round))?;
         Ok(m.map(|m| message_arrays(py, m)))
     }
-    let (products, coefs) = autoencoder_args(zwa, gd, reg_d, reg_e, cs, rs)?;
+    let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
     let h =
         H.map(|h| h.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 numpy array or None"))).transpose()?;
     let hv = h.as_ref().map(|h| h.as_array());

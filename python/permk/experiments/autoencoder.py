@@ -100,7 +100,7 @@ def _only_in_pool() -> int:
 _ONLY_IN_POOL = _only_in_pool()
 #: A block's products and coefficients, the arguments of ``permk._core``'s autoencoder kernels
 #: (``zwa``, ``gd``, ``reg_d``, ``reg_e``, ``cs``, ``rs``).
-_Products = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+_Products = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
@@ -439,24 +439,24 @@ class LinearAutoencoder:
         products and coefficients, the arguments of ``permk._core``'s ``autoencoder_split_grads``
         and ``autoencoder_shifted_messages`` for splits ``lo … hi − 1`` (gradients
         ``mult_s ∇f_s``): one batched product ``[Z_s W_s]ᵀ A_s`` (the two products beyond the
-        point's, in the layout BLAS writes fastest) and one ``[Z_sᵀZ_s …] Dᵀ`` for all the
-        block's splits, in the problem's dtype; the coefficients ``2c/m_s·mult_s`` and
-        ``mult_s`` are applied in float64 by the kernels (see rust/src/autoencoder.rs). The
-        products are written into two buffers of a few MB that the next block overwrites."""
+        point's, in the layout BLAS writes fastest) in the problem's dtype, into a buffer of a
+        few MB that the next block overwrites, and the splits' Gram matrices ``Z_sᵀZ_s``; the
+        kernels form ``D·Z_sᵀZ_s`` themselves and apply the coefficients ``2c/m_s·mult_s`` and
+        ``mult_s``, in float64 (see rust/src/autoencoder.rs)."""
         S, d_f, d_e, b = len(self._held), self.d_f, self.d_e, self._block_splits()
         cs = self._scale if mult is None else self._scale * mult
         rs = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
         AT3, ZW3 = self._views(self._AT), self._views(p.ZW)
-        gram = self._gram(p).reshape(S * d_e, d_e)  # rows s·d_e … (s + 1)·d_e − 1: Z_sᵀZ_s
+        gram = self._gram(p)
+        dec = np.ascontiguousarray(p.D, dtype=np.float64)
         regD, regE = np.ascontiguousarray(p.regD, dtype=np.float64), np.ascontiguousarray(p.regE, dtype=np.float64)
-        zwa, gd = np.empty((b, 2 * d_e, d_f), dtype=self.dtype), np.empty((b * d_e, d_f), dtype=self.dtype)
+        zwa = np.empty((b, 2 * d_e, d_f), dtype=self.dtype)
         for lo in range(0, S, b):
             hi = min(S, lo + b)
-            ZWA, GD = zwa[: hi - lo], gd[: (hi - lo) * d_e]
+            ZWA = zwa[: hi - lo]
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
                 np.matmul(ZW3[:, lo:hi].transpose(1, 0, 2), AT3[:, lo:hi].transpose(1, 2, 0), out=ZWA)
-                np.matmul(gram[lo * d_e : hi * d_e], p.Dc.T, out=GD)
-            yield lo, hi, (ZWA, GD.reshape(hi - lo, d_e, d_f), regD, regE, cs[lo:hi], rs[lo:hi])
+            yield lo, hi, (ZWA, gram[lo:hi], dec, regD, regE, cs[lo:hi], rs[lo:hi])
 
     def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
         """``(lo, hi, G)`` for the blocks of :meth:`_product_blocks`: ``G`` holds ``mult_s ∇f_s``
