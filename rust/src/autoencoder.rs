@@ -1,9 +1,9 @@
 //! The linear autoencoder's split gradients from a block's products: the last pass of
 //! `LinearAutoencoder`'s gradient blocks (python/permk/experiments/autoencoder.py), which
-//! finishes each split's gradient row from the block's product and Gram matrix, on the pool's threads:
-//! into the rows of an array ([`split_grads`]), or, for the error-feedback exchange, into a
-//! worker's buffer where its estimator is subtracted and the row compressed at once
-//! ([`shifted_messages`]: the gradients are never written out).
+//! finishes each split's gradient row from the block's product, its Gram matrix and `D`, on the
+//! pool's threads: into the rows of an array ([`split_grads`]), or, for the error-feedback
+//! exchange, into a worker's buffer where its estimator is subtracted and the row compressed at
+//! once ([`shifted_messages`]: the gradients are never written out).
 //!
 //! For split `s` of a block (`d = 2 d_f d_e` coordinates: `D` row-major, then `E` row-major),
 //! with `c = cs[s]` (the data term's `2c/m_s`, times a multiplicity) and `r = rs[s]` (the
