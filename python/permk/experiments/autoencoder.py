@@ -99,7 +99,7 @@ def _only_in_pool() -> int:
 
 _ONLY_IN_POOL = _only_in_pool()
 #: A block's products and coefficients, the arguments of ``permk._core``'s autoencoder kernels
-#: (``zwa``, ``gd``, ``reg_d``, ``reg_e``, ``cs``, ``rs``).
+#: (``zwa``, ``gram``, ``dec``, ``reg_d``, ``reg_e``, ``cs``, ``rs``).
 _Products = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
