@@ -164,7 +164,7 @@ impl<'a, T: Real> Block<'a, T> {
         // ∇_D through a TILE × TILE tile on the stack (rows j, columns k): the transpose of `za`
         // (a whole tile read along its rows into `rows`, then transposed; a partial one at the
         // edges read value by value), then c (D Z_sᵀZ_s − zaᵀ) with D Z_sᵀZ_s along the tile's rows
-        // (two rows at a time: sixteen independent sums), written along rows of ∇_D
+        // (two rows at a time: 2 × TILE independent sums), written along rows of ∇_D
         let mut rows: Tile = [[0.0; TILE]; TILE];
         let mut tile: Tile = [[0.0; TILE]; TILE];
         for j0 in (0..d_f).step_by(TILE) {
