@@ -10,7 +10,9 @@ float32, it times per round:
 * the **full floor**: those two products plus the two per split, ``A_sᵀ Z_s`` and ``A_sᵀ P_s``
   (batched, in the faster of their two layouts): what a full per-split gradient needs;
 * ``permk.marina`` with PermK and RandK(⌈d/n⌉) (compressed rounds only: ``p`` tiny) — against
-  the floor; the workers' gradients at a new point (``local_grads``: MARINA's full rounds on MPI)
+  the floor; the workers' gradients at a new point (``local_grads``: EF21's start, MPI full rounds
+  with ``reduce="ordered"``), the sum a rank sends in an MPI full round with
+  ``reduce="allreduce"`` (``local_grad_sum``, closed form; here for a rank holding every worker)
   and ``permk.ef21`` + TopK(⌈d/n⌉) on the grouped problem (as ``permk autoencoder`` runs it) —
   against the full floor;
 * the **obvious numpy** round: every worker's gradient by the residual formulas
@@ -156,7 +158,7 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
     rng = np.random.default_rng(1)
     x_np = ae.x0.copy()
     _, G_old = numpy_round(ae, X, x_np, np.zeros((ae.n, ae.d), dtype=ae.dtype), rng)
-    t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "gradients", "ef21-topk", "numpy")}
+    t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "gradients", "gradient sum", "ef21-topk", "numpy")}
     clock, ef_clock = RoundClock(ae), RoundClock(grouped)
 
     def marina(m: str) -> None:
@@ -173,6 +175,7 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
         t["full floor"].append(floors.four())
         xs = ae.x0 + 1e-3 * rng.standard_normal(ae.d)
         t["gradients"].append(timed(lambda: ae.local_grads(xs)))
+        t["gradient sum"].append(timed(lambda: ae.local_grad_sum(xs)))
         t["ef21-topk"].append(ef_clock.per_round(ef21))
         if r < numpy_reps:
             x_np = x_np + 1e-4 * rng.standard_normal(ae.d)
@@ -180,7 +183,8 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
             t["numpy"].append(dt)
     out = {key: float(np.median(v)) for key, v in t.items()}
     # ratios per repetition (a round and its floor timed back to back), then their median
-    for key, ref in (("marina-permk", "floor"), ("marina-randk", "floor"), ("gradients", "full floor"), ("ef21-topk", "full floor")):
+    for key, ref in (("marina-permk", "floor"), ("marina-randk", "floor"), ("gradients", "full floor"), ("gradient sum", "full floor"),
+                     ("ef21-topk", "full floor")):
         out[f"{key} ratio"] = float(np.median(np.divide(t[key], t[ref])))
     return out
 
@@ -213,17 +217,18 @@ def main() -> None:
           f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}, "
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT')}")
     print("| dtype | p̂ | splits | floor (2 products) | MARINA+PermK | MARINA+RandK | full floor (4 products) | workers' gradients | "
-          "EF21+TopK | numpy round | PermK / floor | RandK / floor | gradients / full floor | EF21 / full floor | numpy / PermK |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "rank's gradient sum | EF21+TopK | numpy round | PermK / floor | RandK / floor | gradients / full floor | sum / full floor | "
+          "EF21 / full floor | numpy / PermK |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for dtype in (np.float64, np.float32):
         for p_hat in args.p_hat:
             ae = LinearAutoencoder(X, n, p_hat, 1e-3, dtype=dtype)
             r = measure(ae, X, reps, args.rounds, min(args.numpy_reps, reps))
             ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items() if not key.endswith("ratio")}
             print(f"| {np.dtype(dtype).name} | {p_hat:g} | {ae.n_splits} | {ms['floor']} | {ms['marina-permk']} | {ms['marina-randk']} | "
-                  f"{ms['full floor']} | {ms['gradients']} | {ms['ef21-topk']} | {ms['numpy']} | "
+                  f"{ms['full floor']} | {ms['gradients']} | {ms['gradient sum']} | {ms['ef21-topk']} | {ms['numpy']} | "
                   f"{r['marina-permk ratio']:.2f}× | {r['marina-randk ratio']:.2f}× | "
-                  f"{r['gradients ratio']:.2f}× | {r['ef21-topk ratio']:.2f}× | "
+                  f"{r['gradients ratio']:.2f}× | {r['gradient sum ratio']:.3f}× | {r['ef21-topk ratio']:.2f}× | "
                   f"{r['numpy'] / r['marina-permk']:,.0f}× |", flush=True)
     err = f32_error(X, n)
     print(f"float32 split gradients: largest error {err:.1e} of the largest float64 entry (p̂ = 0, x⁰ + 0.05·noise)")

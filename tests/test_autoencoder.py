@@ -384,6 +384,30 @@ def test_a_block_of_workers_holds_their_images_only_and_answers_as_the_whole_pro
         _ae(0.5, workers=range(0, 3)).grouped()
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("split,loss", [("per-worker", "paper"), ("per-sample", "authors")])
+@pytest.mark.parametrize("p_hat", [0.0, 0.5, 1.0])
+def test_the_held_workers_gradient_sum_is_the_sum_of_their_gradients(dtype: type, split: str, loss: str, p_hat: float) -> None:
+    """``local_grad_sum`` (the MPI backend's full rounds) in closed form equals the sum of the
+    held workers' gradients by the direct formulas on the images as held (float64 arithmetic on
+    either dtype's images), for the whole problem and for blocks of workers."""
+    X = _X()
+    whole = _ae(p_hat, dtype, split=split, loss=loss)
+    x = _point(whole)
+    direct = np.array([direct_split_grad(whole, X, s, x) for s in range(whole.n_splits)])[whole.worker_split]  # (n, d)
+    scale = np.abs(direct).max() * whole.n
+    assert np.abs(whole.local_grad_sum(x) - direct.sum(axis=0)).max() <= 1e-12 * scale
+    assert np.abs(whole.local_grad_sum(x) - whole.n * whole.grad(x)).max() <= 1e-12 * scale
+    parts = []
+    for ws in (range(0, 2), range(2, 7), range(7, 9)):
+        part = _ae(p_hat, dtype, split=split, loss=loss, workers=ws)
+        got = part.local_grad_sum(x)
+        assert got.shape == (whole.d,) and got.dtype == np.float64
+        assert np.abs(got - direct[ws.start : ws.stop].sum(axis=0)).max() <= 1e-12 * scale
+        parts.append(got)
+    assert np.abs(np.sum(parts, axis=0) - whole.n * whole.grad(x)).max() <= 1e-12 * scale
+
+
 def test_local_says_whether_the_problem_holds_a_block_of_workers() -> None:
     whole, part = _ae(0.5), _ae(0.5, workers=range(3, 6))
     assert not whole.local and whole.held_workers == range(whole.n) and "workers=" not in repr(whole)

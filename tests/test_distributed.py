@@ -391,6 +391,8 @@ def test_argument_errors_and_resume_on_one_process() -> None:
         "participation": ("ValueError", "participation must be in 1..n = 1..2, got 3"),
         "not_held": ("ValueError", "worker 0 is not held by this process"),
         "not_contiguous": ("ValueError", "contiguous range"),
+        "grad_sum_shape": ("ValueError", "problem.local_grad_sum(x) returned shape (3,), expected (4,)"),
+        "grad_sum_used": ("True", ""),
         "resume": ("True", ""),
         "ef21_resume_from_simulator": ("True", ""),
         "dasha_pp_resume_from_simulator": ("True", ""),

@@ -43,7 +43,8 @@ aggregate, from which every rank forms the new iterate, as in Algorithm "MARINA"
   when the messages have a fixed size); EF21 with a native problem kernel and a Rust compressor
   computes its workers' messages in one Rust call (``path="rust"``);
 * full-gradient exchanges (MARINA's full rounds, EF21's initial exchange): ``Allreduce`` of each
-  rank's sum over its workers (``reduce="allreduce"``; server mode: ``Reduce`` + ``Bcast``), or,
+  rank's sum over its workers (``reduce="allreduce"``; server mode: ``Reduce`` + ``Bcast``; the
+  problem's own ``local_grad_sum(x)`` when it has one), or,
   with ``reduce="ordered"``, the workers' vectors gathered and summed in worker order, so that
   every sum in the run is the simulator's worker-order sum.
 
@@ -233,7 +234,9 @@ class LocalProblem(Protocol):
     ``local_grads(x)`` (shape ``(len(workers), d)``) or ``local_grad(i, x)`` (``∇f_i(x)`` for a
     held worker ``i``). Optional, used when present: ``local_grad_coords(x, rows, cols)``
     (``∇f_{rows[k]}(x)[cols[k]]`` for held workers: PermK/RandK rounds then evaluate only the
-    sent coordinates), ``local_loss(i, x)`` (``f_i(x)``; with ``f_star`` the run records
+    sent coordinates), ``local_grad_sum(x)`` (``Σ_i ∇f_i(x)`` over the held workers, shape
+    ``(d,)``: full-gradient rounds with ``reduce="allreduce"`` then send it instead of summing
+    ``local_grads``), ``local_loss(i, x)`` (``f_i(x)``; with ``f_star`` the run records
     ``f(x) − f*``), global ``grad(x)``/``loss(x)`` for the record, a native ``kernel``, and the
     global constants ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu`` for the theory's step
     (else pass ``gamma=``); for the finite-sum methods (VR-MARINA, SGD) the global
@@ -481,7 +484,7 @@ class MPIBackend(HeldWorkers):
     # -- transport -----------------------------------------------------------------------------
     def mean_rows(self, rows: Array) -> Array:
         """``(1/n) Σ_i v_i`` over all workers from the held rows ``v_i`` (one per held worker)."""
-        n, d = self.n, self.d
+        d = self.d
         if self.counting:
             self.theory += 8 * d
         if self.reduce == "ordered":
@@ -489,16 +492,30 @@ class MPIBackend(HeldWorkers):
         acc = np.zeros(d)
         for r in rows:
             acc += r
+        return self._mean_of_sums(acc)
+
+    def _mean_of_sums(self, acc: Array) -> Array:
+        """``(1/n) Σ_ranks acc`` from this rank's sum ``acc`` over its workers (``Allreduce``;
+        server mode: ``Reduce`` + ``Bcast``)."""
         self._sent(acc.nbytes, acc.nbytes)
-        out = np.empty(d)
+        out = np.empty(self.d)
         if self.mode == "p2p":
             self.comm.Allreduce(acc, out, op=self.MPI.SUM)
-            return out / n
+            return out / self.n
         self.comm.Reduce(acc, out if self.rank == 0 else None, op=self.MPI.SUM, root=0)
-        return self._share(out / n if self.rank == 0 else None)
+        return self._share(out / self.n if self.rank == 0 else None)
 
     def mean_grad(self, x: Array) -> Array:
-        return self.mean_rows(self.local_grads(x))
+        """``∇f(x)`` as the mean of the workers' gradients: with ``reduce="allreduce"`` and a
+        problem that sums its held workers' gradients itself (``local_grad_sum(x)``, e.g. in
+        closed form), that sum; otherwise :meth:`mean_rows` of :meth:`local_grads`."""
+        local_sum = getattr(self.problem, "local_grad_sum", None)
+        if local_sum is None or self.reduce == "ordered":
+            return self.mean_rows(self.local_grads(x))
+        if self.counting:
+            self.theory += 8 * self.d
+        acc = check_output(local_sum(x), (self.d,), "problem.local_grad_sum(x)")
+        return self._mean_of_sums(np.ascontiguousarray(acc))
 
     def plan(self, compressor: Compressor, seed: int, round: int) -> Round:
         """Round ``round``'s plan: the one computed ahead if it is that round's, else computed now.
@@ -709,7 +726,7 @@ class MPIBackend(HeldWorkers):
             if hasattr(self.problem, "grad"):
                 g = check_output(self.problem.grad(x), (self.d,), "problem.grad(x)")
             else:
-                g = self._uncounted(lambda: self.mean_rows(self.local_grads(x)))
+                g = self._uncounted(lambda: self.mean_grad(x))
             f_star = self.f_star
             gap = None
             if f_star is not None and hasattr(self.problem, "loss"):

@@ -18,6 +18,7 @@ CASES: dict[str, tuple[str, Any, str, float, str, str]] = {
     "marina_permk": ("marina", ("PermK",), "float64", 0.5, "per-worker", "ordered"),
     "marina_randk_f32": ("marina", ("RandK", 4), "float32", 0.0, "per-worker", "ordered"),
     "marina_blockpermk_per_sample": ("marina", ("BlockPermK", 4), "float64", 0.5, "per-sample", "allreduce"),
+    "marina_permk_f32_allreduce": ("marina", ("PermK",), "float32", 0.5, "per-worker", "allreduce"),
     "ef21_topk": ("ef21", ("TopK", 4), "float64", 0.75, "per-worker", "ordered"),
 }
 

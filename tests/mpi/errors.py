@@ -19,6 +19,21 @@ class NoConstants:
         return x - i
 
 
+class SumsItself(NoConstants):
+    """A local problem that also sums its workers' gradients itself (``local_grad_sum``, of
+    ``size`` values): counts the per-worker gradients asked of it."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size, self.asked = size, 0
+
+    def local_grad(self, i: int, x: np.ndarray) -> np.ndarray:
+        self.asked += 1
+        return x - i
+
+    def local_grad_sum(self, x: np.ndarray) -> np.ndarray:
+        return (2 * x - 1)[: self.size]
+
+
 def main() -> None:
     q = permk.Quadratic.synthetic(n=2, d=6, lam=1e-3, noise_scale=0.1, seed=0)
     v = pd.LocalView(q)
@@ -41,6 +56,7 @@ def main() -> None:
         "participation": lambda: pd.run(permk.dasha, v, permk.PermK(), rounds=3, seed=0, participation=3),
         "not_held": lambda: pd.LocalView(q, workers=[1]).local_grad(0, q.x0),
         "not_contiguous": lambda: pd.LocalView(permk.Quadratic.synthetic(n=4, d=6, lam=1e-3, noise_scale=0.1), workers=[0, 2]),
+        "grad_sum_shape": lambda: pd.marina(SumsItself(3), permk.PermK(), rounds=3, seed=0, gamma=0.1, p=1.0),
     }
     for name, call in calls.items():
         try:
@@ -53,6 +69,12 @@ def main() -> None:
     b = pd.marina(v, permk.PermK(), rounds=6, seed=3)
     b = pd.marina(v, permk.PermK(), rounds=4, seed=3, state=b.state)
     print(f"resume|{np.array_equal(a.x, b.x)}|")
+    # full rounds (p = 1) with reduce="allreduce" send the problem's own sum, never asking for the
+    # workers' gradients; reduce="ordered" sums the workers' gradients in worker order: the same up to rounding
+    summed, ordered = SumsItself(), SumsItself()
+    xa = pd.marina(summed, permk.PermK(), rounds=4, seed=0, gamma=0.1, p=1.0).x
+    xo = pd.marina(ordered, permk.PermK(), rounds=4, seed=0, gamma=0.1, p=1.0, reduce="ordered").x
+    print(f"grad_sum_used|{summed.asked == 0 and ordered.asked > 0 and np.allclose(xa, xo, rtol=1e-12, atol=1e-14)}|")
     s = permk.ef21(q, permk.TopK(2), rounds=5, seed=0)
     e = pd.ef21(v, permk.TopK(2), rounds=3, seed=0, state=s.state, reduce="ordered")
     print(f"ef21_resume_from_simulator|{e.state.round == 8 and e.state.G.shape == (2, 6)}|")

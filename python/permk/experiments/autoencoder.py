@@ -29,10 +29,11 @@ last three points' products are kept (MARINA asks ``x^{t+1}``, then ``x^t``). Wi
   once as dot products of rows of ``Aᵀ``, ``Zᵀ``, ``Wᵀ`` and the Gram matrices, read in place
   (``permk._core.row_dots``: float64 sums, on the core's threads); no array of size ``n·d`` is
   formed;
-* full split gradients (``split_grads``: EF21, MPI full-gradient rounds), two more products per
+* full split gradients (``split_grads``: EF21, the workers' gradients), two more products per
   split: ``∇_D f_s = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + r M Eᵀ`` and
   ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits;
-* ``grad`` and ``loss`` in closed form through the second moment (below).
+* ``grad``, ``loss`` and the held workers' gradient sum (``local_grad_sum``: the MPI backend's full
+  rounds) in closed form through the second moment (below).
 
 Workers that hold the same split share its products (each distinct split is computed once).
 ``dtype=np.float32`` holds the images and computes the products in float32 (as the authors'
@@ -551,6 +552,34 @@ class LinearAutoencoder:
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
         return self.split_grads(x)[k].copy()
+
+    def local_grad_sum(self, x: Any) -> np.ndarray:
+        """``Σ_i ∇f_i(x)`` over the held workers, ``(d,)`` float64 (the MPI backend's full
+        rounds: a rank sends the sum of its workers' gradients). In closed form, as :meth:`grad`:
+        the held workers' ``f_i`` sum to ``tr(M S Mᵀ) + (k r/2)‖M‖²`` with ``k`` held workers
+        and ``S = c Σ_i A_{s(i)}ᵀA_{s(i)}/m_{s(i)}`` (their splits' second moment, computed from
+        the held images on the first call), so a full round costs one ``(d_f × d_f)·(d_f × 2d_e)``
+        product, not the workers' gradients."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            k = len(self.held_workers)
+            return k * self._cov_grad_loss(x, self._held_moment)[0]
+
+    @functools.cached_property
+    def _held_moment(self) -> np.ndarray:
+        """``S/k`` of :meth:`local_grad_sum` (``sigma`` itself for a global problem): from the
+        held images as they are held (in the problem's dtype), in float64, a few splits at a time."""
+        if not self.local:
+            return self.sigma
+        ws = self.held_workers
+        counts = np.bincount(self.worker_split[ws.start : ws.stop], minlength=self.n_splits)[self._held]
+        w = np.sqrt(self._c * counts / (len(ws) * self.sizes[self._held]))  # per held split
+        AT3 = self._views(self._AT)
+        S = np.zeros((self.d_f, self.d_f))
+        step = max(1, (1 << 22) // (8 * self.d_f * self._m))  # about 4 MB of float64 images at a time
+        for lo in range(0, len(self._held), step):
+            Y = (AT3[:, lo : lo + step] * w[lo : lo + step, None]).reshape(self.d_f, -1)  # padding columns are zero
+            S += Y @ Y.T
+        return S
 
     def grouped(self) -> "GroupedAutoencoder":
         """The problem with one virtual worker per distinct split (for EF21, see the module docstring)."""
