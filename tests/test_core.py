@@ -647,6 +647,60 @@ def _python_ran_during(work: Callable[[], Callable[[], object]]) -> int:
     return seen["after"] - seen["before"]
 
 
+@pytest.mark.parametrize("kw", SPECS, ids=_id)
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_compress_shifted_rows_reads_shared_rows_in_place(kw: dict[str, Any], dtype: type) -> None:
+    """With rows, worker r's row of G is G[rows[r]] (workers sharing a row, as the autoencoder's
+    workers share a split): the messages of G[rows] bit for bit, for a block of workers inside
+    n, with and without H; a non-finite shared row makes it None; bad rows are refused by name."""
+    spec = _core.Spec(**kw)
+    n, d = 6, 7
+    G, H = _data(3, d).astype(dtype), _data(n, d, seed=1).astype(dtype)
+    rows = np.array([2, 0, 0, 1, 2, 2])
+    for start, stop in [(0, n), (1, 4)]:
+        r, h = rows[start:stop], H[start:stop]
+        for hh, beta in ((h, 1.0), (h, 0.3), (None, 1.0)):
+            want = spec.compress_shifted_rows(G[r], hh, beta, start, n, 9, 4)
+            got = spec.compress_shifted_rows(G, hh, beta, start, n, 9, 4, r)
+            assert got is not None and want is not None and all(_same_bits(a, b) for a, b in zip(got, want))
+    G2 = G.copy()
+    G2[1, 3] = np.nan
+    assert spec.compress_shifted_rows(G2, H, 1.0, 0, n, 9, 4, rows) is None
+    assert spec.compress_shifted_rows(G2, H[:1], 1.0, 0, n, 9, 4, rows[:1]) is not None  # worker 0 reads row 2 only
+    with pytest.raises(ValueError, match=r"^rows: must index the 3 rows of G, got 3"):
+        spec.compress_shifted_rows(G, H, 1.0, 0, n, 9, 4, np.array([0, 1, 2, 3, 0, 0]))
+    with pytest.raises(ValueError, match=r"^rows: must be non-negative, got -1"):
+        spec.compress_shifted_rows(G, H, 1.0, 0, n, 9, 4, np.array([0, 1, 2, -1, 0, 0]))
+    with pytest.raises(ValueError, match=r"^H: must have one row per worker"):
+        spec.compress_shifted_rows(G, H, 1.0, 0, n, 9, 4, rows[:4])
+
+
+def test_compressor_compress_shifted_rows_takes_rows_for_every_compressor() -> None:
+    """Compressor.compress_shifted_rows(G, H, rows=…) is the call on G[rows] bit for bit, for a
+    Rust compressor and one written in Python (which gathers the rows itself); rows that are not
+    integer indices of G's rows are refused before anything is computed."""
+
+    class PyTopK(permk.Compressor):
+        def floats_per_worker(self, n: int, d: int) -> int:
+            return 2
+
+        def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
+            x = np.asarray(x)
+            idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:2])
+            return permk.Message(worker, n_workers, x.size, idx, x[idx])
+
+    G, H = _data(3, 9), _data(5, 9, seed=1)
+    rows = [1, 1, 0, 2, 1]
+    for comp in (permk.TopK(2), permk.RandK(3), PyTopK()):
+        want = comp.compress_shifted_rows(G[rows], H, beta=0.5, start=2, n_workers=8, seed=1, round=2)
+        got = comp.compress_shifted_rows(G, H, beta=0.5, start=2, n_workers=8, seed=1, round=2, rows=rows)
+        assert got is not None and want is not None and all(_same_bits(a, b) for a, b in zip(got, want))
+        for bad, exc, match in (([0, 1, 3, 0, 0], ValueError, "rows must index the 3 rows of G"), ([0, -1, 0, 0, 0], ValueError, "rows must index"),
+                                ([0.0, 1.0, 0.0, 0.0, 0.0], TypeError, "rows must hold integer indices"), ([[0]], ValueError, "rows must be a 1-D")):
+            with pytest.raises(exc, match=match):
+                comp.compress_shifted_rows(G, H, start=0, n_workers=5, seed=0, round=0, rows=bad)
+
+
 @pytest.mark.parametrize("kernel", ["round_ahead.wait", "round", "aggregate", "compress_shifted_rows"])
 def test_long_kernels_release_the_gil(kernel: str) -> None:
     spec = _core.Spec("permk")

@@ -75,13 +75,23 @@ class Spec:
         ``values``. Bit for bit ``compress(a[r], start + r, n_workers, seed, round)``; values
         have ``a``'s dtype. Works for data-dependent compressors (TopK)."""
     def compress_shifted_rows(
-        self, G: npt.NDArray[np.floating], H: npt.NDArray[np.floating] | None, beta: float, start: int, n_workers: int, seed: int, round: int
+        self,
+        G: npt.NDArray[np.floating],
+        H: npt.NDArray[np.floating] | None,
+        beta: float,
+        start: int,
+        n_workers: int,
+        seed: int,
+        round: int,
+        rows: npt.NDArray[np.int64] | None = None,
     ) -> _Messages | None:
         """The messages of workers ``start .. start + m`` whose inputs are ``G − beta·H`` (``G``
         without ``H``; both ``(m, d)``, one dtype; ``G − H`` when ``beta == 1``, else
         ``G − H·beta``, in that dtype), each formed in a buffer, checked and compressed in one
         pass on the core's threads: bit for bit :meth:`compress_rows` of that array, which is
-        never formed. None when an input (or a message) is not finite."""
+        never formed. None when an input (or a message) is not finite. With ``rows`` (int64,
+        ``m`` values) worker ``r``'s row of ``G`` is ``G[rows[r]]`` (``H`` one row per worker):
+        the messages of ``G[rows]``, which is not formed."""
     def plan(self, n: int, d: int, seed: int, round: int) -> _Plan:
         """The round's plan as CSR arrays ``(offsets, coords, scales)``: worker ``i`` sends
         ``coords[offsets[i]:offsets[i+1]]`` scaled by ``scales[i]``. ValueError for a

@@ -411,18 +411,45 @@ pub fn compress_shifted_rows<T: Real>(
     seed: u64,
     round: u64,
 ) -> Result<Option<Messages<T>>> {
-    let (m, d) = g.dim();
-    if let Some(h) = &h {
-        if h.dim() != (m, d) {
-            return Err(CoreError::invalid("H", format!("must have the shape of G ({m}, {d}), got {:?}", h.dim())));
+    compress_gathered_shifted_rows(spec, g, None, h, beta, start, n, seed, round)
+}
+
+/// [`compress_shifted_rows`] with worker `r`'s row of `g` given by `rows` (`g_r = g[rows[r]]`,
+/// `m = rows.len()` workers; `rows = None`: `g`'s own rows): bit for bit that function on the
+/// gathered `g[rows]`, which is never formed, so workers sharing a row of `g` (the
+/// autoencoder's workers sharing a split) read it in place. `h` has one row per worker.
+#[allow(clippy::too_many_arguments)]
+pub fn compress_gathered_shifted_rows<T: Real>(
+    spec: &Spec,
+    g: ArrayView2<T>,
+    rows: Option<&[usize]>,
+    h: Option<ArrayView2<T>>,
+    beta: f64,
+    start: usize,
+    n: usize,
+    seed: u64,
+    round: u64,
+) -> Result<Option<Messages<T>>> {
+    let (g_rows, d) = g.dim();
+    let m = rows.map_or(g_rows, <[usize]>::len);
+    if let Some(rows) = rows {
+        if let Some(&bad) = rows.iter().find(|&&r| r >= g_rows) {
+            return Err(CoreError::invalid("rows", format!("must index the {g_rows} rows of G, got {bad}")));
         }
     }
+    if let Some(h) = &h {
+        if h.dim() != (m, d) {
+            let what = if rows.is_some() { "one row per worker" } else { "the shape of G" };
+            return Err(CoreError::invalid("H", format!("must have {what} ({m}, {d}), got {:?}", h.dim())));
+        }
+    }
+    let row = |r: usize| g.row(rows.map_or(r, |rows| rows[r]));
     let shift = Shift::new(beta)?;
     compress_filled_rows(spec, m, d, start, n, seed, round, |r, buf: &mut [T]| match &h {
-        None => buf.iter_mut().zip(g.row(r)).for_each(|(v, &x)| *v = x),
-        Some(h) => match (g.row(r).as_slice(), h.row(r).as_slice()) {
+        None => buf.iter_mut().zip(row(r)).for_each(|(v, &x)| *v = x),
+        Some(h) => match (row(r).to_slice(), h.row(r).to_slice()) {
             (Some(gs), Some(hs)) => buf.iter_mut().zip(gs).zip(hs).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
-            _ => buf.iter_mut().zip(g.row(r)).zip(h.row(r)).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
+            _ => buf.iter_mut().zip(row(r)).zip(h.row(r)).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
         },
     })
 }
@@ -954,6 +981,34 @@ mod tests {
     fn shifted<T: Real>(g: ArrayView2<T>, h: ArrayView2<T>, beta: f64) -> Array2<T> {
         let b = T::of(beta);
         Array2::from_shape_fn(g.dim(), |ij| if beta == 1.0 { g[ij] - h[ij] } else { g[ij] - h[ij] * b })
+    }
+
+    #[test]
+    fn gathered_rows_are_the_shifted_rows_of_the_gathered_array() {
+        let (n, d) = (6, 5);
+        let g = data(3, d); // three distinct rows, shared by the workers as `rows` says
+        let rows = [2usize, 0, 0, 1, 2, 2];
+        let gathered = Array2::from_shape_fn((n, d), |(i, j)| g[[rows[i], j]]);
+        let h = data(n, d).mapv(|v| 0.3 * v + 0.1);
+        for sp in all_specs() {
+            for (start, stop) in [(0, n), (1, 4)] {
+                let (r, hs) = (&rows[start..stop], h.slice(s![start..stop, ..]));
+                for beta in [1.0, 0.5] {
+                    let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), Some(hs), beta, start, n, 7, 3).unwrap();
+                    assert_eq!(compress_gathered_shifted_rows(&sp, g.view(), Some(r), Some(hs), beta, start, n, 7, 3).unwrap(), want, "{sp:?}");
+                }
+                let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, 1.0, start, n, 7, 3).unwrap();
+                assert_eq!(compress_gathered_shifted_rows(&sp, g.view(), Some(r), None, 1.0, start, n, 7, 3).unwrap(), want);
+            }
+        }
+        let sp = spec(TopK { k: 2 });
+        let err = |rows: &[usize], h: ArrayView2<f64>| compress_gathered_shifted_rows(&sp, g.view(), Some(rows), Some(h), 1.0, 0, n, 0, 0).unwrap_err().to_string();
+        assert!(err(&[0, 3, 1, 1, 1, 1], h.view()).contains("must index the 3 rows of G, got 3"));
+        assert!(err(&rows[..5], h.view()).contains("one row per worker (5, 5)"));
+        // a non-finite shared row makes every worker reading it diverge: None, as on the gathered array
+        let mut bad = g.clone();
+        bad[[1, 2]] = f64::NAN;
+        assert_eq!(compress_gathered_shifted_rows(&sp, bad.view(), Some(&rows), Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None);
     }
 
     #[test]

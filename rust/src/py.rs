@@ -17,7 +17,7 @@ use crate::params::{Params, Value};
 use crate::plan::Ranges;
 use crate::round::{Divisor, PendingRound, Round};
 use crate::sparsify::{blockpermk, permk};
-use crate::{autoencoder, quadratic, rng, rowdots, threads};
+use crate::{autoencoder, mem, quadratic, rng, rowdots, threads};
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -225,9 +225,11 @@ impl PySpec {
 
     /// The messages of workers `start .. start + m` whose inputs are `G − beta·H` (`G` without
     /// `H`; `G`, `H` of shape `(m, d)`, one dtype), formed row by row: `(offsets, indices,
-    /// values)`, or None when an input (or a message) is not finite.
+    /// values)`, or None when an input (or a message) is not finite. With `rows` (int64, `m`
+    /// values), worker `r`'s row of `G` is `G[rows[r]]`: the same messages as on `G[rows]`,
+    /// which is never formed.
     #[allow(non_snake_case, clippy::too_many_arguments)]
-    #[pyo3(signature = (G, H, beta, start, n_workers, seed, round))]
+    #[pyo3(signature = (G, H, beta, start, n_workers, seed, round, rows=None))]
     fn compress_shifted_rows<'py>(
         &self,
         py: Python<'py>,
@@ -238,12 +240,14 @@ impl PySpec {
         n_workers: usize,
         seed: u64,
         round: u64,
+        rows: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<Option<MessageArrays<'py>>> {
         #[allow(clippy::too_many_arguments)]
         fn go<'py, T: Real + numpy::Element>(
             py: Python<'py>,
             spec: &Spec,
             g: ArrayView2<T>,
+            rows: Option<&[usize]>,
             h: Option<ArrayView2<T>>,
             beta: f64,
             start: usize,
@@ -251,15 +255,27 @@ impl PySpec {
             seed: u64,
             round: u64,
         ) -> PyResult<Option<MessageArrays<'py>>> {
-            let m = py.detach(|| compress::compress_shifted_rows(spec, g, h, beta, start, n, seed, round))?;
+            let m = py.detach(|| compress::compress_gathered_shifted_rows(spec, g, rows, h, beta, start, n, seed, round))?;
             Ok(m.map(|m| message_arrays(py, m)))
         }
+        let rows = match &rows {
+            None => None,
+            Some(r) => {
+                let r = r.as_array();
+                let mut out = mem::vec::<usize>("rows", r.len())?;
+                for &v in r {
+                    out.push(usize::try_from(v).map_err(|_| CoreError::invalid("rows", format!("must be non-negative, got {v}")))?);
+                }
+                Some(out)
+            }
+        };
+        let rows = rows.as_deref();
         let h = H.map(|h| arr2(h, "H")).transpose()?;
         match (arr2(G, "G")?, h) {
-            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), None, beta, start, n_workers, seed, round),
-            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), None, beta, start, n_workers, seed, round),
-            (Arr2::F64(g), Some(Arr2::F64(h))) => go(py, &self.0, g.as_array(), Some(h.as_array()), beta, start, n_workers, seed, round),
-            (Arr2::F32(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), Some(h.as_array()), beta, start, n_workers, seed, round),
+            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
+            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
+            (Arr2::F64(g), Some(Arr2::F64(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
+            (Arr2::F32(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
             _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32)")),
         }
     }

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, Sequence, runtime_checka
 
 import numpy as np
 
-from .._validate import all_finite, as_float_array, check_int, check_seed
+from .._validate import all_finite, as_float_array, check_int, check_seed, index_array
 from ..registry import Catalog
 
 
@@ -595,18 +595,30 @@ class Compressor(abc.ABC):
                         np.concatenate([m.values for m in msgs]) if msgs else np.zeros(0, dtype=A.dtype))
 
     def compress_shifted_rows(self, G: np.ndarray, H: np.ndarray | None = None, *, beta: float = 1.0, start: int, n_workers: int,
-                              seed: int, round: int) -> Messages | None:
+                              seed: int, round: int, rows: Any = None) -> Messages | None:
         """The messages of workers ``start … start + m − 1`` whose inputs are ``G − β·H``
         (``G`` without ``H``; both ``(m, d)``, one float dtype: ``G − H`` when ``β = 1``, else
         ``G − H·β``), or None when an input is not finite (the exchanges' divergence): bit for
         bit :meth:`compress_rows` of that array. With a Rust kernel the inputs are formed,
         checked and compressed worker by worker on the core's threads, never as one array (the
-        shifted exchanges of error feedback, DIANA and DASHA without a shared plan)."""
+        shifted exchanges of error feedback, DIANA and DASHA without a shared plan).
+
+        ``rows`` (``m`` integer indices into ``G``'s rows): worker ``start + r``'s row of ``G``
+        is ``G[rows[r]]``, ``H`` has one row per worker; bit for bit the call on ``G[rows]``,
+        which a Rust kernel never forms (workers sharing a row of ``G``, such as the linear
+        autoencoder's workers sharing a split, read it in place)."""
         n = check_int(n_workers, "n_workers", low=1)
         start = check_int(start, "start", high=n)
+        if rows is not None:
+            rows = index_array(rows, "rows")
+            G = np.asarray(G)
+            if G.ndim == 2 and rows.size and (int(rows.min()) < 0 or int(rows.max()) >= G.shape[0]):
+                raise ValueError(f"rows must index the {G.shape[0]} rows of G, got values from {int(rows.min())} to {int(rows.max())}")
         if self.kernel is not None:
-            out = self.kernel.compress_shifted_rows(G, H, float(beta), start, n, check_seed(seed), check_int(round, "round"))
+            out = self.kernel.compress_shifted_rows(G, H, float(beta), start, n, check_seed(seed), check_int(round, "round"), rows)
             return None if out is None else Messages(*out)
+        if rows is not None:
+            G = G[rows]
         with np.errstate(invalid="ignore", over="ignore"):
             V = G if H is None else G - (H if beta == 1.0 else H * beta)
         if not all_finite(V):

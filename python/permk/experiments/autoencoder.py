@@ -411,6 +411,7 @@ class LinearAutoencoder:
         more in page faults than the products that fill it; a backend keeps the last two)."""
         for buf in self._pool:
             if sys.getrefcount(buf) <= _ONLY_IN_POOL:
+                buf.flags.writeable = True  # it may have been handed out read-only (split_grads)
                 return buf
         buf = np.empty((len(self._held), self.d))
         self._pool = [buf] + self._pool[:2]
@@ -497,7 +498,7 @@ class LinearAutoencoder:
         p = self._point(x)
         if self._full is None or self._full[0] != p.key:
             with np.errstate(over="ignore", invalid="ignore"):
-                G = self._split_grads(p)
+                G = self._split_grads(p, pooled=True)
             G.flags.writeable = False
             self._full = (p.key, G)
         return self._full[1]
@@ -542,12 +543,15 @@ class LinearAutoencoder:
         :meth:`local_grad_blocks` (the error-feedback exchange's route, for a compressor without
         a shared plan; ``start`` is the first held worker's index). When every held worker has
         its own split, each worker's gradient is finished, shifted and compressed in one pass
-        on the core's threads and never written (a Rust compressor)."""
+        on the core's threads and never written (a Rust compressor); otherwise (workers sharing
+        a split) the held splits' gradients are computed once (:meth:`split_grads`) and each
+        worker's input is formed from its split's row, read in place (``rows=``: no
+        ``(workers, d)`` array of gradients)."""
         if self._own_splits:
             yield from self._message_blocks(self._point(x), None, compressor, H, beta, start=start, n_workers=n_workers, seed=seed, round=round)
         else:
-            yield 0, len(self.held_workers), compressor.compress_shifted_rows(self.local_grads(x), H, beta=beta, start=start, n_workers=n_workers,
-                                                                  seed=seed, round=round)
+            yield 0, len(self.held_workers), compressor.compress_shifted_rows(self.split_grads(x), H, beta=beta, start=start, n_workers=n_workers,
+                                                                              seed=seed, round=round, rows=self._worker_rows())
 
     def local_grad(self, i: int, x: Any) -> np.ndarray:
         k = self._held_slots(np.array([check_int(i, "i", high=self.n)]))[0]
