@@ -326,6 +326,28 @@ def test_coordinate_requests_are_checked() -> None:
         ae.local_grad_coords(x, [0.5], [0])
 
 
+def test_split_gradients_in_reused_buffers_stay_read_only_while_held() -> None:
+    """split_grads (the error-feedback route of workers sharing a split) writes into the pooled
+    buffers too: an array a caller holds (or a view of it) is never overwritten and stays
+    read-only; a buffer nobody holds any more is reused, writeable for the next gradients."""
+    ae = _ae(0.6)
+    assert not ae._own_splits
+    held = [ae.split_grads(_point(ae, k)) for k in range(4)]
+    view = ae.split_grads(_point(ae, 10))[1:3]
+    copies, view_copy = [h.copy() for h in held], view.copy()
+    for k in range(4, 9):
+        ae.split_grads(_point(ae, k))
+        ae.local_grads(_point(ae, k + 50))
+    for h, c in zip(held, copies):
+        np.testing.assert_array_equal(h, c)
+        assert not h.flags.writeable
+    np.testing.assert_array_equal(view, view_copy)
+    del held, copies, view
+    got = [ae.split_grads(_point(ae, k)) for k in range(20, 26)]
+    assert all(not g.flags.writeable for g in got)
+    np.testing.assert_array_equal(ae.split_grads(_point(ae, 1)), ae._split_grads(ae._point(_point(ae, 1))))
+
+
 def test_a_reused_gradient_buffer_is_never_one_a_caller_holds() -> None:
     """local_grads hands out pooled buffers (no page faults on 200 MB arrays): a buffer still
     held by a caller is never overwritten."""
