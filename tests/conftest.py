@@ -14,8 +14,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+import permk
 
 settings.register_profile(
     "ci",
@@ -77,3 +80,19 @@ def final_grad_norms(experiment: Path) -> dict[str, float]:
 
     return {rec["key"]: rec["summary"]["final_grad_norm_sq"] for f in sorted((experiment / "runs").glob("*.jsonl"))
             for rec in read_records(f) if rec.get("kind") == "run"}
+
+
+class PyTopK(permk.Compressor):
+    """TopK(k) written in Python (no Rust kernel): the routes that gather, shift and compress in
+    numpy, checked against the Rust ones."""
+
+    def __init__(self, k: int = 2) -> None:
+        self.k = k
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return self.k
+
+    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
+        x = np.asarray(x)
+        idx = np.sort(np.argsort(-np.abs(x), kind="stable")[: self.k])
+        return permk.Message(worker, n_workers, x.size, idx, x[idx])

@@ -22,7 +22,7 @@ import permk.exchanges
 from permk import _core
 from permk.experiments.autoencoder import GroupedAutoencoder, LinearAutoencoder
 
-from conftest import MPI_DIR, MPIEXEC, final_grad_norms  # noqa: E402
+from conftest import MPI_DIR, MPIEXEC, PyTopK, final_grad_norms  # noqa: E402
 
 sys.path.insert(0, str(MPI_DIR))
 from autoencoder_cases import CASES as MPI_CASES  # noqa: E402
@@ -182,21 +182,6 @@ class _GradBlocks(_WholeGrads):
         return self.p.local_grad_blocks(x)  # type: ignore[attr-defined]
 
 
-class _PyTopK(permk.Compressor):
-    """TopK written in Python (no Rust kernel)."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def floats_per_worker(self, n: int, d: int) -> int:
-        return self.k
-
-    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
-        x = np.asarray(x)
-        idx = np.sort(np.argsort(-np.abs(x), kind="stable")[: self.k])
-        return permk.Message(worker, n_workers, x.size, idx, x[idx])
-
-
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("p_hat", [0.0, 0.6])
 def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.MonkeyPatch, dtype: type, p_hat: float) -> None:
@@ -213,7 +198,7 @@ def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.M
     for prob in (ae, ae.grouped()):
         rows = np.concatenate([G.copy() for _, _, G in prob.local_grad_blocks(x)])
         H = 0.5 * rows + np.random.default_rng(2).standard_normal(rows.shape)
-        for comp in (permk.TopK(k), permk.RandK(k), _PyTopK(k)):
+        for comp in (permk.TopK(k), permk.RandK(k), PyTopK(k)):
             for Hb, beta in ((H, 1.0), (H, 0.3), (None, 1.0)):
                 got = list(prob.local_message_blocks(x, comp, Hb, beta, start=3, n_workers=prob.n + 5, seed=1, round=4))
                 want = [(lo, hi, comp.compress_shifted_rows(G, None if Hb is None else Hb[lo:hi], beta=beta, start=3 + lo,

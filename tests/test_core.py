@@ -19,6 +19,8 @@ import pytest
 import permk
 from permk import _core
 
+from conftest import PyTopK
+
 SPARSIFIERS: list[dict[str, Any]] = [
     {"sparsifier": "identity"},
     {"sparsifier": "permk"},
@@ -679,15 +681,6 @@ def test_compressor_compress_shifted_rows_takes_rows_for_every_compressor() -> N
     """Compressor.compress_shifted_rows(G, H, rows=…) is the call on G[rows] bit for bit, for a
     Rust compressor and one written in Python (which gathers the rows itself); rows that are not
     integer indices of G's rows are refused before anything is computed."""
-
-    class PyTopK(permk.Compressor):
-        def floats_per_worker(self, n: int, d: int) -> int:
-            return 2
-
-        def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
-            x = np.asarray(x)
-            idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:2])
-            return permk.Message(worker, n_workers, x.size, idx, x[idx])
 
     G, H = _data(3, 9), _data(5, 9, seed=1)
     rows = [1, 1, 0, 2, 1]

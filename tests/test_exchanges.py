@@ -15,6 +15,8 @@ import permk
 from permk import exchanges as ex
 from permk.backends import Simulator
 
+from conftest import PyTopK
+
 N, D = 5, 17
 COMPRESSORS = [permk.PermK(), permk.RandK(3), permk.BlockPermK(2), permk.TopK(2), permk.QSGD(4), permk.Identity()]
 
@@ -267,19 +269,7 @@ def test_blocks_of_workers_must_cover_the_held_workers_in_order() -> None:
             ex.error_feedback(Simulator(_Blocked(q, bounds)), permk.TopK(2), H.copy(), x, seed=0, round=0)
 
 
-class _PyTopK(permk.Compressor):
-    """TopK(2) written in Python (no Rust kernel): its shifted inputs are formed by numpy."""
-
-    def floats_per_worker(self, n: int, d: int) -> int:
-        return 2
-
-    def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> permk.Message:
-        x = np.asarray(x)
-        idx = np.sort(np.argsort(-np.abs(x), kind="stable")[:2])
-        return permk.Message(worker, n_workers, x.size, idx, x[idx])
-
-
-@pytest.mark.parametrize("c", [permk.TopK(2), permk.QSGD(4), _PyTopK()], ids=lambda c: type(c).__name__)
+@pytest.mark.parametrize("c", [permk.TopK(2), permk.QSGD(4), PyTopK()], ids=lambda c: type(c).__name__)
 @pytest.mark.parametrize("beta", [1.0, 0.5])
 def test_compress_shifted_rows_is_compress_rows_of_the_shifted_inputs(c: permk.Compressor, beta: float) -> None:
     """Compressor.compress_shifted_rows(G, H, β) is compress_rows(G − H) (β = 1) or
