@@ -689,7 +689,8 @@ def test_compressor_compress_shifted_rows_takes_rows_for_every_compressor() -> N
         got = comp.compress_shifted_rows(G, H, beta=0.5, start=2, n_workers=8, seed=1, round=2, rows=rows)
         assert got is not None and want is not None and all(_same_bits(a, b) for a, b in zip(got, want))
         for bad, exc, match in (([0, 1, 3, 0, 0], ValueError, "rows must index the 3 rows of G"), ([0, -1, 0, 0, 0], ValueError, "rows must index"),
-                                ([0.0, 1.0, 0.0, 0.0, 0.0], TypeError, "rows must hold integer indices"), ([[0]], ValueError, "rows must be a 1-D")):
+                                ([0.0, 1.0, 0.0, 0.0, 0.0], TypeError, "rows must hold integer indices"), ([[0]], ValueError, "rows must be a 1-D"),
+                                (np.array([0, 2**63 + 5, 0, 0, 0], dtype=np.uint64), ValueError, "rows holds 9223372036854775813, beyond any index")):
             with pytest.raises(exc, match=match):
                 comp.compress_shifted_rows(G, H, start=0, n_workers=5, seed=0, round=0, rows=bad)
 

@@ -206,4 +206,6 @@ def index_array(v: Any, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be a 1-D array of indices, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{name} must hold integer indices, got dtype {arr.dtype}")
+    if arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {int(arr.max())}, beyond any index (int64)")  # not wrapped to a negative one
     return np.ascontiguousarray(arr, dtype=np.int64)
