@@ -447,7 +447,7 @@ mod tests {
             for sp in &specs {
                 for (start, n) in [(0, b), (4, b + 9)] {
                     for beta in [1.0, 0.3] {
-                        let want = compress_shifted_rows(sp, g.view(), Some(h.view()), beta, start, n, 5, 2).unwrap();
+                        let want = compress_shifted_rows(sp, g.view(), None, Some(h.view()), beta, start, n, 5, 2).unwrap();
                         assert!(want.is_some());
                         for k in [1, 3] {
                             crate::threads::set_num_threads(k).unwrap();
@@ -455,7 +455,7 @@ mod tests {
                             assert_eq!(got, want, "{sp:?} beta={beta} start={start}");
                         }
                     }
-                    let want = compress_shifted_rows(sp, g.view(), None, 1.0, start, n, 5, 2).unwrap();
+                    let want = compress_shifted_rows(sp, g.view(), None, None, 1.0, start, n, 5, 2).unwrap();
                     assert_eq!(shifted_messages(sp, &block(&inp, &cs, &rs), None, 1.0, start, n, 5, 2).unwrap(), want);
                 }
             }

@@ -394,32 +394,16 @@ pub fn compress_rows<T: Real>(spec: &Spec, a: ArrayView2<T>, start: usize, n: us
 /// worker per task (each worker's message is independent of the thread count).
 pub const SHIFTED_PAR_MIN: usize = 1 << 16;
 
-/// The messages of workers `start .. start + m` whose inputs are `v_i = g_i − β·h_i` (`g_i`,
-/// `h_i` the rows of `g`, `h`; `v_i = g_i` without `h`), for `n` workers in all: for each
-/// worker the values and order of [`compress_rows`] on the `(m, d)` array of the `v_i`, bit
-/// for bit (`g − h` when `β = 1`, else `g − h·β`, in `T`), without forming that array (see
-/// [`compress_filled_rows`]). `None` when an input is not finite (no worker's message is
-/// then meaningful: the caller handles the divergence).
+/// The messages of workers `start .. start + m` whose inputs are `v_i = g_i − β·h_i` (`g_i`
+/// the rows of `g`, or `g[rows[i]]` with `rows`, `m = rows.len()`; `h_i` the rows of `h`, one per
+/// worker; `v_i = g_i` without `h`), for `n` workers in all: for each worker the values and order
+/// of [`compress_rows`] on the `(m, d)` array of the `v_i`, bit for bit (`g − h` when `β = 1`,
+/// else `g − h·β`, in `T`), without forming that array (see [`compress_filled_rows`]), nor the
+/// gathered `g[rows]`: workers sharing a row of `g` (the autoencoder's workers sharing a split)
+/// read it in place. `None` when an input is not finite (no worker's message is then
+/// meaningful: the caller handles the divergence).
 #[allow(clippy::too_many_arguments)]
 pub fn compress_shifted_rows<T: Real>(
-    spec: &Spec,
-    g: ArrayView2<T>,
-    h: Option<ArrayView2<T>>,
-    beta: f64,
-    start: usize,
-    n: usize,
-    seed: u64,
-    round: u64,
-) -> Result<Option<Messages<T>>> {
-    compress_gathered_shifted_rows(spec, g, None, h, beta, start, n, seed, round)
-}
-
-/// [`compress_shifted_rows`] with worker `r`'s row of `g` given by `rows` (`g_r = g[rows[r]]`,
-/// `m = rows.len()` workers; `rows = None`: `g`'s own rows): bit for bit that function on the
-/// gathered `g[rows]`, which is never formed, so workers sharing a row of `g` (the
-/// autoencoder's workers sharing a split) read it in place. `h` has one row per worker.
-#[allow(clippy::too_many_arguments)]
-pub fn compress_gathered_shifted_rows<T: Real>(
     spec: &Spec,
     g: ArrayView2<T>,
     rows: Option<&[usize]>,
@@ -994,21 +978,21 @@ mod tests {
             for (start, stop) in [(0, n), (1, 4)] {
                 let (r, hs) = (&rows[start..stop], h.slice(s![start..stop, ..]));
                 for beta in [1.0, 0.5] {
-                    let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), Some(hs), beta, start, n, 7, 3).unwrap();
-                    assert_eq!(compress_gathered_shifted_rows(&sp, g.view(), Some(r), Some(hs), beta, start, n, 7, 3).unwrap(), want, "{sp:?}");
+                    let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, Some(hs), beta, start, n, 7, 3).unwrap();
+                    assert_eq!(compress_shifted_rows(&sp, g.view(), Some(r), Some(hs), beta, start, n, 7, 3).unwrap(), want, "{sp:?}");
                 }
-                let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, 1.0, start, n, 7, 3).unwrap();
-                assert_eq!(compress_gathered_shifted_rows(&sp, g.view(), Some(r), None, 1.0, start, n, 7, 3).unwrap(), want);
+                let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, None, 1.0, start, n, 7, 3).unwrap();
+                assert_eq!(compress_shifted_rows(&sp, g.view(), Some(r), None, 1.0, start, n, 7, 3).unwrap(), want);
             }
         }
         let sp = spec(TopK { k: 2 });
-        let err = |rows: &[usize], h: ArrayView2<f64>| compress_gathered_shifted_rows(&sp, g.view(), Some(rows), Some(h), 1.0, 0, n, 0, 0).unwrap_err().to_string();
+        let err = |rows: &[usize], h: ArrayView2<f64>| compress_shifted_rows(&sp, g.view(), Some(rows), Some(h), 1.0, 0, n, 0, 0).unwrap_err().to_string();
         assert!(err(&[0, 3, 1, 1, 1, 1], h.view()).contains("must index the 3 rows of G, got 3"));
         assert!(err(&rows[..5], h.view()).contains("one row per worker (5, 5)"));
         // a non-finite shared row makes every worker reading it diverge: None, as on the gathered array
         let mut bad = g.clone();
         bad[[1, 2]] = f64::NAN;
-        assert_eq!(compress_gathered_shifted_rows(&sp, bad.view(), Some(&rows), Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None);
+        assert_eq!(compress_shifted_rows(&sp, bad.view(), Some(&rows), Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None);
     }
 
     #[test]
@@ -1021,14 +1005,14 @@ mod tests {
                 let (gs, hs) = (g.slice(s![start..stop, ..]), h.slice(s![start..stop, ..]));
                 for beta in [1.0, 0.5] {
                     let want = compress_rows(&sp, shifted(gs, hs, beta).view(), start, n, 7, 3).unwrap();
-                    assert_eq!(compress_shifted_rows(&sp, gs, Some(hs), beta, start, n, 7, 3).unwrap(), Some(want), "{sp:?} beta={beta}");
+                    assert_eq!(compress_shifted_rows(&sp, gs, None, Some(hs), beta, start, n, 7, 3).unwrap(), Some(want), "{sp:?} beta={beta}");
                 }
                 let want = compress_rows(&sp, gs, start, n, 7, 3).unwrap();
-                assert_eq!(compress_shifted_rows(&sp, gs, None, 1.0, start, n, 7, 3).unwrap(), Some(want));
+                assert_eq!(compress_shifted_rows(&sp, gs, None, None, 1.0, start, n, 7, 3).unwrap(), Some(want));
                 // float32 inputs: the arithmetic in float32
                 let (g32, h32) = (gs.mapv(|v| v as f32 / 3.0), hs.mapv(|v| v as f32 / 7.0));
                 let want = compress_rows(&sp, shifted(g32.view(), h32.view(), 0.3).view(), start, n, 7, 3).unwrap();
-                assert_eq!(compress_shifted_rows(&sp, g32.view(), Some(h32.view()), 0.3, start, n, 7, 3).unwrap(), Some(want));
+                assert_eq!(compress_shifted_rows(&sp, g32.view(), None, Some(h32.view()), 0.3, start, n, 7, 3).unwrap(), Some(want));
             }
         }
         // large inputs run on the pool's threads: the same messages on 1 and 3 threads, and as compress_rows
@@ -1038,7 +1022,7 @@ mod tests {
             let want = Some(compress_rows(&sp, shifted(g.view(), h.view(), 1.0).view(), 0, 16, 1, 2).unwrap());
             for k in [1, 3] {
                 crate::threads::set_num_threads(k).unwrap();
-                assert_eq!(compress_shifted_rows(&sp, g.view(), Some(h.view()), 1.0, 0, 16, 1, 2).unwrap(), want);
+                assert_eq!(compress_shifted_rows(&sp, g.view(), None, Some(h.view()), 1.0, 0, 16, 1, 2).unwrap(), want);
             }
         }
     }
@@ -1052,22 +1036,22 @@ mod tests {
                 let mut h = Array2::zeros((n, d));
                 h[[i, j]] = bad; // wherever it is: RandK(1) reads one coordinate of each worker
                 for sp in [spec(TopK { k: 2 }), spec(RandK { k: 1 }), spec(PermK)] {
-                    assert_eq!(compress_shifted_rows(&sp, g.view(), Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None, "{sp:?}");
+                    assert_eq!(compress_shifted_rows(&sp, g.view(), None, Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None, "{sp:?}");
                 }
             }
         }
         let huge = Array2::from_elem((n, d), f64::MAX);
-        assert_eq!(compress_shifted_rows(&spec(TopK { k: 2 }), huge.view(), Some((-&huge).view()), 1.0, 0, n, 0, 0).unwrap(), None); // overflow
+        assert_eq!(compress_shifted_rows(&spec(TopK { k: 2 }), huge.view(), None, Some((-&huge).view()), 1.0, 0, n, 0, 0).unwrap(), None); // overflow
         let sp = spec(TopK { k: 2 });
-        assert!(compress_shifted_rows(&sp, g.view(), Some(g.slice(s![..3, ..])), 1.0, 0, n, 0, 0).is_err());
-        assert!(compress_shifted_rows(&sp, g.view(), None, 1.0, 1, n, 0, 0).is_err());
-        assert!(compress_shifted_rows(&sp, g.view(), Some(g.view()), f64::NAN, 0, n, 0, 0).is_err());
-        assert!(compress_shifted_rows(&spec(TopK { k: 51 }), g.view(), None, 1.0, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), None, Some(g.slice(s![..3, ..])), 1.0, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), None, None, 1.0, 1, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), None, Some(g.view()), f64::NAN, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&spec(TopK { k: 51 }), g.view(), None, None, 1.0, 0, n, 0, 0).is_err());
         // strided rows are read as they are
         let wide = data(n, 2 * d);
         let (gs, hs) = (wide.slice(s![.., ..;2]), wide.slice(s![.., 1..;2]));
         let want = compress_rows(&sp, shifted(gs, hs, 1.0).view(), 0, n, 0, 0).unwrap();
-        assert_eq!(compress_shifted_rows(&sp, gs, Some(hs), 1.0, 0, n, 0, 0).unwrap(), Some(want));
+        assert_eq!(compress_shifted_rows(&sp, gs, None, Some(hs), 1.0, 0, n, 0, 0).unwrap(), Some(want));
     }
 
     #[test]

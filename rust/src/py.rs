@@ -255,7 +255,7 @@ impl PySpec {
             seed: u64,
             round: u64,
         ) -> PyResult<Option<MessageArrays<'py>>> {
-            let m = py.detach(|| compress::compress_gathered_shifted_rows(spec, g, rows, h, beta, start, n, seed, round))?;
+            let m = py.detach(|| compress::compress_shifted_rows(spec, g, rows, h, beta, start, n, seed, round))?;
             Ok(m.map(|m| message_arrays(py, m)))
         }
         let rows = match &rows {
