@@ -8,7 +8,9 @@ float32, it times per round:
   images in use, for one new point (as one ``(2 d_e × d_f)(d_f × N)`` product, the fastest
   form: two separate products take 1.1–1.6× as long), in the same dtype;
 * the **full floor**: those two products plus the two per split, ``A_sᵀ Z_s`` and ``A_sᵀ P_s``
-  (batched, in the faster of their two layouts): what a full per-split gradient needs;
+  (batched, in the fastest of three forms: numpy's batched product in either layout, or shared
+  out among the threads, each running single-threaded BLAS): what a full per-split gradient
+  needs;
 * ``permk.marina`` with PermK and RandK(⌈d/n⌉) (compressed rounds only: ``p`` tiny) — against
   the floor; the workers' gradients at a new point (``local_grads``: EF21's start, MPI full rounds
   with ``reduce="ordered"``), the sum a rank sends in an MPI full round with
@@ -42,12 +44,14 @@ import math
 import os
 import platform
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 # as the permk command does (permk._blas), before numpy loads OpenBLAS: its idle threads sleep at once
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import numpy as np  # noqa: E402
+from threadpoolctl import ThreadpoolController  # noqa: E402
 
 import permk  # noqa: E402
 from permk.experiments.autoencoder import LinearAutoencoder  # noqa: E402
@@ -67,6 +71,8 @@ class Floors:
     def __init__(self, ae: LinearAutoencoder) -> None:
         self.ae = ae
         self.rng = np.random.default_rng(0)
+        self.pool = ThreadPoolExecutor(permk._core.get_num_threads())
+        self.blas = ThreadpoolController()
 
     def _B(self) -> np.ndarray:
         return self.rng.standard_normal((2 * self.ae.d_e, self.ae.d_f)).astype(self.ae.dtype)
@@ -76,21 +82,39 @@ class Floors:
         return timed(lambda: B @ self.ae._AT)
 
     def four(self) -> float:
-        """The two products, then the two per split batched, in the faster of their two layouts
-        (``A_sᵀ [Z_s P_s]``, ``(d_f, 2 d_e)`` per split, or ``[Z_s P_s]ᵀ A_s``, ``(2 d_e, d_f)``:
-        BLAS writes the second about 1.1× faster here), each timed on its own new point."""
+        """The two products, then the two per split batched, in the fastest of three forms, each
+        timed on its own new point: numpy's batched product in either layout (``A_sᵀ [Z_s
+        P_s]``, ``(d_f, 2 d_e)`` per split, or ``[Z_s P_s]ᵀ A_s``, ``(2 d_e, d_f)``: BLAS writes
+        the second about 1.1× faster here), or, with several threads, the second layout with
+        the splits shared out among that many Python threads, each running single-threaded
+        BLAS (one core per thread: faster than threaded BLAS on these small products, and the
+        form the problem's own blocks take)."""
         B = self._B()
+        threads = permk._core.get_num_threads()
 
-        def run(rows: bool) -> None:
+        def run(rows: bool, lo: int = 0, hi: int | None = None) -> None:
             A3 = self.ae._views(self.ae._AT)
             Z3 = self.ae._views(B @ self.ae._AT)
-            for lo in range(0, A3.shape[1], 16):
+            for lo in range(lo, A3.shape[1] if hi is None else hi, 16):
                 if rows:
                     np.matmul(Z3[:, lo : lo + 16].transpose(1, 0, 2), A3[:, lo : lo + 16].transpose(1, 2, 0))  # [Z_s P_s]ᵀ A_s
                 else:
                     np.matmul(A3[:, lo : lo + 16].transpose(1, 0, 2), Z3[:, lo : lo + 16].transpose(1, 2, 0))  # A_sᵀ [Z_s P_s]
 
-        return min(timed(lambda: run(True)), timed(lambda: run(False)))
+        def shared() -> None:
+            A3 = self.ae._views(self.ae._AT)
+            Z3 = self.ae._views(B @ self.ae._AT)
+            S = A3.shape[1]
+
+            def part(t: int) -> None:
+                for lo in range(t * 16, S, 16 * threads):
+                    np.matmul(Z3[:, lo : lo + 16].transpose(1, 0, 2), A3[:, lo : lo + 16].transpose(1, 2, 0))
+
+            with self.blas.limit(limits=1, user_api="blas"):
+                list(self.pool.map(part, range(threads)))
+
+        forms = [lambda: run(True), lambda: run(False)] + ([shared] if threads > 1 else [])
+        return min(timed(f) for f in forms)
 
 
 class RoundClock:

@@ -277,6 +277,81 @@ def test_ef21_has_the_same_bits_on_one_thread_and_on_several(monkeypatch: pytest
     np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_blocks_on_threads_of_their_own_give_the_callers_bits(monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
+    """With a pool of several threads the blocks run on Python threads of their own, each with
+    its product (single-threaded BLAS) and its Rust pass (on that thread: on_caller); on one,
+    on the caller. The workers' gradients, EF21's messages and whole EF21 runs (the problem
+    and the grouped one) are the same bits; BLAS's thread limit is restored afterwards."""
+    import threading
+
+    from threadpoolctl import threadpool_info
+
+    import permk.experiments.autoencoder as mod
+
+    monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)
+    ae = _ae(0.0, dtype)
+    x = _point(ae)
+    k = -(-ae.d // ae.n)
+    H = np.random.default_rng(3).standard_normal((ae.n, ae.d))
+    seen: list[tuple[str, bool]] = []
+    for name in ("autoencoder_split_grads", "autoencoder_shifted_messages"):
+        def spy(*a: Any, _f: Any = getattr(_core, name), **kw: Any) -> Any:
+            seen.append((threading.current_thread().name, kw["on_caller"]))
+            return _f(*a, **kw)
+        monkeypatch.setattr(_core, name, spy)
+    blas = [(i["user_api"], i["num_threads"]) for i in threadpool_info()]
+    before = _core.get_num_threads()
+    out = []
+    try:
+        for threads in (1, 3):
+            _core.set_num_threads(threads)
+            seen.clear()
+            grads = ae.local_grads(ae.x0 + 1e-3 * threads).copy()  # a new point for each
+            msgs = list(ae.local_message_blocks(x, permk.TopK(k), H, start=0, n_workers=ae.n, seed=0, round=3))
+            runs = [permk.ef21(p, permk.TopK(k), rounds=15, seed=0, gamma=1e-3) for p in (ae, ae.grouped())]
+            on_threads = {name.startswith("permk-blocks") and on_caller for name, on_caller in seen}
+            assert on_threads == {threads > 1} and len(seen) > 4
+            out.append((ae.local_grads(ae.x0 + 1e-3), msgs, runs, grads))
+    finally:
+        _core.set_num_threads(before)
+    assert [(i["user_api"], i["num_threads"]) for i in threadpool_info()] == blas
+    (g1, m1, r1, _), (g3, m3, r3, _) = out
+    np.testing.assert_array_equal(g1, g3)
+    assert len(m3) > 1 and m3[-1][1] == m1[-1][1] == ae.n  # blocks of two splits on 3 threads, one on one
+    for field in ("indices", "values"):
+        np.testing.assert_array_equal(*(np.concatenate([getattr(msg, field) for _, _, msg in m]) for m in (m1, m3)))
+    for a, b in zip(r1, r3):
+        np.testing.assert_array_equal(a.x, b.x)
+        np.testing.assert_array_equal(a.state.G, b.state.G)
+        np.testing.assert_array_equal(a.grad_norm_sq, b.grad_norm_sq)
+
+
+def test_block_threads_raise_the_first_error_in_block_order_and_stay_usable() -> None:
+    """A block that raises: the first failing block's exception (in block order) once every
+    started block has finished; the threads then run the next pass as usual."""
+    import time
+
+    from permk.experiments.autoencoder import _BLOCK_THREADS
+
+    done: list[int] = []
+
+    def f(lo: int, hi: int) -> int:
+        if lo in (2, 5):
+            raise ValueError(f"block {lo}")
+        time.sleep(0.01)
+        done.append(lo)
+        return lo
+
+    bounds = [(lo, lo + 1) for lo in range(8)]
+    with pytest.raises(ValueError, match="block 2"):
+        _BLOCK_THREADS.map(2, f, bounds)
+    finished = len(done)
+    time.sleep(0.05)
+    assert len(done) == finished  # nothing still running after the raise
+    assert _BLOCK_THREADS.map(3, lambda lo, hi: hi - lo, bounds) == [1] * 8
+
+
 @pytest.mark.parametrize(
     ("kw", "err", "match"),
     [

@@ -223,13 +223,16 @@ def autoencoder_split_grads(
     cs: npt.NDArray[np.float64],
     rs: npt.NDArray[np.float64],
     out: npt.NDArray[np.float64],
+    *,
+    on_caller: bool = False,
 ) -> None:
     """The linear autoencoder's split gradients of a block of ``b`` splits, written into the
     C-contiguous float64 rows ``out`` (``(b, 2 d_f d_e)``): ``out[s, j·d_e + k] = cs[s]·(Σ_l
     dec[j, l]·gram[s, l, k] − zwa[s, k, j]) + rs[s]·reg_d[j, k]`` (the sum over ``l = 0, 1, …``
     in that order) and ``out[s, d_f d_e + k·d_f + j] = cs[s]·zwa[s, d_e + k, j] +
-    rs[s]·reg_e[k, j]``, in float64 (float32 inputs converted first), on the core's threads.
-    ``zwa`` (``(b, 2 d_e, d_f)``: ``[Z_s W_s]ᵀA_s``) and ``gram`` (``(b, d_e, d_e)``:
+    rs[s]·reg_e[k, j]``, in float64 (float32 inputs converted first), on the core's threads
+    (``on_caller``: on the calling thread only, for a caller that runs blocks on threads of its
+    own; the same values). ``zwa`` (``(b, 2 d_e, d_f)``: ``[Z_s W_s]ᵀA_s``) and ``gram`` (``(b, d_e, d_e)``:
     ``Z_sᵀZ_s``) are C-contiguous, both float64 or both float32; ``dec`` (``D``, ``(d_f,
     d_e)``), ``reg_d`` (``(d_f, d_e)``), ``reg_e`` (``(d_e, d_f)``), ``cs`` and ``rs`` (``b``
     values) C-contiguous float64."""
@@ -249,13 +252,16 @@ def autoencoder_shifted_messages(
     n_workers: int,
     seed: int,
     round: int,
+    *,
+    on_caller: bool = False,
 ) -> _Messages | None:
     """The messages of workers ``start … start + b − 1`` (of ``n_workers``) of ``spec`` on
     the inputs ``g_s − β·h_s``: ``g_s`` the rows :func:`autoencoder_split_grads` writes from
     the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64, rows contiguous; without
     ``H``, ``g_s``). Bit for bit ``spec.compress_shifted_rows`` on those rows, which are never
     written: each is finished, shifted, checked and compressed in a worker's buffer, on the
-    core's threads. None when an input is not finite."""
+    core's threads (``on_caller`` as for :func:`autoencoder_split_grads`). None when an input
+    is not finite."""
 
 def coin(seed: int, round: int, p: float) -> bool:
     """MARINA's shared Bernoulli(``p``) coin of round ``round``."""

@@ -605,9 +605,10 @@ fn block<'a, T: Real + numpy::Element>(
 /// and Gram matrices `gram` (`(b, d_e, d_e)`: `Z_sᵀZ_s`), both float64 or both float32, the
 /// decoder `dec` (`D`, `(d_f, d_e)`), the regulariser's gradients `reg_d` (`(d_f, d_e)`) and
 /// `reg_e` (`(d_e, d_f)`) and the splits' coefficients `cs`, `rs` (`b` values each), all float64
-/// (see rust/src/autoencoder.rs).
+/// (see rust/src/autoencoder.rs); `on_caller`: on the calling thread only, not on the core's pool
+/// (for a caller that runs blocks on threads of its own).
 #[pyfunction]
-#[pyo3(signature = (zwa, gram, dec, reg_d, reg_e, cs, rs, out))]
+#[pyo3(signature = (zwa, gram, dec, reg_d, reg_e, cs, rs, out, *, on_caller = false))]
 #[allow(clippy::too_many_arguments)]
 fn autoencoder_split_grads<'py>(
     py: Python<'py>,
@@ -619,6 +620,7 @@ fn autoencoder_split_grads<'py>(
     cs: &Bound<'py, PyAny>,
     rs: &Bound<'py, PyAny>,
     out: &Bound<'py, PyAny>,
+    on_caller: bool,
 ) -> PyResult<()> {
     fn go<T: Real + numpy::Element>(
         py: Python<'_>,
@@ -626,16 +628,26 @@ fn autoencoder_split_grads<'py>(
         gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
         out: numpy::ndarray::ArrayViewMut2<'_, f64>,
+        on_caller: bool,
     ) -> PyResult<()> {
         let block = block(&zwa, &gram, c)?;
-        Ok(py.detach(|| autoencoder::split_grads(&block, out))?)
+        Ok(py.detach(|| where_run(on_caller, || autoencoder::split_grads(&block, out)))?)
     }
     let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
     let mut out = out.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("out must be a writeable 2-D float64 numpy array"))?;
     let o = out.as_array_mut();
     match products {
-        Products::F64(a, g) => go(py, a, g, &coefs, o),
-        Products::F32(a, g) => go(py, a, g, &coefs, o),
+        Products::F64(a, g) => go(py, a, g, &coefs, o, on_caller),
+        Products::F32(a, g) => go(py, a, g, &coefs, o, on_caller),
+    }
+}
+
+/// `f()` on the calling thread only ([`threads::on_caller`]) when `on_caller`, else as usual.
+fn where_run<R>(on_caller: bool, f: impl FnOnce() -> R) -> R {
+    if on_caller {
+        threads::on_caller(f)
+    } else {
+        f()
     }
 }
 
@@ -643,9 +655,9 @@ fn autoencoder_split_grads<'py>(
 /// inputs `g_s − β·h_s`, `g_s` the split gradients [`autoencoder_split_grads`] would write
 /// (same arguments) and `h_s` the rows of `H` (`(b, d)` float64, rows contiguous; without `H`,
 /// `g_s`): `Spec.compress_shifted_rows` on those rows, bit for bit, without writing them; None
-/// when an input is not finite.
+/// when an input is not finite. `on_caller` as for [`autoencoder_split_grads`].
 #[pyfunction]
-#[pyo3(signature = (spec, zwa, gram, dec, reg_d, reg_e, cs, rs, H, beta, start, n_workers, seed, round))]
+#[pyo3(signature = (spec, zwa, gram, dec, reg_d, reg_e, cs, rs, H, beta, start, n_workers, seed, round, *, on_caller = false))]
 #[allow(clippy::too_many_arguments, non_snake_case)]
 fn autoencoder_shifted_messages<'py>(
     py: Python<'py>,
@@ -663,6 +675,7 @@ fn autoencoder_shifted_messages<'py>(
     n_workers: usize,
     seed: u64,
     round: u64,
+    on_caller: bool,
 ) -> PyResult<Option<MessageArrays<'py>>> {
     #[allow(clippy::too_many_arguments)]
     fn go<'py, T: Real + numpy::Element>(
@@ -672,18 +685,18 @@ fn autoencoder_shifted_messages<'py>(
         gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
         h: Option<ArrayView2<'_, f64>>,
-        args: (f64, usize, usize, u64, u64),
+        args: (f64, usize, usize, u64, u64, bool),
     ) -> PyResult<Option<MessageArrays<'py>>> {
-        let (beta, start, n, seed, round) = args;
+        let (beta, start, n, seed, round, on_caller) = args;
         let block = block(&zwa, &gram, c)?;
-        let m = py.detach(|| autoencoder::shifted_messages(spec, &block, h, beta, start, n, seed, round))?;
+        let m = py.detach(|| where_run(on_caller, || autoencoder::shifted_messages(spec, &block, h, beta, start, n, seed, round)))?;
         Ok(m.map(|m| message_arrays(py, m)))
     }
     let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
     let h =
         H.map(|h| h.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 numpy array or None"))).transpose()?;
     let hv = h.as_ref().map(|h| h.as_array());
-    let args = (beta, start, n_workers, seed, round);
+    let args = (beta, start, n_workers, seed, round, on_caller);
     match products {
         Products::F64(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
         Products::F32(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),

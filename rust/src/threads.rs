@@ -3,6 +3,7 @@
 //! by sizes, never by the number of threads, and reduce in a fixed order: results never depend
 //! on the pool's size.
 
+use std::cell::Cell;
 use std::sync::{Arc, RwLock};
 
 use rayon::{ThreadPool, ThreadPoolBuilder};
@@ -54,10 +55,31 @@ pub fn num_threads() -> Result<usize> {
 }
 
 /// Whether `parts` independent parts of `work` values in all are worth spreading over the pool:
-/// at least two parts and `min_work` values, and more than one thread (on a pool of one the
-/// work would only move to another thread, away from the caches the caller has just filled).
+/// at least two parts and `min_work` values, more than one thread (on a pool of one the work
+/// would only move to another thread, away from the caches the caller has just filled), and
+/// not inside [`on_caller`].
 pub fn spread(parts: usize, work: usize, min_work: usize) -> Result<bool> {
-    Ok(parts >= 2 && work >= min_work && num_threads()? > 1)
+    Ok(parts >= 2 && work >= min_work && !ON_CALLER.with(Cell::get) && num_threads()? > 1)
+}
+
+thread_local! {
+    /// Set while [`on_caller`] runs on this thread.
+    static ON_CALLER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with every kernel that asks [`spread`] kept on the calling thread: for a caller
+/// that spreads its own work over threads (the linear autoencoder's blocks, one per Python
+/// thread, each with its BLAS product and its pass on one core). Values never depend on it.
+pub fn on_caller<R>(f: impl FnOnce() -> R) -> R {
+    /// Restores the flag however `f` ends.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ON_CALLER.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(ON_CALLER.with(|c| c.replace(true)));
+    f()
 }
 
 /// Runs `f` inside the pool (directly when already on one of its threads).
@@ -91,5 +113,17 @@ mod tests {
         assert!(!spread(1, 1 << 20, 1).unwrap() && !spread(10, 5, 6).unwrap());
         assert_eq!(num_threads().unwrap(), 3);
         assert_eq!(sum(()), before);
+    }
+
+    #[test]
+    fn on_caller_keeps_kernels_on_the_calling_thread_until_it_returns() {
+        let _lock = TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        set_num_threads(3).unwrap();
+        assert!(on_caller(|| !spread(10, 1 << 20, 1).unwrap() && on_caller(|| !spread(10, 1 << 20, 1).unwrap())));
+        assert!(spread(10, 1 << 20, 1).unwrap());
+        // another thread is not affected, and the flag is restored after a panic
+        assert!(on_caller(|| std::thread::scope(|s| s.spawn(|| spread(10, 1 << 20, 1).unwrap()).join().unwrap())));
+        assert!(std::panic::catch_unwind(|| on_caller(|| panic!("inside"))).is_err());
+        assert!(spread(10, 1 << 20, 1).unwrap());
     }
 }

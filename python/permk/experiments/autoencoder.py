@@ -63,11 +63,13 @@ import functools
 import math
 import os
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -99,6 +101,45 @@ def _only_in_pool() -> int:
 
 
 _ONLY_IN_POOL = _only_in_pool()
+
+
+class _BlockThreads:
+    """The Python threads :meth:`LinearAutoencoder._run_blocks` runs blocks on: started on first
+    use and kept (idle, they wait without using a core; a process forked from this one starts
+    its own), each with its product buffer in ``local``; while they run, BLAS is limited to one
+    thread (through threadpoolctl; it is process-wide, so one pass runs at a time)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._key: tuple[int, int] = (0, 0)  # (process, threads) of the pool
+        self._blas: Any = None
+
+    def map(self, threads: int, f: Callable[[int, int], Any], bounds: Sequence[tuple[int, int]]) -> list[Any]:
+        """``[f(lo, hi) for lo, hi in bounds]``, on ``threads`` threads; the first exception in
+        block order is raised once every started block has finished, the others cancelled."""
+        with self._lock:
+            if self._pool is None or self._key != (os.getpid(), threads):
+                if self._pool is not None and self._key[0] == os.getpid():
+                    self._pool.shutdown(wait=False)
+                self._pool = ThreadPoolExecutor(threads, thread_name_prefix="permk-blocks")
+                self._key = (os.getpid(), threads)
+            if self._blas is None:
+                from threadpoolctl import ThreadpoolController
+
+                self._blas = ThreadpoolController()
+            with self._blas.limit(limits=1, user_api="blas"):
+                futures = [self._pool.submit(f, lo, hi) for lo, hi in bounds]
+                try:
+                    return [fut.result() for fut in futures]
+                finally:
+                    for fut in futures:
+                        fut.cancel()
+                    wait(futures)
+
+
+_BLOCK_THREADS = _BlockThreads()
 #: A block's products and coefficients, the arguments of ``permk._core``'s autoencoder kernels
 #: (``zwa``, ``gram``, ``dec``, ``reg_d``, ``reg_e``, ``cs``, ``rs``).
 _Products = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -418,15 +459,14 @@ class LinearAutoencoder:
         return buf
 
     def _split_grads(self, p: _Point, mult: np.ndarray | None = None, *, pooled: bool = False) -> np.ndarray:
-        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point, assembled from
-        :meth:`_split_grad_blocks`."""
+        """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point, written block by block
+        (:meth:`_run_blocks`)."""
         out = self._out_buffer() if pooled else np.empty((len(self._held), self.d))
-        for _ in self._split_grad_blocks(p, mult, out):
-            pass
+        self._run_blocks(p, mult, lambda lo, hi, args, on_caller: _core.autoencoder_split_grads(*args, out[lo:hi], on_caller=on_caller))
         return out
 
     def _block_splits(self) -> int:
-        """The splits of a block of :meth:`_product_blocks` (gradient rows of about twice
+        """The splits of a block of :meth:`_bounds` (gradient rows of about twice
         :data:`_BLOCK_BYTES` bytes, at most every held split). With one thread the
         Rust pass runs on the caller, right after BLAS wrote the block's products on the same
         core: blocks a quarter that size let it read them largely from that core's L2 cache (at
@@ -436,39 +476,75 @@ class LinearAutoencoder:
         size = _BLOCK_BYTES if _core.get_num_threads() > 1 else _BLOCK_BYTES // 4
         return min(len(self._held), max(1, size // (8 * self.d_f * self.d_e)))
 
-    def _product_blocks(self, p: _Point, mult: np.ndarray | None = None) -> Iterator[tuple[int, int, _Products]]:
-        """``(lo, hi, args)`` for consecutive blocks of held splits: ``args`` are the block's
-        products and coefficients, the arguments of ``permk._core``'s ``autoencoder_split_grads``
-        and ``autoencoder_shifted_messages`` for splits ``lo … hi − 1`` (gradients
-        ``mult_s ∇f_s``): one batched product ``[Z_s W_s]ᵀ A_s`` (the two products beyond the
-        point's, in the layout BLAS writes fastest) in the problem's dtype, into a buffer of a
-        few MB that the next block overwrites, and the splits' Gram matrices ``Z_sᵀZ_s``; the
-        kernels form ``D·Z_sᵀZ_s`` themselves and apply the coefficients ``2c/m_s·mult_s`` and
-        ``mult_s``, in float64 (see rust/src/autoencoder.rs)."""
-        S, d_f, d_e, b = len(self._held), self.d_f, self.d_e, self._block_splits()
+    def _block_products(self, p: _Point, mult: np.ndarray | None) -> Callable[[int, int, np.ndarray], _Products]:
+        """``products(lo, hi, zwa)``: the products and coefficients of held splits ``lo … hi − 1``,
+        the arguments of ``permk._core``'s ``autoencoder_split_grads`` and
+        ``autoencoder_shifted_messages`` (gradients ``mult_s ∇f_s``): one batched product
+        ``[Z_s W_s]ᵀ A_s`` (the two products beyond the point's, in the layout BLAS writes
+        fastest) in the problem's dtype, into the buffer ``zwa`` (at least ``hi − lo`` blocks of
+        ``(2 d_e, d_f)``), and the splits' Gram matrices ``Z_sᵀZ_s``; the kernels form
+        ``D·Z_sᵀZ_s`` themselves and apply the coefficients ``2c/m_s·mult_s`` and ``mult_s``, in
+        float64 (see rust/src/autoencoder.rs)."""
+        S = len(self._held)
         cs = self._scale if mult is None else self._scale * mult
         rs = np.ones(S) if mult is None else np.ascontiguousarray(mult, dtype=np.float64)
         AT3, ZW3 = self._views(self._AT), self._views(p.ZW)
         gram = self._gram(p)
         dec = np.ascontiguousarray(p.D, dtype=np.float64)
         regD, regE = np.ascontiguousarray(p.regD, dtype=np.float64), np.ascontiguousarray(p.regE, dtype=np.float64)
-        zwa = np.empty((b, 2 * d_e, d_f), dtype=self.dtype)
-        for lo in range(0, S, b):
-            hi = min(S, lo + b)
+
+        def products(lo: int, hi: int, zwa: np.ndarray) -> _Products:
             ZWA = zwa[: hi - lo]
             with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: the caller sees the non-finite values
                 np.matmul(ZW3[:, lo:hi].transpose(1, 0, 2), AT3[:, lo:hi].transpose(1, 2, 0), out=ZWA)
-            yield lo, hi, (ZWA, gram[lo:hi], dec, regD, regE, cs[lo:hi], rs[lo:hi])
+            return ZWA, gram[lo:hi], dec, regD, regE, cs[lo:hi], rs[lo:hi]
 
-    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None, out: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
-        """``(lo, hi, G)`` for the blocks of :meth:`_product_blocks`: ``G`` holds ``mult_s ∇f_s``
+        return products
+
+    def _bounds(self) -> list[tuple[int, int]]:
+        """The blocks ``(lo, hi)`` of :meth:`_block_splits` splits over the held splits."""
+        S, b = len(self._held), self._block_splits()
+        return [(lo, min(S, lo + b)) for lo in range(0, S, b)]
+
+    def _zwa(self) -> np.ndarray:
+        return np.empty((self._block_splits(), 2 * self.d_e, self.d_f), dtype=self.dtype)
+
+    def _run_blocks(self, p: _Point, mult: np.ndarray | None, work: Callable[[int, int, _Products, bool], Any]) -> list[Any]:
+        """``[work(lo, hi, args, on_caller)]`` over the blocks of held splits in order, ``args``
+        the block's products (:meth:`_block_products`). With a pool of several threads
+        (``permk._core.get_num_threads()``) and several blocks, as many Python threads each run
+        whole blocks: the block's product with single-threaded BLAS, then ``work`` on the same
+        thread (``on_caller=True``: the Rust pass on that core, reading the product from its
+        cache). Each core then multiplies and finishes its own blocks, where a threaded BLAS
+        call per block's small products and the pool's pass would take turns on all cores (at
+        full scale EF21's rounds took about 0.75× as long with 2 threads; README "Benchmarks").
+        Otherwise one block at a time on the caller (BLAS and the pass on their own threads).
+        The values are the same either way (each value's sums have one order)."""
+        products, bounds = self._block_products(p, mult), self._bounds()
+        threads = _core.get_num_threads()
+        if threads < 2 or len(bounds) < 2:
+            zwa = self._zwa()
+            return [work(lo, hi, products(lo, hi, zwa), False) for lo, hi in bounds]
+        local, shape = _BLOCK_THREADS.local, (self._block_splits(), 2 * self.d_e, self.d_f)
+
+        def block(lo: int, hi: int) -> Any:
+            zwa = getattr(local, "zwa", None)  # the thread's buffer, kept for its next blocks
+            if zwa is None or zwa.shape != shape or zwa.dtype != self.dtype:
+                zwa = local.zwa = self._zwa()
+            return work(lo, hi, products(lo, hi, zwa), True)
+
+        return _BLOCK_THREADS.map(threads, block, bounds)
+
+    def _split_grad_blocks(self, p: _Point, mult: np.ndarray | None = None) -> Iterator[tuple[int, int, np.ndarray]]:
+        """``(lo, hi, G)`` for consecutive blocks of held splits: ``G`` holds ``mult_s ∇f_s``
         (float64) of splits ``lo … hi − 1``, written by one pass on the core's threads
-        (``permk._core.autoencoder_split_grads``); it is ``out[lo:hi]`` when ``out`` is given,
-        else a block buffer the next block overwrites. The values do not depend on ``out``."""
-        buf = np.empty((self._block_splits(), self.d)) if out is None else None
-        for lo, hi, args in self._product_blocks(p, mult):
-            G = out[lo:hi] if out is not None else buf[: hi - lo]  # type: ignore[index]
-            _core.autoencoder_split_grads(*args, G)
+        (``permk._core.autoencoder_split_grads``) into a block buffer the next block
+        overwrites; one block at a time on the caller. The values are those of
+        :meth:`_split_grads`."""
+        products, buf, zwa = self._block_products(p, mult), np.empty((self._block_splits(), self.d)), self._zwa()
+        for lo, hi in self._bounds():
+            G = buf[: hi - lo]
+            _core.autoencoder_split_grads(*products(lo, hi, zwa), G)
             yield lo, hi, G
 
     def _message_blocks(self, p: _Point, mult: np.ndarray | None, compressor: Any, H: np.ndarray | None, beta: float, *,
@@ -488,9 +564,13 @@ class LinearAutoencoder:
                 yield lo, hi, compressor.compress_shifted_rows(G, None if H is None else H[lo:hi], beta=beta, start=start + lo,
                                                                 n_workers=n_workers, seed=seed, round=round)
             return
-        for lo, hi, args in self._product_blocks(p, mult):
-            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], beta, start + lo, n_workers, seed, round)
-            yield lo, hi, None if out is None else Messages(*out)
+
+        def messages(lo: int, hi: int, args: _Products, on_caller: bool) -> tuple[int, int, Messages | None]:
+            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], beta, start + lo, n_workers, seed, round,
+                                                     on_caller=on_caller)
+            return lo, hi, None if out is None else Messages(*out)
+
+        yield from self._run_blocks(p, mult, messages)
 
     def split_grads(self, x: Any) -> np.ndarray:
         """``(S, d)``: the gradient of each held distinct split's ``f_s`` at ``x`` (all ``S``
