@@ -31,7 +31,8 @@ last three points' products are kept (MARINA asks ``x^{t+1}``, then ``x^t``). Wi
   formed;
 * full split gradients (``split_grads``: EF21, the workers' gradients), two more products per
   split: ``∇_D f_s = (2c/m_s)(D Z_sᵀZ_s − A_sᵀZ_s) + r M Eᵀ`` and
-  ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits;
+  ``∇_E f_s = (2c/m_s) W_sᵀA_s + r Dᵀ M``, batched over blocks of splits (with several
+  threads, each block's products and its pass on one Python thread: ``_run_blocks``);
 * ``grad``, ``loss`` and the held workers' gradient sum (``local_grad_sum``: the MPI backend's full
   rounds) in closed form through the second moment (below).
 
@@ -471,8 +472,10 @@ class LinearAutoencoder:
         Rust pass runs on the caller, right after BLAS wrote the block's products on the same
         core: blocks a quarter that size let it read them largely from that core's L2 cache (at
         full scale EF21's rounds took about 1.4× their BLAS floor instead of 1.55× on one thread;
-        with two, where the pool's threads share a block, the larger size was as fast or faster).
-        The values do not depend on the size (tested)."""
+        with two, when the pool's threads shared a block, the larger size was as fast or faster).
+        :meth:`_run_blocks` gives each of several threads whole blocks of the larger size
+        (blocks of 5 or 40 splits were not measurably faster there). The values do not depend
+        on the size (tested)."""
         size = _BLOCK_BYTES if _core.get_num_threads() > 1 else _BLOCK_BYTES // 4
         return min(len(self._held), max(1, size // (8 * self.d_f * self.d_e)))
 
@@ -517,7 +520,7 @@ class LinearAutoencoder:
         thread (``on_caller=True``: the Rust pass on that core, reading the product from its
         cache). Each core then multiplies and finishes its own blocks, where a threaded BLAS
         call per block's small products and the pool's pass would take turns on all cores (at
-        full scale EF21's rounds took about 0.75× as long with 2 threads; README "Benchmarks").
+        full scale EF21's rounds took about two thirds as long on 2 threads; README "Benchmarks").
         Otherwise one block at a time on the caller (BLAS and the pass on their own threads).
         The values are the same either way (each value's sums have one order)."""
         products, bounds = self._block_products(p, mult), self._bounds()
