@@ -17,6 +17,20 @@ const CHUNK: usize = 2048;
 /// How many rows ahead the loop prefetches.
 const AHEAD: usize = 8;
 
+/// Prefetches every cache line of `row` (a row of the images is 60 values: 4 or 8 lines, of
+/// which a prefetch of its first line alone brings one or two).
+#[inline(always)]
+fn prefetch_row<T>(row: &[T]) {
+    let bytes = std::mem::size_of_val(row);
+    let p = row.as_ptr() as *const u8;
+    for off in (0..bytes).step_by(64) {
+        prefetch(p.wrapping_add(off));
+    }
+    if bytes > 0 {
+        prefetch(p.wrapping_add(bytes - 1));
+    }
+}
+
 #[inline]
 fn dot<T: Real>(a: &[T], b: &[T]) -> f64 {
     let n4 = a.len() / 4 * 4;
@@ -64,8 +78,8 @@ pub fn row_dots<T: Real>(x: ArrayView2<T>, ix: &[i64], y: ArrayView2<T>, iy: &[i
         for (k, o) in chunk.iter_mut().enumerate() {
             let i = lo + k;
             if i + AHEAD < n {
-                prefetch(xs[rx[i + AHEAD] * len..].as_ptr());
-                prefetch(ys[ry[i + AHEAD] * len..].as_ptr());
+                prefetch_row(&xs[rx[i + AHEAD] * len..][..len]);
+                prefetch_row(&ys[ry[i + AHEAD] * len..][..len]);
             }
             *o = dot(&xs[rx[i] * len..][..len], &ys[ry[i] * len..][..len]);
         }
