@@ -92,28 +92,28 @@ class Floors:
         B = self._B()
         threads = permk._core.get_num_threads()
 
-        def run(rows: bool, lo: int = 0, hi: int | None = None) -> None:
-            A3 = self.ae._views(self.ae._AT)
-            Z3 = self.ae._views(B @ self.ae._AT)
-            for lo in range(lo, A3.shape[1] if hi is None else hi, 16):
-                if rows:
-                    np.matmul(Z3[:, lo : lo + 16].transpose(1, 0, 2), A3[:, lo : lo + 16].transpose(1, 2, 0))  # [Z_s P_s]ᵀ A_s
-                else:
-                    np.matmul(A3[:, lo : lo + 16].transpose(1, 0, 2), Z3[:, lo : lo + 16].transpose(1, 2, 0))  # A_sᵀ [Z_s P_s]
-
-        def shared() -> None:
+        def run(rows: bool, shared: bool = False) -> None:
+            """A new point's product, then the per-split products in blocks of 16 splits: on
+            the caller (BLAS's own threads), or ``shared`` out: thread ``t`` of ``threads``
+            takes blocks ``t, t + threads, …`` with single-threaded BLAS."""
             A3 = self.ae._views(self.ae._AT)
             Z3 = self.ae._views(B @ self.ae._AT)
             S = A3.shape[1]
 
-            def part(t: int) -> None:
-                for lo in range(t * 16, S, 16 * threads):
-                    np.matmul(Z3[:, lo : lo + 16].transpose(1, 0, 2), A3[:, lo : lo + 16].transpose(1, 2, 0))
+            def part(t: int, step: int) -> None:
+                for lo in range(16 * t, S, 16 * step):
+                    if rows:
+                        np.matmul(Z3[:, lo : lo + 16].transpose(1, 0, 2), A3[:, lo : lo + 16].transpose(1, 2, 0))  # [Z_s P_s]ᵀ A_s
+                    else:
+                        np.matmul(A3[:, lo : lo + 16].transpose(1, 0, 2), Z3[:, lo : lo + 16].transpose(1, 2, 0))  # A_sᵀ [Z_s P_s]
 
+            if not shared:
+                part(0, 1)
+                return
             with self.blas.limit(limits=1, user_api="blas"):
-                list(self.pool.map(part, range(threads)))
+                list(self.pool.map(lambda t: part(t, threads), range(threads)))
 
-        forms = [lambda: run(True), lambda: run(False)] + ([shared] if threads > 1 else [])
+        forms = [lambda: run(True), lambda: run(False)] + ([lambda: run(True, shared=True)] if threads > 1 else [])
         return min(timed(f) for f in forms)
 
 
