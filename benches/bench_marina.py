@@ -70,7 +70,7 @@ def main() -> None:
         rust_rounds = 2000 if args.quick else 20000
         np_rounds = max(3, (200 if args.quick else 2000) // max(1, n // 10))
         ref = permk.marina(q, permk.PermK(), rounds=1, seed=0)
-        gamma, p = ref.params["gamma"], ref.params["p"]
+        gamma, p = ref.params.gamma, ref.params.own.p
         t_rust = best_of(lambda: permk.marina(q, permk.PermK(), rounds=rust_rounds, seed=0, record_every=rust_rounds), 3)
         t_rec = best_of(lambda: permk.marina(q, permk.PermK(), rounds=rust_rounds, seed=0, record_every=1), 1)
         t_np = best_of(lambda: numpy_marina(q, np_rounds, gamma, p, 0), 2)

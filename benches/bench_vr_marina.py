@@ -32,7 +32,7 @@ import numpy as np
 import scipy.sparse as sp
 
 import permk
-from permk.backends import Simulator
+from permk.transport import Simulator
 from permk.classification import minibatch_indices
 from permk.methods import setup
 

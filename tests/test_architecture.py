@@ -17,7 +17,7 @@ import permk
 from permk.methods import catalog as method_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from mpi_cases import example_compressor, example_problem  # noqa: E402
+from mpi_cases import example_compressor, example_problem, run_options  # noqa: E402
 
 PKG = Path(permk.__file__).resolve().parent
 
@@ -132,13 +132,13 @@ def test_every_update_returns_a_state_and_its_round(name: str) -> None:
     method = method_catalog()[name]
     q = example_problem(method, 6, 12)
     comp = example_compressor(method, 6, 12)
-    res = permk.run(method, q, comp, rounds=3, seed=1, gamma=0.05, **method.example_options)
+    res = permk.run(method, q, comp, rounds=3, seed=1, gamma=0.05, **run_options(method))
     assert isinstance(res.state, method.state_type) and res.state.round == 3
-    from permk.backends import Simulator
-    from permk.methods import setup
+    from permk.transport import Simulator
+    from permk.methods.driver import setup
 
     backend = Simulator(q)
-    params = setup(method, q, comp, n=6, d=12, rounds=1, seed=1, gamma=0.05, **method.example_options)
+    params = setup(method, q, comp, n=6, d=12, rounds=1, seed=1, gamma=0.05, **run_options(method))
     state = method.init(q.x0.copy(), backend, comp, params, seed=1)
     new, info = method.update(state, backend, comp, params)
     assert isinstance(new, permk.State) and isinstance(info, permk.RoundInfo)

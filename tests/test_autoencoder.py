@@ -136,7 +136,7 @@ def test_marina_fused_equals_dense(dtype: type, p_hat: float, compressor: permk.
     ae = _ae(p_hat, dtype)
     a = permk.marina(ae, compressor, rounds=40, seed=3, gamma=1e-3, path="fused")
     b = permk.marina(_ae(p_hat, dtype), compressor, rounds=40, seed=3, gamma=1e-3, path="dense")
-    assert a.params["path"] == "fused" and b.params["path"] == "dense"
+    assert a.params.path == "fused" and b.params.path == "dense"
     np.testing.assert_array_equal(a.coins, b.coins)
     tol = 1e-11 if dtype is np.float64 else 1e-5
     np.testing.assert_allclose(a.x, b.x, rtol=tol, atol=tol * np.abs(b.x).max())

@@ -288,7 +288,7 @@ def test_full_gradient_methods_run_unchanged(method: str) -> None:
     res = run(p, comp, rounds=400, seed=3)
     assert np.isfinite(res.grad_norm_sq).all()
     assert res.grad_norm_sq[-1] < 0.2 * res.grad_norm_sq[0]
-    assert res.params["L_minus"] == pytest.approx(p.L_minus)
+    assert res.params.constants["L_minus"] == pytest.approx(p.L_minus)
 
 
 def test_marina_fused_path_equals_dense_path() -> None:
@@ -296,7 +296,7 @@ def test_marina_fused_path_equals_dense_path() -> None:
     p = NonconvexSigmoid(sp.csr_array(X), y, n=4, seed=0)
     fused = permk.marina(p, permk.PermK(), rounds=120, seed=2)
     dense = permk.marina(p, permk.PermK(), rounds=120, seed=2, path="dense")
-    assert fused.params["path"] == "fused"
+    assert fused.params.path == "fused"
     np.testing.assert_allclose(fused.x, dense.x, rtol=1e-9, atol=1e-12)
 
 

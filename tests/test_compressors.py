@@ -1468,15 +1468,15 @@ def test_marina_with_group_permk_takes_theorem_ab_group() -> None:
     groups = ((0, 1, 2, 3), (4, 5, 6, 7))
     res = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0)
     ghv = group_hessian_variance(q, groups, permk.PermK())
-    assert res.params["gamma_source"] == "Theorem AB_group"
-    assert res.params["gamma"] == pytest.approx(ghv.stepsize(res.params["p"]), rel=1e-12)
+    assert res.params.gamma_source == "Theorem AB_group"
+    assert res.params.gamma == pytest.approx(ghv.stepsize(res.params.own.p), rel=1e-12)
     pl = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0, pl=True)
-    assert pl.params["gamma_source"] == "Theorem AB_group (PL)"
-    assert pl.params["gamma"] == pytest.approx(ghv.stepsize(pl.params["p"], mu=q.mu), rel=1e-12)
+    assert pl.params.gamma_source == "Theorem AB_group (PL)"
+    assert pl.params.gamma == pytest.approx(ghv.stepsize(pl.params.own.p, mu=q.mu), rel=1e-12)
     assert res.grad_norm_sq[-1] < res.grad_norm_sq[0]
     # the fused path (a shared plan and the coordinate oracle) equals the dense one
     dense = permk.marina(q, permk.GroupPermK(groups), rounds=50, seed=0, path="dense")
-    assert res.params["path"] == "fused"
+    assert res.params.path == "fused"
     np.testing.assert_allclose(res.x, dense.x, rtol=1e-9, atol=1e-12)
 
 

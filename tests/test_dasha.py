@@ -119,7 +119,7 @@ def _iterates(method: permk.Method, q: permk.Quadratic, comp: permk.Compressor, 
 def test_dasha_is_the_authors_zero_marina(comp: permk.Compressor, n: int, d: int) -> None:
     q = synthetic(n, d, 1e-3, 0.5)
     res = permk.dasha(q, comp, rounds=30, seed=3)
-    a, gamma = res.params["a"], res.params["gamma"]
+    a, gamma = res.params.own.a, res.params.gamma
     assert a == 1 / (2 * comp.omega(n, d) + 1)
     ref = authors_dasha(q, comp, rounds=30, seed=3, gamma=gamma, a=a)
     np.testing.assert_allclose(res.x, ref[-1], rtol=1e-9, atol=1e-12)
@@ -131,8 +131,8 @@ def test_dasha_is_the_authors_zero_marina(comp: permk.Compressor, n: int, d: int
 def test_dasha_pp_is_the_authors_zero_marina_partial_participation(inner: permk.Compressor, n: int, d: int, s: int) -> None:
     q = synthetic(n, d, 1e-3, 0.5)
     res = permk.dasha(q, inner, rounds=30, seed=4, participation=s)
-    a, gamma = res.params["a"], res.params["gamma"]
-    assert a == (s / n) / (2 * inner.omega(n, d) + 1) and res.params["b"] == (s / n) / (2 - s / n)
+    a, gamma = res.params.own.a, res.params.gamma
+    assert a == (s / n) / (2 * inner.omega(n, d) + 1) and res.params.own.b == (s / n) / (2 - s / n)
     ref = authors_dasha_pp(q, inner, s, rounds=30, seed=4, gamma=gamma, a=a)
     np.testing.assert_allclose(_iterates(permk.dasha, q, inner, 30, seed=4, participation=s), ref, rtol=1e-8, atol=1e-11)
 
@@ -142,7 +142,7 @@ def test_dasha_pp_is_the_authors_zero_marina_partial_participation(inner: permk.
 def test_marina_pp_is_the_authors_marina_partial_participation(inner: permk.Compressor, n: int, d: int, s: int) -> None:
     q = synthetic(n, d, 1e-3, 0.5)
     res = permk.marina(q, inner, rounds=40, seed=5, participation=s, p=0.3)
-    ref = authors_marina_pp(q, inner, s, rounds=40, seed=5, gamma=res.params["gamma"], p=0.3)
+    ref = authors_marina_pp(q, inner, s, rounds=40, seed=5, gamma=res.params.gamma, p=0.3)
     np.testing.assert_allclose(_iterates(permk.marina, q, inner, 40, seed=5, participation=s, p=0.3), ref,
                                rtol=1e-9, atol=1e-12)
     assert res.coins is not None and 0 < res.coins.sum() < 40
@@ -160,7 +160,7 @@ def _mean_over_iterates(method: permk.Method, q: permk.Quadratic, comp: permk.Co
         r = method(q, comp, rounds=T, seed=seed, **kw)
         assert r.diverged_at is None
         vals.append(float(r.grad_norm_sq[:-1].mean()))
-        gamma, source = r.params["gamma"], r.params["gamma_source"]
+        gamma, source = r.params.gamma, r.params.gamma_source
     return float(np.mean(vals)), gamma, source
 
 
@@ -190,9 +190,9 @@ def test_dasha_with_a_participation_compressor_is_dasha_with_its_constants() -> 
     wrapped = permk.Participation(permk.RandK(8), 5)
     r = permk.dasha(q, wrapped, rounds=200, seed=1)
     w, (A, _) = wrapped.omega(10, 40), wrapped.ab_constants(10, 40)
-    assert r.params["a"] == 1 / (2 * w + 1) and "participation" not in r.params
-    assert r.params["gamma"] == pytest.approx(dasha_stepsize(w, A, q.L_minus, q.L_plus), rel=1e-14)
-    ref = authors_dasha(q, wrapped, rounds=200, seed=1, gamma=r.params["gamma"], a=r.params["a"])
+    assert r.params.own.a == 1 / (2 * w + 1) and r.params.own.participation is None
+    assert r.params.gamma == pytest.approx(dasha_stepsize(w, A, q.L_minus, q.L_plus), rel=1e-14)
+    ref = authors_dasha(q, wrapped, rounds=200, seed=1, gamma=r.params.gamma, a=r.params.own.a)
     np.testing.assert_allclose(r.x, ref[-1], rtol=1e-9, atol=1e-12)
     assert r.grad_norm_sq[-1] < 0.1 * r.grad_norm_sq[0]
 
@@ -220,7 +220,7 @@ def test_marina_pp_meets_theorem_ab_with_the_participation_constants(comp: permk
     delta0 = q.loss(q.x0) - q.f_star
     mean, gamma, source = _mean_over_iterates(permk.marina, q, comp, T, 6, participation=s)
     wrapped = permk.Participation(comp, s)
-    p = permk.marina(q, comp, rounds=1, seed=0, participation=s).params["p"]
+    p = permk.marina(q, comp, rounds=1, seed=0, participation=s).params.own.p
     assert p == pytest.approx(wrapped.expected_bits_per_worker(10, 40) / (40 * 32))
     A, B = wrapped.ab_constants(10, 40)
     assert gamma == pytest.approx(permk.marina_stepsize(A, B, q.L_minus, q.L_plus, q.L_pm, p), rel=1e-14)
@@ -245,8 +245,8 @@ def test_bits_as_stated() -> None:
     heads = int(m.coins.sum())
     assert m.bits_per_worker[-1] == heads * 40 * 32 + (50 - heads) * 4 * 32
     assert m.expected_bits_per_worker[-1] == pytest.approx(50 * (0.25 * 40 * 32 + 0.75 * 0.5 * 4 * 32))
-    assert permk.dasha.floats_per_round(permk.PermK(), 10, 40, r.params) == 4
-    assert permk.dasha.floats_per_round(permk.RandK(4), 10, 40, pp.params) == pytest.approx(0.3 * 4)
+    assert permk.dasha.theory.floats_per_round(permk.PermK(), 10, 40, r.params.own) == 4
+    assert permk.dasha.theory.floats_per_round(permk.RandK(4), 10, 40, pp.params.own) == pytest.approx(0.3 * 4)
 
 
 PATH_CASES = [
@@ -312,7 +312,7 @@ def test_bad_options_raise_clear_errors(call: object, exc: type, match: str) -> 
 def test_a_given_is_used_and_the_state_is_checked_on_resume() -> None:
     q = synthetic(6, 12)
     r = permk.dasha(q, permk.RandK(3), rounds=5, seed=0, a=0.5)
-    assert r.params["a"] == 0.5
+    assert r.params.own.a == 0.5
     with pytest.raises(TypeError, match="DashaState"):
         permk.dasha(q, permk.RandK(3), rounds=5, seed=0, state=permk.marina(q, permk.RandK(3), rounds=1, seed=0).state)
     pp = permk.dasha(q, permk.RandK(3), rounds=5, seed=0, participation=2)
@@ -352,7 +352,7 @@ def test_pessimistic_constants_are_the_authors_mean_square_smoothness() -> None:
     r = permk.dasha(q, comp, rounds=1, seed=0, constants="pessimistic")
     L_tilde = float(np.sqrt(np.mean(q.L_i**2)))
     w, n = comp.omega(10, 40), 10
-    assert r.params["L_plus"] == pytest.approx(L_tilde, rel=1e-15)
-    assert r.params["gamma"] == pytest.approx(dasha_stepsize(w, w / n, q.L_minus, L_tilde), rel=1e-14)
+    assert r.params.constants["L_plus"] == pytest.approx(L_tilde, rel=1e-15)
+    assert r.params.gamma == pytest.approx(dasha_stepsize(w, w / n, q.L_minus, L_tilde), rel=1e-14)
     authors = 1 / (float(np.mean(q.L_i)) + L_tilde * np.sqrt(w * (4 * w + 1) / n))
-    assert q.L_minus <= np.mean(q.L_i) and r.params["gamma"] >= authors
+    assert q.L_minus <= np.mean(q.L_i) and r.params.gamma >= authors

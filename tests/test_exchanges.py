@@ -13,7 +13,7 @@ import pytest
 
 import permk
 from permk import exchanges as ex
-from permk.backends import Simulator
+from permk.transport import Simulator
 
 from conftest import PyTopK
 

@@ -575,7 +575,7 @@ def test_fused_ef21_is_bit_identical_to_dense(n: int, d: int, k: int, s: float) 
     q = permk.Quadratic.synthetic(n, d, 1e-6, s, seed=1)
     fused = permk.ef21(q, permk.TopK(k), rounds=60, seed=0, gamma_multiplier=64, constants="pessimistic")
     dense = permk.ef21(_Plain(q), permk.TopK(k), rounds=60, seed=0, gamma_multiplier=64, constants="pessimistic")
-    assert fused.params["path"] == "rust" and dense.params["path"] == "dense"
+    assert fused.params.path == "rust" and dense.params.path == "dense"
     np.testing.assert_array_equal(fused.x, dense.x)
     np.testing.assert_array_equal(fused.state.G, dense.state.G)
     np.testing.assert_array_equal(fused.grad_norm_sq, dense.grad_norm_sq)

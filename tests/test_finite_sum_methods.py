@@ -11,7 +11,7 @@ import pytest
 
 import permk
 import permk.exchanges as ex
-from permk.backends import Simulator
+from permk.transport import Simulator
 
 
 def _sigmoid(n: int = 4, m: int = 30, features: int = 7, seed: int = 0) -> permk.NonconvexSigmoid:
@@ -27,21 +27,21 @@ def test_vr_marina_p_and_step_are_the_theorys() -> None:
     res = permk.vr_marina(p, permk.PermK(), rounds=1, seed=1, batch_size=b)
     m = int(p.sample_counts.max())
     zeta = math.ceil(d / n) / d  # PermK's message over a full gradient's
-    assert res.params["p"] == pytest.approx(min(b / (b + m), zeta))
-    A, B = res.params["A"], res.params["B"]
+    assert res.params.own.p == pytest.approx(min(b / (b + m), zeta))
+    A, B = res.params.own.A, res.params.own.B
     assert (A, B) == (1.0, 1.0)
     L_hat_sq = (A - B) * p.L_plus**2 + B * p.L_pm**2 + (A + 1 / n) * np.mean(p.L_sample_rms**2) / b
-    pp = res.params["p"]
-    assert res.params["gamma"] == pytest.approx(1 / (p.L_minus + math.sqrt((1 - pp) / pp * L_hat_sq)), rel=1e-12)
-    assert "VR-MARINA finite-sum theorem" in res.params["gamma_source"] and "algorithm.py:467-479" in res.params["gamma_source"]
+    pp = res.params.own.p
+    assert res.params.gamma == pytest.approx(1 / (p.L_minus + math.sqrt((1 - pp) / pp * L_hat_sq)), rel=1e-12)
+    assert "VR-MARINA finite-sum theorem" in res.params.gamma_source and "algorithm.py:467-479" in res.params.gamma_source
     # an independent compressor: the authors' formula with ω = d/K − 1, A = ω/n, B = 0
     r = permk.vr_marina(p, permk.RandK(2), rounds=1, seed=1, batch_size=b, p=0.2)
     omega = d / 2 - 1
     inv = p.L_minus + math.sqrt((omega * p.L_plus**2 + (omega + 1) * np.mean(p.L_sample_rms**2) / b) * 0.8 / (0.2 * n))
-    assert r.params["gamma"] == pytest.approx(1 / inv, rel=1e-12)
+    assert r.params.gamma == pytest.approx(1 / inv, rel=1e-12)
     s = permk.marina_stochastic(p, permk.PermK(), rounds=1, seed=1, batch_size=b, megabatch_size=12)
-    assert s.params["p"] == pytest.approx(min(b / (b + 12), zeta))
-    assert permk.sgd(p, rounds=1, seed=1, batch_size=b).params["gamma"] == pytest.approx(1 / p.L_minus)
+    assert s.params.own.p == pytest.approx(min(b / (b + 12), zeta))
+    assert permk.sgd(p, rounds=1, seed=1, batch_size=b).params.gamma == pytest.approx(1 / p.L_minus)
 
 
 def test_vr_marina_rounds_equal_a_loop_over_workers() -> None:
@@ -198,7 +198,7 @@ def test_dasha_page_and_mvr_rounds_equal_a_loop_over_workers(method: str) -> Non
     res = permk.run(permk.methods.catalog()[method], p, permk.PermK(), rounds=T, seed=seed, batch_size=b, gamma=gamma, **options)
     comp = permk.PermK()
     a = 1 / (2 * comp.omega(p.n, p.d) + 1)
-    assert res.params["a"] == pytest.approx(a)
+    assert res.params.own.a == pytest.approx(a)
     x = p.x0.copy()
     H = p.local_grads(x)
     G = H.copy()
@@ -247,13 +247,13 @@ def test_dasha_page_and_mvr_options() -> None:
     p = _sigmoid()
     with pytest.raises(ValueError, match="a <= 1/\\(2ω \\+ 1\\).*pass gamma="):  # outside the derivation's a
         permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=2, a=0.5)
-    assert permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=2, a=0.5, gamma=0.1).params["gamma_source"] == "user"
+    assert permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=2, a=0.5, gamma=0.1).params.gamma_source == "user"
     with pytest.raises(TypeError, match="momentum"):
         permk.dasha_mvr(p, permk.PermK(), rounds=1, seed=0, batch_size=2, gamma=0.1)
     with pytest.raises(ValueError, match="momentum"):
         permk.dasha_mvr(p, permk.PermK(), rounds=1, seed=0, batch_size=2, gamma=0.1, momentum=1.5)
     page = permk.dasha_page(p, permk.PermK(), rounds=1, seed=0, batch_size=3, gamma=0.1)
-    assert page.params["p"] == pytest.approx(3 / (3 + 30))
+    assert page.params.own.p == pytest.approx(3 / (3 + 30))
 
 
 @pytest.mark.parametrize("estimator, method, options", [
@@ -314,24 +314,24 @@ def test_dasha_page_and_mvr_steps_by_hand() -> None:
         omega, A = comp.omega(n, d), comp.ab_constants(n, d)[0]
         W = 4 * omega + 1  # 1/a + 2ω at a = 1/(2ω + 1)
         page = permk.dasha_page(p, comp, rounds=1, seed=0, batch_size=b)
-        q = page.params["p"]
+        q = page.params.own.p
         K = 4 * A * W * (1 + q) * p.L_plus**2 + 12 * A * W * (1 - q) * L_sq / b + 2 * (1 - q) * L_sq / (q * n * b)
-        assert page.params["gamma"] == pytest.approx(1 / (p.L_minus + math.sqrt(K)), rel=1e-12)
-        assert page.params["gamma_source"] == "permk's derivation (docs/dasha_steps.md)"
+        assert page.params.gamma == pytest.approx(1 / (p.L_minus + math.sqrt(K)), rel=1e-12)
+        assert page.params.gamma_source == "permk's derivation (docs/dasha_steps.md)"
         beta = 0.2
         mvr = permk.dasha_mvr(p, comp, rounds=1, seed=0, batch_size=b, momentum=beta)
         K = (8 * A * W * p.L_plus**2 + 8 * A * W * (1 + 2 * beta) * (1 - beta) ** 2 * L_sq / b
              + 4 * (1 - beta) ** 2 * L_sq / (beta * n * b))
-        assert mvr.params["gamma"] == pytest.approx(1 / (p.L_minus + math.sqrt(K)), rel=1e-12)
-        assert mvr.params["gamma_source"] == "permk's derivation (docs/dasha_steps.md)"
+        assert mvr.params.gamma == pytest.approx(1 / (p.L_minus + math.sqrt(K)), rel=1e-12)
+        assert mvr.params.gamma_source == "permk's derivation (docs/dasha_steps.md)"
         via = permk.dasha(p, comp, rounds=1, seed=0, estimator="mvr", batch_size=b, momentum=beta)
-        assert via.params["gamma"] == mvr.params["gamma"]
+        assert via.params.gamma == mvr.params.gamma
 
 
 def test_dasha_page_and_mvr_steps_shrink_as_omega_grows() -> None:
     p = _sigmoid(features=15)  # d = 16
     for method, options in ((permk.dasha_page, {}), (permk.dasha_mvr, {"momentum": 0.3})):
-        steps = [method(p, permk.RandK(k), rounds=1, seed=0, batch_size=2, **options).params["gamma"] for k in (16, 8, 4, 2, 1)]
+        steps = [method(p, permk.RandK(k), rounds=1, seed=0, batch_size=2, **options).params.gamma for k in (16, 8, 4, 2, 1)]
         assert steps[0] > 0 and all(s1 < s0 for s0, s1 in zip(steps, steps[1:])), steps
 
 
@@ -342,8 +342,8 @@ def test_dasha_page_with_p_one_is_within_dasha_step() -> None:
     p = _sigmoid()
     for comp in (permk.PermK(), permk.RandK(2)):
         omega, A = comp.omega(p.n, p.d), comp.ab_constants(p.n, p.d)[0]
-        page = permk.dasha_page(p, comp, rounds=1, seed=0, batch_size=2, p=1.0).params["gamma"]
-        plain = permk.dasha(p, comp, rounds=1, seed=0).params["gamma"]
+        page = permk.dasha_page(p, comp, rounds=1, seed=0, batch_size=2, p=1.0).params.gamma
+        plain = permk.dasha(p, comp, rounds=1, seed=0).params.gamma
         assert page == pytest.approx(1 / (p.L_minus + p.L_plus * math.sqrt(8 * A * (4 * omega + 1))), rel=1e-12)
         assert page <= plain
         assert page == pytest.approx(permk.theory.dasha_page_stepsize(omega, A, 1 / (2 * omega + 1), p.L_minus, p.L_plus,
@@ -366,9 +366,9 @@ def test_dasha_page_and_mvr_meet_their_derived_bounds(comp: permk.Compressor, es
         r = permk.dasha(p, comp, rounds=T, seed=seed, estimator=estimator, batch_size=b, gamma_multiplier=mult, **options)
         prm = r.params
         noise = 0.0 if estimator == "page" else permk.theory.dasha_mvr_noise(
-            prm["omega"], prm["A"], prm["a"], _logistic_sigma_sq(p), p.n, b, prm["momentum"])
+            prm.own.omega, prm.own.A, prm.own.a, _logistic_sigma_sq(p), p.n, b, prm.own.momentum)
         mean = math.inf if r.diverged_at is not None else float(r.grad_norm_sq[:-1].mean())
-        return mean, 2 * delta0 / (prm["gamma"] * T) + 2 * noise, prm["gamma"]
+        return mean, 2 * delta0 / (prm.gamma * T) + 2 * noise, prm.gamma
 
     for mult, holds in ((1.0, True), (64.0, False)):
         runs = [run(mult, seed) for seed in range(3)]

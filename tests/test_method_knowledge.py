@@ -1,8 +1,9 @@
 """What the shared code knows of a method comes from the method's and the compressor's declared
 attributes: a state's ``arrays`` (divergence, resume, save/load, MPI digests), a method's
-``label``, ``takes_compressor``, ``starts``, ``collapses_identical_workers``,
-``authors_rounds_factor`` and ``table_rows``, and a compressor's capabilities. A method defined
-here, outside the package, gets all of it with no change to the package."""
+``label``, ``takes_compressor`` and ``theory`` (its ``table_rows``), its experiments' protocol
+(``starts``, ``collapses_identical_workers``, ``rounds_factor``: :mod:`permk.experiments.protocols`),
+and a compressor's capabilities. A method defined here, outside the package, gets all of it with
+no change to the package."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import pytest
 
 import permk
 import permk.exchanges as ex
-from permk.backends import Simulator
+from permk.transport import Simulator
 from permk.compressors import Capabilities
 from permk.methods import catalog as method_catalog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "mpi"))
-from mpi_cases import METHODS, LocalMomentum, MomentumState, example_compressor, example_options, example_problem, local_momentum  # noqa: E402
+from mpi_cases import METHODS, LocalMomentum, MomentumState, example_compressor, example_options, example_problem, local_momentum, run_options  # noqa: E402
 
 
 def _quadratic(n: int = 4, d: int = 10) -> permk.SyntheticQuadratic:
@@ -40,7 +41,6 @@ def test_the_package_states_list_their_arrays() -> None:
     for method in method_catalog().values():
         names = set(method.state_type.field_names())
         assert set(method.state_type.arrays) <= names and method.state_type.arrays["x"] == "shared"
-        assert method.state_shape(7, 3) == ((7, 3) if method.state_type.per_worker_arrays() else (3,))
 
 
 def test_a_state_declaring_an_unknown_field_or_kind_is_refused() -> None:
@@ -140,13 +140,13 @@ def test_the_driver_stops_on_any_non_finite_shared_array() -> None:
 
 
 def test_mpi_digests_cover_every_shared_array_and_no_per_worker_one() -> None:
-    from permk.distributed import _shared_digest
+    from permk.distributed.launch import shared_digest
 
     s = local_momentum(_quadratic(), permk.Identity(), rounds=2, seed=0, gamma=0.1).state
     fields = {k: getattr(s, k) for k in s.field_names()}
-    assert _shared_digest(s) == _shared_digest(MomentumState(**{**fields, "M": s.M[:2] + 1.0}))
-    assert _shared_digest(s) != _shared_digest(MomentumState(**{**fields, "m": s.m + 1e-16 * np.abs(s.m).max()}))
-    assert _shared_digest(s) != _shared_digest(MomentumState(**{**fields, "round": 3}))
+    assert shared_digest(s) == shared_digest(MomentumState(**{**fields, "M": s.M[:2] + 1.0}))
+    assert shared_digest(s) != shared_digest(MomentumState(**{**fields, "m": s.m + 1e-16 * np.abs(s.m).max()}))
+    assert shared_digest(s) != shared_digest(MomentumState(**{**fields, "round": 3}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,18 +212,21 @@ def test_complexity_rows_come_from_the_methods_table_rows() -> None:
     from permk.theory.complexity import MARINA_PERMK
 
     rows = complexity_rows(100, 1000, 1.0, 1.1, 0.05, 1e-3, 1.0)
-    expect = [(m.name, c.__name__) for m in method_catalog().values() for c in m.table_rows]
+    expect = [(m.name, c.__name__) for m in method_catalog().values() if m.theory is not None for c in m.theory.table_rows]
     expect += [(m.name, "Identity") for m in method_catalog().values() if not m.takes_compressor and not m.needs_finite_sum]
     assert [(r.method, r.compressor.split("(")[0]) for r in rows] == expect
     assert expect[:3] == [("marina", "PermK"), ("marina", "RandK"), ("ef21", "TopK")] and ("gd", "Identity") in expect
     assert all(r.table is not None for r in rows[:3])
 
-    class Mine(LocalMomentum):
+    class MineTheory(type(permk.marina.theory)):  # type: ignore[misc]
         table_rows = {permk.PermK: MARINA_PERMK}
+
+    class Mine(LocalMomentum):
+        theory = MineTheory()
 
     kw = dict(n=10, d=1000, L_minus=1.0, L_plus=1.0, L_pm=0.0, eps=1e-3, delta0=1.0)
     assert table_complexity(Mine(), permk.PermK(), **kw) == table_complexity(permk.marina, permk.PermK(), **kw)  # type: ignore[arg-type]
-    assert table_complexity(local_momentum, permk.PermK(), **kw) is None  # type: ignore[arg-type]
+    assert table_complexity(local_momentum, permk.PermK(), **kw) is None  # type: ignore[arg-type]  # no theory
     assert table_complexity(permk.gd, permk.Identity(), **kw) is None  # type: ignore[arg-type]
 
 
@@ -234,7 +237,7 @@ def test_every_catalog_method_has_a_test_example_and_an_mpi_case_entry() -> None
         q = example_problem(method, 6, 12)
         method.parameters(c, 6, 12, **example_options(method, q))  # the method accepts it
         assert c.capabilities.lossless == (not method.takes_compressor)
-        res = permk.run(method, q, c, rounds=3, seed=1, gamma=0.05, **method.example_options)
+        res = permk.run(method, q, c, rounds=3, seed=1, gamma=0.05, **run_options(method))
         assert res.state.round == 3
 
 
@@ -266,10 +269,11 @@ def test_every_catalog_method_has_its_distributed_shorthand() -> None:
 
 def test_a_method_added_to_the_catalog_gets_a_shorthand(monkeypatch: pytest.MonkeyPatch) -> None:
     import permk.distributed as pd
+    import permk.distributed.driver
 
     calls: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(permk.methods, "local_momentum", local_momentum, raising=False)
-    monkeypatch.setattr(pd, "run", lambda *a, **kw: calls.append((*a, kw)))
+    permk.register(local_momentum)
+    monkeypatch.setattr(permk.distributed.driver, "run", lambda *a, **kw: calls.append((*a, kw)))
     try:
         q = _quadratic()
         pd.local_momentum(q, rounds=3, seed=1, gamma=0.1)  # takes no compressor: runs with the identity
@@ -278,4 +282,5 @@ def test_a_method_added_to_the_catalog_gets_a_shorthand(monkeypatch: pytest.Monk
         assert m1 is local_momentum and p1 is q and isinstance(c1, permk.Identity) and kw1 == dict(rounds=3, seed=1, gamma=0.1)
         assert m2 is permk.ef21 and isinstance(c2, permk.TopK) and kw2 == dict(rounds=2, seed=0)
     finally:
+        permk.registry.unregister(local_momentum)
         vars(pd).pop("local_momentum", None)

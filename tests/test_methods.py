@@ -49,7 +49,7 @@ def test_rust_fused_and_dense_paths_agree(n: int, d: int, comp: permk.Compressor
     ref = runs["dense"]
     for path in ("rust", "fused"):
         r = runs[path]
-        assert r.params["path"] == path
+        assert r.params.path == path
         np.testing.assert_array_equal(r.coins, ref.coins)
         np.testing.assert_allclose(r.x, ref.x, rtol=1e-9, atol=1e-12 * np.abs(ref.x).max())
         np.testing.assert_allclose(r.grad_norm_sq, ref.grad_norm_sq, rtol=1e-7)
@@ -61,7 +61,7 @@ def test_fused_path_for_a_user_problem() -> None:
     kw = dict(rounds=40, seed=3, gamma=0.5, p=0.25)
     fused = permk.marina(prob, permk.PermK(), path="fused", **kw)
     dense = permk.marina(prob, permk.PermK(), path="dense", **kw)
-    assert fused.params["path"] == "fused" and permk.marina(prob, permk.PermK(), **kw).params["path"] == "fused"
+    assert fused.params.path == "fused" and permk.marina(prob, permk.PermK(), **kw).params.path == "fused"
     np.testing.assert_allclose(fused.x, dense.x, rtol=1e-12, atol=1e-12)
 
 
@@ -107,19 +107,21 @@ def test_ef21_resume() -> None:
 def test_ef21_compressed_start_is_topk_of_the_local_gradients(path: str) -> None:
     """init="compressed" (the authors' quadratic runs): g_i⁰ = TopK(∇f_i(x⁰)), g⁰ their mean, no
     bits counted for the start (as for init="full"); the runs differ from the full start."""
-    from permk.backends import Simulator
+    from permk.methods.driver import setup
+    from permk.transport import Simulator
 
     q = synthetic(6, 40, 1e-3, 0.4)
     x0 = np.random.default_rng(3).standard_normal(q.d)  # a dense ∇f_i(x⁰): TopK(3) drops most of it
     top = permk.TopK(3)
     C = top.compress_all(q.local_grads(x0), seed=1, round=0)
-    st = permk.ef21.init(x0, Simulator(q, path=path), top, {"init": "compressed"}, seed=1)
+    params = setup(permk.ef21, q, top, n=q.n, d=q.d, rounds=1, seed=1, gamma=0.1, init="compressed")
+    st = permk.ef21.init(x0, Simulator(q, path=path), top, params, seed=1)
     np.testing.assert_array_equal(st.G, C)
     np.testing.assert_allclose(st.g, C.sum(axis=0) / q.n, rtol=0, atol=1e-15)
     assert st.round == 0 and st.bits == 0.0
     comp = permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, init="compressed", path=path)
     full = permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, path=path)
-    assert comp.params["init"] == "compressed" and full.params["init"] == "full"
+    assert comp.params.own.init == "compressed" and full.params.own.init == "full"
     np.testing.assert_array_equal(comp.bits_per_worker, full.bits_per_worker)
     assert comp.grad_norm_sq[0] == full.grad_norm_sq[0] and comp.grad_norm_sq[1] != full.grad_norm_sq[1]
     np.testing.assert_array_equal(comp.x, permk.run(permk.ef21, q, top, rounds=20, seed=1, x0=x0, init="compressed",
@@ -142,7 +144,7 @@ def test_marina_with_permk_at_zero_hessian_variance_meets_theorem_ab() -> None:
         r = permk.marina(q, permk.PermK(), rounds=T, seed=seed)
         # x̂ is uniform over x^0..x^{T-1}: its expectation over the draw is the mean over iterates
         vals.append(r.grad_norm_sq[:-1].mean())
-        gamma = r.params["gamma"]
+        gamma = r.params.gamma
     # with L± = 0 and A = B, M = L−: the step is GD's 1/L−
     assert gamma == pytest.approx(1 / q.L_minus)
     bound = 2 * delta0 / (gamma * T)
@@ -161,10 +163,10 @@ def test_marina_pl_rate() -> None:
     for seed in range(10):
         r = permk.marina(q, permk.PermK(), rounds=T, seed=seed, pl=True)
         gaps.append(r.f_gap[-1])
-        gamma = r.params["gamma"]
-        assert r.params["gamma_source"] == "Theorem AB-PL"
+        gamma = r.params.gamma
+        assert r.params.gamma_source == "Theorem AB-PL"
     assert gamma is not None
-    p = r.params["p"]
+    p = r.params.own.p
     A, B = permk.PermK().ab_constants(10, 20)
     assert gamma == pytest.approx(marina_stepsize(A, B, q.L_minus, q.L_plus, q.L_pm, p, mu=q.mu))
     assert np.mean(gaps) <= (1 - gamma * q.mu) ** T * delta0
@@ -173,14 +175,14 @@ def test_marina_pl_rate() -> None:
 def test_gd_contracts_and_ef21_with_full_topk_is_gd() -> None:
     q = synthetic(6, 30, 0.05, 0.4)
     g = permk.gd(q, rounds=100, seed=0)
-    assert g.params["gamma"] == pytest.approx(1 / q.L_minus)
+    assert g.params.gamma == pytest.approx(1 / q.L_minus)
     delta0 = q.loss(q.x0) - q.f_star
     # strongly convex quadratic with step 1/L: f(x^T) − f* ≤ (1 − μ/L)^T Δ⁰
     assert g.f_gap[-1] <= (1 - q.mu / q.L_minus) ** 100 * delta0
     assert g.coins.all() and g.bits_per_worker[-1] == 100 * 30 * 32
     e = permk.ef21(q, permk.TopK(30), rounds=100, seed=0)
     # α = 1: θ = 1, β = 0, the step is 1/L− and C = identity, so EF21 is GD
-    assert e.params["gamma"] == pytest.approx(1 / q.L_minus)
+    assert e.params.gamma == pytest.approx(1 / q.L_minus)
     np.testing.assert_allclose(e.x, g.x, rtol=1e-10, atol=1e-12)
 
 
@@ -192,15 +194,15 @@ def test_result_contents_and_recording() -> None:
     assert r.coins.shape == (95,)
     heads = int(r.coins.sum())
     assert r.bits_per_worker[-1] == heads * 40 * 64 + (95 - heads) * 4 * 64
-    p = r.params["p"]
+    p = r.params.own.p
     assert p == pytest.approx(4 / 40)
     assert r.expected_bits_per_worker[-1] == pytest.approx(95 * (p * 40 * 64 + (1 - p) * 4 * 64))
-    assert r.params["constants"] == "exact" and r.params["L_pm"] == q.L_pm
+    assert r.params.constants["constants"] == "exact" and r.params.constants["L_pm"] == q.L_pm
     assert r.f_gap.min() >= -1e-12 and r.wall_time > 0 and r.diverged_at is None
     assert r.x_hat.shape == (40,)
     pess = permk.marina(q, permk.PermK(), rounds=5, seed=1, constants="pessimistic")
-    assert pess.params["L_pm"] == pytest.approx(math.sqrt(q.L_sq_mean))
-    assert pess.params["gamma"] < r.params["gamma"]
+    assert pess.params.constants["L_pm"] == pytest.approx(math.sqrt(q.L_sq_mean))
+    assert pess.params.gamma < r.params.gamma
 
 
 def test_paper_claim_permk_needs_fewer_bits_at_zero_hessian_variance() -> None:
@@ -255,7 +257,7 @@ def test_bad_parameters() -> None:
         permk.marina(q, permk.PermK(), rounds=5, seed=None)  # type: ignore[arg-type]
     no_mu = DiagonalProblem(4, 8)
     no_mu.L_minus = no_mu.L_plus = no_mu.L_pm = 1.3  # type: ignore[attr-defined]
-    assert permk.marina(no_mu, permk.PermK(), rounds=5, seed=0).params["gamma_source"] == "Theorem AB"
+    assert permk.marina(no_mu, permk.PermK(), rounds=5, seed=0).params.gamma_source == "Theorem AB"
     with pytest.raises(ValueError, match="pl=True"):
         permk.marina(no_mu, permk.PermK(), rounds=5, seed=0, pl=True)
 
@@ -264,11 +266,11 @@ def test_quantized_composition_runs_on_the_dense_path() -> None:
     q = synthetic(8, 40, 1e-2, 0.1)
     comp = permk.Compose(permk.PermK(), permk.NaturalCompression())
     r = permk.marina(q, comp, rounds=300, seed=2)
-    assert r.params["path"] == "dense"
-    assert r.params["A"] == pytest.approx(1.125)
+    assert r.params.path == "dense"
+    assert r.params.own.A == pytest.approx(1.125)
     assert r.grad_norm_sq[-1] < 1e-2 * r.grad_norm_sq[0]
     # 9 bits per value, no indices
-    assert r.params["p"] == pytest.approx(5 * 9 / (40 * 32))
+    assert r.params.own.p == pytest.approx(5 * 9 / (40 * 32))
 
 
 def test_progress_bar_runs(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,7 +20,7 @@ import pytest
 import permk
 from permk.experiments.results import LOCK_FILE, DirectoryInUseError, hold_directory, read_records
 
-from conftest import CLI, run_cli
+from conftest import run_cli
 
 #: A grid of two cells that takes a few seconds.
 SMALL = ["--quick", "--n", "10", "--noise-scales", "0", "0.8", "--max-multipliers", "2", "--rounds", "400", "--no-plot"]

@@ -17,6 +17,7 @@ from permk.experiments import autoencoder as ae_mod
 from permk.experiments import quadratic as q_mod
 from permk.experiments.quadratic import QuadraticGrid, quadratic_cell
 from permk.experiments.plotting import load_experiment
+from permk.experiments.protocols import protocol_of
 from permk.experiments.results import read_records
 from permk.experiments.runner import (
     Estimate,
@@ -66,7 +67,7 @@ def test_estimate_of_fixed_round_counts_counts_ef21_twice(tmp_path: Path) -> Non
             and x[1] != "cell:"}
     assert len(rows) == 6
     for (cell, method), x in rows.items():
-        want = str(200 * Spec.parse(method).method.authors_rounds_factor)
+        want = str(200 * protocol_of(Spec.parse(method).method).rounds_factor)
         assert (x[4], x[6]) == (want, want), (cell, method)
     assert "every run goes its fixed rounds" in r.stdout
 

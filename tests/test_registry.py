@@ -104,7 +104,7 @@ def test_a_compressor_gets_every_call_from_the_one_it_defines(cls: type[permk.Co
 def test_a_minimal_compressor_runs_in_marina_and_estimate_ab(cls: type[permk.Compressor], path: str) -> None:
     q = permk.Quadratic.synthetic(n=6, d=24, lam=1e-2, noise_scale=0.2, seed=0)
     res = permk.marina(q, cls(), rounds=400, seed=1)
-    assert res.params["path"] == path and res.diverged_at is None
+    assert res.params.path == path and res.diverged_at is None
     assert res.grad_norm_sq[-1] < 1e-3 * res.grad_norm_sq[0]
     est = permk.theory.estimate_ab(cls(), n=4, d=12, trials=1500, seed=3)
     assert est.consistent, est

@@ -183,12 +183,12 @@ def test_every_oracle_output_is_checked(problem: Any, run: Callable[[Any], Any],
 
 def test_a_well_formed_user_problem_runs() -> None:
     res = permk.marina(UserProblem(), permk.PermK(), rounds=3, seed=0)
-    assert res.params["path"] == "fused" and np.isfinite(res.grad_norm_sq).all()
+    assert res.params.path == "fused" and np.isfinite(res.grad_norm_sq).all()
 
 
 def test_p_accepts_numpy_numbers_and_rejects_strings() -> None:
     q = permk.Quadratic.synthetic(4, 8, 1e-2, 0.1)
-    assert permk.marina(q, permk.PermK(), rounds=2, seed=0, p=np.float32(0.5)).params["p"] == 0.5
+    assert permk.marina(q, permk.PermK(), rounds=2, seed=0, p=np.float32(0.5)).params.own.p == 0.5
     with pytest.raises(ValueError, match=r"p must be in \(0, 1\], got 1.5"):
         permk.marina(q, permk.PermK(), rounds=2, seed=0, p=np.float32(1.5))
     with pytest.raises(TypeError, match="^p must be a real number"):  # not "does not take these options"

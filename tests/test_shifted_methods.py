@@ -101,9 +101,9 @@ def test_diana_meets_its_theorem_at_its_step(comp: permk.Compressor) -> None:
     delta0 = q.loss(q.x0) - q.f_star
     for T in (10, 100, 1000):
         runs = [permk.diana(q, comp, rounds=T, seed=s) for s in range(4)]
-        gamma = runs[0].params["gamma"]
-        assert runs[0].params["gamma_source"].startswith("DIANA nonconvex theorem")
-        assert runs[0].params["alpha"] == pytest.approx(1 / (comp.omega(q.n, q.d) + 1), rel=1e-15)
+        gamma = runs[0].params.gamma
+        assert runs[0].params.gamma_source.startswith("DIANA nonconvex theorem")
+        assert runs[0].params.own.alpha == pytest.approx(1 / (comp.omega(q.n, q.d) + 1), rel=1e-15)
         average = float(np.mean([r.grad_norm_sq[:-1].mean() for r in runs]))  # t = 0 … T−1
         assert average <= 2 * delta0 / (gamma * T)
     assert runs[0].grad_norm_sq[-1] < runs[0].grad_norm_sq[0]
@@ -115,7 +115,7 @@ def test_diana_bound_is_close_to_tight_for_permk() -> None:
     q = synthetic()
     delta0 = q.loss(q.x0) - q.f_star
     r = permk.diana(q, permk.PermK(), rounds=1000, seed=0)
-    gamma = r.params["gamma"]
+    gamma = r.params.gamma
     assert r.grad_norm_sq[:-1].mean() > 0.3 * 2 * delta0 / (gamma * 1000)
     large = permk.diana(q, permk.PermK(), rounds=1000, seed=0, gamma=16 * gamma)
     assert large.grad_norm_sq[:-1].mean() > 2 * delta0 / (16 * gamma * 1000)
@@ -126,11 +126,11 @@ def test_rand_diana_converges_at_the_authors_step(comp: permk.Compressor) -> Non
     q = synthetic()
     r = permk.rand_diana(q, comp, rounds=2000, seed=1)
     kind = "rand_diana_permutation" if comp.ab_constants(q.n, q.d)[0] == comp.ab_constants(q.n, q.d)[1] else "rand_diana "
-    assert kind in r.params["gamma_source"] + " "
+    assert kind in r.params.gamma_source + " "
     assert r.diverged_at is None and r.grad_norm_sq[-1] < 1e-4 * r.grad_norm_sq[0]
-    assert r.params["p"] == pytest.approx(comp.expected_floats_per_worker(q.n, q.d) / q.d, rel=1e-12)
+    assert r.params.own.p == pytest.approx(comp.expected_floats_per_worker(q.n, q.d) / q.d, rel=1e-12)
     strongly = permk.rand_diana(q, comp, rounds=2000, seed=1, pl=True)
-    assert "strongly convex" in strongly.params["gamma_source"] and strongly.grad_norm_sq[-1] < 1e-4 * strongly.grad_norm_sq[0]
+    assert "strongly convex" in strongly.params.gamma_source and strongly.grad_norm_sq[-1] < 1e-4 * strongly.grad_norm_sq[0]
 
 
 def test_shifted_methods_are_gradient_descent_without_hessian_variance() -> None:
@@ -139,18 +139,18 @@ def test_shifted_methods_are_gradient_descent_without_hessian_variance() -> None
     are gradient descent."""
     q = synthetic(s=0.0)
     dcgd = permk.dcgd(q, permk.PermK(), rounds=60, seed=1, shifts="initial")
-    gd = permk.gd(q, rounds=60, seed=1, gamma=dcgd.params["gamma"])
+    gd = permk.gd(q, rounds=60, seed=1, gamma=dcgd.params.gamma)
     np.testing.assert_allclose(dcgd.x, gd.x, rtol=1e-12, atol=1e-14)
     for p in (0.05, 1.0):
-        rd = permk.rand_diana(q, permk.PermK(), rounds=60, seed=1, p=p, gamma=dcgd.params["gamma"])
+        rd = permk.rand_diana(q, permk.PermK(), rounds=60, seed=1, p=p, gamma=dcgd.params.gamma)
         np.testing.assert_allclose(rd.x, gd.x, rtol=1e-12, atol=1e-14)
 
 
 def test_shifted_dcgd_reaches_its_neighbourhood_and_plain_dcgd_is_unchanged() -> None:
     q = synthetic()
     r = permk.dcgd(q, permk.PermK(), rounds=1000, seed=1, shifts="initial")
-    assert r.params["gamma_source"] == "authors' dcgd_permutation step (algorithm.py:1867-1874)"
-    assert r.params["gamma"] == pytest.approx(1 / (np.mean(q.L_i) + 2 * np.max(q.L_i)), rel=1e-12)  # ω + 1 = n
+    assert r.params.gamma_source == "authors' dcgd_permutation step (algorithm.py:1867-1874)"
+    assert r.params.gamma == pytest.approx(1 / (np.mean(q.L_i) + 2 * np.max(q.L_i)), rel=1e-12)  # ω + 1 = n
     assert r.grad_norm_sq[-1] < 0.2 * r.grad_norm_sq[0]
     # shifts=None is plain DCGD: x⁺ = x − γ (1/n) Σ C_i(∇f_i(x))
     plain = permk.dcgd(q, permk.PermK(), rounds=3, seed=2, gamma=0.05, path="dense")
@@ -171,15 +171,15 @@ def test_bits_per_round() -> None:
         for res in (permk.diana(q, comp, rounds=T, seed=1), permk.dcgd(q, comp, rounds=T, seed=1, gamma=0.01, shifts="initial")):
             np.testing.assert_array_equal(res.bits_per_worker, sent * np.arange(T + 1))
         rd = permk.rand_diana(q, comp, rounds=T, seed=1, gamma=0.01)
-        p = rd.params["p"]
+        p = rd.params.own.p
         heads = np.concatenate([[0], np.cumsum(rd.coins)])
         np.testing.assert_array_equal(rd.bits_per_worker, sent * np.arange(T + 1) + 32 * d * heads)
         expected = comp.expected_bits_per_worker(n, d) + p * 32 * d
         np.testing.assert_allclose(rd.expected_bits_per_worker, expected * np.arange(T + 1), rtol=1e-12)
         assert 0 < rd.coins.sum() < T
-        assert rd.params["bits"]["expected"] == pytest.approx(expected, rel=1e-12)
-    assert permk.diana.floats_per_round(permk.PermK(), n, d, {}) == d / n
-    assert permk.rand_diana.floats_per_round(permk.PermK(), n, d, {"p": 0.1}) == pytest.approx(d / n + 0.1 * d)
+        assert rd.params.bits.expected == pytest.approx(expected, rel=1e-12)
+    assert permk.diana.theory.floats_per_round(permk.PermK(), n, d, permk.diana.parameters(permk.PermK(), n, d)) == d / n
+    assert permk.rand_diana.theory.floats_per_round(permk.PermK(), n, d, permk.rand_diana.parameters(permk.PermK(), n, d, p=0.1)) == pytest.approx(d / n + 0.1 * d)
 
 
 @pytest.mark.parametrize("method,options", [(permk.diana, {}), (permk.rand_diana, {}), (permk.dcgd, {"shifts": "initial"})],
@@ -223,7 +223,7 @@ def test_bad_options_raise_clear_errors() -> None:
         permk.diana(q, permk.PermK(), rounds=2, seed=0, alpha="0.5")
     with pytest.raises(ValueError, match=r"alpha <= 1/\(omega \+ 1\)"):  # the theorem's range, at the theory step
         permk.diana(q, permk.PermK(), rounds=2, seed=0, alpha=0.5)
-    assert permk.diana(q, permk.PermK(), rounds=2, seed=0, alpha=0.5, gamma=0.01).params["alpha"] == 0.5
+    assert permk.diana(q, permk.PermK(), rounds=2, seed=0, alpha=0.5, gamma=0.01).params.own.alpha == 0.5
     for method in (permk.diana, permk.rand_diana):
         with pytest.raises(ValueError, match="unbiased compressor; TopK"):
             method(q, permk.TopK(2), rounds=2, seed=0, gamma=0.1)
@@ -275,7 +275,7 @@ def test_paths_agree_bit_for_bit(n: int, d: int, comp: permk.Compressor, method:
     assert {"fused", "dense"} <= set(runs)
     ref = runs["dense"]
     for path, r in runs.items():
-        assert r.params["path"] == path
+        assert r.params.path == path
         np.testing.assert_array_equal(r.x, ref.x)
         np.testing.assert_array_equal(r.grad_norm_sq, ref.grad_norm_sq)
         np.testing.assert_array_equal(r.bits_per_worker, ref.bits_per_worker)
@@ -286,6 +286,6 @@ def test_dcgd_shifted_is_dcgd_with_initial_shifts() -> None:
     q = synthetic(8, 40)
     a = permk.dcgd_shifted(q, permk.PermK(), rounds=20, seed=1)
     b = permk.dcgd(q, permk.PermK(), rounds=20, seed=1, shifts="initial")
-    assert a.state == b.state and a.params["gamma"] == b.params["gamma"] and a.method == "dcgd_shifted"
+    assert a.state == b.state and a.params.gamma == b.params.gamma and a.method == "dcgd_shifted"
     with pytest.raises(TypeError, match="does not take"):
         permk.dcgd_shifted(q, permk.PermK(), rounds=2, seed=1, shifts=None)

@@ -4,9 +4,11 @@ Reference implementation of Szlendak, Tyurin and Richtárik, *Permutation Compre
 Provably Faster Distributed Nonconvex Optimization* (ICLR 2022).
 
 The layers, bottom up: the Rust core (``permk._core``); :mod:`permk.compressors` and
-:mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity);
-:mod:`permk.backends` (how workers exchange messages) and :mod:`permk.methods` (MARINA, EF21,
-GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
+:mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity, a method's
+theory); :mod:`permk.transport` (where the workers run and how their numbers move: the
+simulator, MPI) and :mod:`permk.exchanges` (the arithmetic of each exchange, once for every
+transport); :mod:`permk.methods` (MARINA, EF21, GD, DCGD, DIANA, DASHA, … each defined once, and
+the one driver); :mod:`permk.distributed` (running methods on MPI) and :mod:`permk.experiments`.
 :func:`permk.register` adds a compressor or a method defined outside the package to the
 catalogs (:mod:`permk.registry`).
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.
@@ -21,8 +23,41 @@ from .parallel import apply_env_threads as _apply_env_threads
 _apply_env_threads()  # PERMK_THREADS=N: this process's Rust pool and BLAS (permk.parallel)
 from .compressors import *  # noqa: F403 - every compressor (compressors.__all__): a new one needs no line here
 from .compressors import __all__ as _compressors
-from .methods import *  # noqa: F403 - every method and its state (methods.__all__)
-from .methods import __all__ as _methods
+from .methods import (
+    CountedState as CountedState,
+    DashaPPState as DashaPPState,
+    DashaState as DashaState,
+    DashaVRState as DashaVRState,
+    DCGDState as DCGDState,
+    DianaState as DianaState,
+    EF21State as EF21State,
+    MarinaState as MarinaState,
+    Method as Method,
+    MethodParams as MethodParams,
+    RandDianaState as RandDianaState,
+    RoundInfo as RoundInfo,
+    RunParams as RunParams,
+    RunResult as RunResult,
+    ShiftedDCGDState as ShiftedDCGDState,
+    State as State,
+    dasha as dasha,
+    dasha_mvr as dasha_mvr,
+    dasha_page as dasha_page,
+    dcgd as dcgd,
+    dcgd_shifted as dcgd_shifted,
+    diana as diana,
+    ef21 as ef21,
+    gd as gd,
+    load_state as load_state,
+    marina as marina,
+    marina_stochastic as marina_stochastic,
+    message_bits as message_bits,
+    rand_diana as rand_diana,
+    run as run,
+    save_state as save_state,
+    sgd as sgd,
+    vr_marina as vr_marina,
+)
 from .participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
 from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
@@ -33,7 +68,39 @@ __all__ = [
     "__version__",
     "theory",
     *_compressors,
-    *_methods,
+    "State",
+    "CountedState",
+    "MarinaState",
+    "EF21State",
+    "DCGDState",
+    "ShiftedDCGDState",
+    "DianaState",
+    "RandDianaState",
+    "DashaState",
+    "DashaPPState",
+    "DashaVRState",
+    "RoundInfo",
+    "MethodParams",
+    "RunParams",
+    "RunResult",
+    "Method",
+    "marina",
+    "ef21",
+    "gd",
+    "dcgd",
+    "dcgd_shifted",
+    "diana",
+    "rand_diana",
+    "dasha",
+    "dasha_page",
+    "dasha_mvr",
+    "vr_marina",
+    "marina_stochastic",
+    "sgd",
+    "run",
+    "save_state",
+    "load_state",
+    "message_bits",
     "Participation",
     "Problem",
     "Quadratic",

@@ -97,6 +97,13 @@ def check_partition(groups: Any, n: int | None = None, name: str = "groups") -> 
     return tuple(parts)
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """A boolean option: True or False (numpy's too); anything else is a TypeError naming it."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """One of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:

@@ -299,7 +299,7 @@ def add_complexity_parser(subparsers: Any) -> argparse.ArgumentParser:
 def complexity_rows(n: int, d: int, L_minus: float, L_plus: float, L_pm: float, eps: float, delta0: float,
                     mu: float | None = None) -> list[Any]:
     """Every method of :func:`permk.methods.catalog` with each compressor of its rows of the
-    paper's Tables (``table_rows``: MARINA+PermK, MARINA+RandK with optimal K, EF21+TopK with
+    paper's Tables (their theories' ``table_rows``: MARINA+PermK, MARINA+RandK with optimal K, EF21+TopK with
     optimal K), then each full-gradient method that takes no compressor (GD:
     ``g^{t+1} = ∇f(x^{t+1})``; not SGD, which needs a finite-sum problem), for the same problem
     constants."""
@@ -308,7 +308,7 @@ def complexity_rows(n: int, d: int, L_minus: float, L_plus: float, L_pm: float, 
 
     kw = dict(n=n, d=d, L_minus=L_minus, L_plus=L_plus, L_pm=L_pm, eps=eps, delta0=delta0, mu=mu)
     methods = permk.methods.catalog().values()
-    rows: list[tuple[Any, Any]] = [(m, c) for m in methods for c in m.table_rows]
+    rows: list[tuple[Any, Any]] = [(m, c) for m in methods if m.theory is not None for c in m.theory.table_rows]
     rows += [(m, permk.Identity) for m in methods if not m.takes_compressor and not m.needs_finite_sum]
     return [complexity(m, c, **kw) for m, c in rows]  # type: ignore[arg-type]
 

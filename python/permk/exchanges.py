@@ -1,8 +1,8 @@
-"""The exchanges a round is made of, each defined once over a backend's transport.
+"""The exchanges a round is made of, each defined once over a transport.
 
 A method (:mod:`permk.methods`) never talks to workers: each round it calls one of these
 exchange objects with its backend. The exchange owns the arithmetic and the choice of path;
-the backend (:class:`permk.backends.Simulator`, :class:`permk.distributed.MPIBackend`) only
+the transport (:class:`permk.transport.Simulator`, :class:`permk.transport.mpi.MPIBackend`) only
 evaluates the held workers' oracles and moves numbers between them:
 
 * :data:`mean_grad` ``(backend, x)`` — ``(1/n) Σ_i ∇f_i(x)``: every worker sends its gradient;
@@ -23,7 +23,7 @@ evaluates the held workers' oracles and moves numbers between them:
 * :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
   rows (the methods' initial exchanges, SGD's round);
 * :func:`minibatch_grads`, :func:`minibatch_grads_pair` — the held workers' minibatch gradients
-  from a finite-sum problem's oracle (:class:`permk.classification.FiniteSumProblem`): each process
+  from a finite-sum problem's oracle (:class:`permk.FiniteSumProblem`): each process
   evaluates only the workers it holds.
 
 ``H`` holds the rows of the workers the backend holds (all ``n`` in the simulator). The new
@@ -31,10 +31,12 @@ evaluates the held workers' oracles and moves numbers between them:
 round's), else a copy: a caller's array (a resumed state) is never modified.
 
 Paths, fastest first (``path=`` of a run forces one; the path a run used is in
-``params["path"]``):
+``params.path``), each a :class:`Path` whose availability is decided in one place
+(:func:`available_paths`, from the capabilities of the problem and the compressor):
 
-* ``"rust"`` — the problem has a native kernel (``problem.kernel``) and the compressor one: the
-  values, or EF21's whole worker step, are computed in Rust;
+* ``"rust"`` — the problem has a native kernel (``problem.kernel``, a
+  :class:`permk.transport.NativeKernel`) and the compressor one: the values of an unshifted
+  exchange with a shared plan, or EF21's whole worker step without one, are computed in Rust;
 * ``"fused"`` — the compressor's coordinates are a pure function of ``(seed, round)``
   (``capabilities.shared_plan``) and the problem has the coordinate oracle
   ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
@@ -59,104 +61,56 @@ inputs are sent with NaN values, so every process sees the divergence in the sam
 from __future__ import annotations
 
 import abc
-from typing import Any, Callable, ClassVar, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
 from ._validate import all_finite
 from .compressors import Compressor, Messages, Round
+from .transport.base import PATHS, Transport
 
 __all__ = [
     "PATHS",
-    "Transport",
     "Exchange",
     "MeanGrad",
     "CompressedMean",
     "CompressedMeanDiff",
     "Shifted",
+    "CompressedMeanRows",
+    "ShiftedRows",
+    "Path",
     "mean_grad",
     "compressed_mean",
     "compressed_mean_diff",
     "shifted",
     "error_feedback",
-    "CompressedMeanRows",
     "compressed_mean_rows",
-    "ShiftedRows",
     "shifted_rows",
     "local_grads",
     "minibatch_grads",
     "minibatch_grads_pair",
     "mean_rows",
+    "available_paths",
     "choose_path",
 ]
 
 Array = np.ndarray
-#: Evaluation paths, fastest first.
-PATHS = ("rust", "fused", "dense")
 #: The dense path without a shared plan hands the compressor the gradients of at most this many
 #: bytes of workers at a time (:meth:`Compressor.compress_shifted_rows`: a compressor without a
 #: Rust kernel forms their inputs as one array).
 CHUNK_BYTES = 1 << 24
-#: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
-#: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
-Fill = Callable[[int, int, "int | None", "Array | None"], Array]
-
-
-@runtime_checkable
-class Transport(Protocol):
-    """What an exchange needs of a backend: the held workers' oracles, and moving numbers.
-
-    ``n``, ``d``, ``workers`` (the held workers, a contiguous range), ``forced`` (the path a
-    run forces, or ``"auto"``), ``local`` (True when nothing travels: one process holds every
-    worker and counts no bytes), ``kernel`` (the problem's native kernel or None),
-    ``has_coords`` (the problem has ``local_grad_coords``)."""
-
-    n: int
-    d: int
-    workers: range
-    forced: str
-    local: bool
-
-    @property
-    def kernel(self) -> Any: ...
-    @property
-    def has_coords(self) -> bool: ...
-    def path(self, exchange: Exchange, compressor: Compressor | None) -> str: ...
-    def local_grads(self, x: Array) -> Array: ...
-    def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
-    def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
-                       round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
-    def coords(self, x: Array, rows: Array, cols: Array) -> Array: ...
-    def mean_grad(self, x: Array) -> Array: ...
-    def mean_rows(self, rows: Array) -> Array: ...
-    def plan(self, compressor: Compressor, seed: int, round: int) -> Round: ...
-    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array: ...
-    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array: ...
-    def own(self, H: Array) -> Array: ...
-
-
-def choose_path(forced: str, available: dict[str, bool], what: str) -> str:
-    """The fastest available path, or the forced one (ValueError naming what it needs)."""
-    if forced == "auto":
-        return next(p for p in PATHS if available.get(p, False))
-    if not available.get(forced, False):
-        needs = {
-            "rust": "a problem with a native kernel (Quadratic.synthetic) and a compressor with a Rust kernel "
-                    "(and a shared plan, except for error feedback)",
-            "fused": "a compressor with a shared plan (capabilities.shared_plan: PermK, RandK, BlockPermK, ...) and a problem "
-                     "with the coordinate oracle local_grad_coords(x, rows, cols)",
-        }.get(forced, "")
-        raise ValueError(f"path={forced!r} is not available for {what}: it needs {needs}")
-    return forced
 
 
 def _held_rows(a: Any, backend: Transport, what: str) -> Array:
-    """``a`` as float64 rows of the held workers (the same array when it already is one), or a
-    ValueError naming ``what`` and both shapes."""
-    a = np.asarray(a, dtype=np.float64)
-    if a.shape != (len(backend.workers), backend.d):
-        raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {a.shape}")
-    return a
+    """``a`` as float64 rows of the held workers (the same array when it already is one), or an
+    error naming ``what``: a TypeError for values that are not real numbers (complex, strings,
+    None), a ValueError for the wrong shape."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
+    if arr.shape != (len(backend.workers), backend.d):
+        raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {arr.shape}")
+    return np.asarray(arr, dtype=np.float64)
 
 
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
@@ -186,18 +140,243 @@ def _concat_messages(pieces: list[Messages]) -> Messages:
     return Messages(offsets, np.concatenate([m.indices for m in pieces]), np.concatenate([m.values for m in pieces]))
 
 
-class Exchange(abc.ABC):
-    """One kind of exchange (see the module docstring). ``name`` names it in errors."""
+# ---------------------------------------------------------------------------------------------
+# one exchange's inputs, and the paths that compute its values
+# ---------------------------------------------------------------------------------------------
+class Inputs:
+    """One compressed exchange's inputs: held worker ``i``'s is ``v_i − β h_i`` with
+    ``v_i = ∇f_i(x) − coef·∇f_i(y)`` (the terms present) or, for an exchange of given rows
+    (``given``), ``v_i = x_i``; ``H`` the held rows ``h_i`` (None: no shift)."""
+
+    def __init__(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float,
+                 given: bool) -> None:
+        self.backend, self.x, self.y, self.coef, self.H, self.beta, self.given = backend, x, y, coef, H, beta, given
+        self._whole: Array | None = None
+
+    def whole(self) -> Array:
+        """Every held worker's input as one ``(workers, d)`` array (computed once)."""
+        if self._whole is None:
+            if self.given:
+                self._whole = _combine(self.x, None, self.coef, self.H, self.beta)
+            else:
+                gy = None if self.y is None else self.backend.local_grads(self.y)
+                self._whole = _combine(self.backend.local_grads(self.x), gy, self.coef, self.H, self.beta)
+        return self._whole
+
+    def blocks(self) -> Iterator[tuple[int, int, Array, Array | None]]:
+        """The held workers' inputs in blocks of consecutive workers ``(lo, hi, G, H_block)``
+        (``lo`` counted from the first held worker; ``G`` valid until the next block is drawn):
+        worker ``i``'s input is ``G_i − β h_i``, which the compressor forms
+        (:meth:`Compressor.compress_shifted_rows`). Given rows, one block; with ``y``, one block
+        ``∇f_i(x) − c·∇f_i(y)`` (the transport keeps the last two points' gradients whole);
+        otherwise the transport's blocks of gradients (from the problem's ``local_grad_blocks``
+        when it has them: never the whole ``(workers, d)`` array) in blocks of at most
+        :data:`CHUNK_BYTES`."""
+        backend, H = self.backend, self.H
+        if self.given:
+            yield 0, len(backend.workers), self.x, H
+            return
+        if self.y is not None:
+            yield 0, len(backend.workers), _combine(backend.local_grads(self.x), backend.local_grads(self.y), self.coef, None, 1.0), H
+            return
+        rows = max(1, CHUNK_BYTES // (8 * backend.d))
+        for lo, hi, G in backend.grad_blocks(self.x):
+            for a in range(lo, hi, rows):
+                b = min(hi, a + rows)
+                yield a, b, G[a - lo : b - lo], None if H is None else H[a:b]
+
+    def own_messages(self, compressor: Compressor, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
+        """The problem's own messages on ``∇f_i(x) − β h_i`` (``backend.message_blocks``), or
+        None: given rows, or with ``y``, the inputs are not the problem's gradients at a point."""
+        if self.given or self.y is not None:
+            return None
+        return self.backend.message_blocks(compressor, self.x, self.H, self.beta, seed, round)
+
+
+class Path(abc.ABC):
+    """One way to compute a compressed exchange: the values of a shared plan's round
+    (:meth:`values`, and :meth:`direct` where the path can also divide and write them in the same
+    pass), the messages of a round without a shared plan (:meth:`messages`), and whole rounds it
+    computes at once (:meth:`whole`)."""
 
     name: ClassVar[str]
 
-    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
-        """The path this exchange takes on ``backend`` with ``compressor`` (cached by the backend)."""
-        return backend.path(self, compressor)
+    def whole(self, inputs: Inputs, compressor: Compressor, seed: int, round: int) -> Array | None:
+        """The round's mean at once, or None (the round then runs value by value)."""
+        return None
+
+    def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
+        """Workers ``start..stop``'s values of an unshifted round, each ``(v + 0)/divide`` when
+        ``divide`` is given, written into ``out`` when given, in one pass; None where the path
+        computes them with :meth:`values` only."""
+        return None
 
     @abc.abstractmethod
-    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
-        """The paths this exchange can take on ``backend`` with ``compressor``."""
+    def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        """Workers ``start..stop``'s values of round ``r`` in plan order: ``scale_i`` times their
+        inputs at their coordinates."""
+
+    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+                 round: int) -> tuple[Messages, bool]:
+        """The held workers' messages of a round without a shared plan, and whether ``H`` was
+        updated with them already: the dense path's (see :class:`Dense`)."""
+        return DENSE.messages(exchange, inputs, compressor, seed, round)
+
+
+class Rust(Path):
+    """The problem's native kernel computes the values (an unshifted exchange with a shared plan),
+    MARINA's whole difference round in one process, or EF21's whole worker step (no shared plan)."""
+
+    name = "rust"
+
+    def whole(self, inputs: Inputs, compressor: Compressor, seed: int, round: int) -> Array | None:
+        b = inputs.backend
+        if not (b.local and inputs.y is not None and inputs.coef == 1.0 and inputs.H is None):
+            return None
+        # nothing travels: the plan, the values and their sum in one native call (the same bits)
+        return b.kernel.compressed_mean_diff(compressor.kernel, inputs.x, inputs.y, seed, round)  # type: ignore[union-attr]
+
+    def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
+        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop, divide=divide, out=out)  # type: ignore[union-attr]
+
+    def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop)  # type: ignore[union-attr]
+
+    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+                 round: int) -> tuple[Messages, bool]:
+        b = inputs.backend
+        assert inputs.H is not None  # EF21's exchange: the estimators
+        offsets, idx, vals, ok = b.kernel.error_feedback(compressor.kernel, inputs.x, inputs.H, seed, round, b.workers.start)  # type: ignore[union-attr]
+        return Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan)), True
+
+
+class Fused(Path):
+    """Only the sent coordinates are evaluated, by the problem's coordinate oracle."""
+
+    name = "fused"
+
+    def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        b = inputs.backend
+        rows, cols = r.rows(start, stop), r.coords(start, stop)
+        gx = b.coords(inputs.x, rows, cols)
+        gy = None if inputs.y is None else b.coords(inputs.y, rows, cols)
+        h = None if inputs.H is None else inputs.H[rows - b.workers.start, cols]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return _combine(gx, gy, inputs.coef, h, inputs.beta) * r.scales()[rows]
+
+
+class Dense(Path):
+    """Whole inputs, then the compressor (see the module docstring)."""
+
+    name = "dense"
+
+    def _rows(self, inputs: Inputs, start: int, stop: int) -> Array | None:
+        """Workers ``start..stop``'s whole inputs, or None when an input of the round is not
+        finite (divergence: the values are NaN)."""
+        whole = inputs.whole()
+        if not all_finite(whole):
+            return None
+        ws = inputs.backend.workers
+        return whole[start - ws.start : stop - ws.start]
+
+    def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
+        rows = self._rows(inputs, start, stop)
+        return None if rows is None else r.gather(rows, start, divide=divide, out=out)
+
+    def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        rows = self._rows(inputs, start, stop)
+        if rows is None:
+            return np.full(int(r.offsets()[stop] - r.offsets()[start]), np.nan)
+        return r.gather(rows, start)
+
+    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+                 round: int) -> tuple[Messages, bool]:
+        # each worker's message depends on its own input only: the inputs are formed and
+        # compressed one block of workers at a time (from the problem's blocks of gradients when
+        # it gives them), never as one (workers, d) array
+        backend = inputs.backend
+        own = inputs.own_messages(compressor, seed, round)
+        blocks = own if own is not None else (
+            (lo, hi, compressor.compress_shifted_rows(G, Hb, beta=inputs.beta, start=backend.workers.start + lo, n_workers=backend.n,
+                                                      seed=seed, round=round))
+            for lo, hi, G, Hb in inputs.blocks())
+        pieces: list[tuple[int, int, Messages]] = []
+        finite = True
+        for lo, hi, got in blocks:
+            if finite and got is None:  # divergence: every worker's message from a zero input, NaN values
+                finite = False
+                pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
+            pieces.append((lo, hi, got if finite and got is not None else _compress_zeros(compressor, backend, lo, hi, seed, round)))
+        msgs = _concat_messages([m for _, _, m in pieces])
+        if not finite:
+            msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))
+        return msgs, False
+
+
+RUST, FUSED, DENSE = Rust(), Fused(), Dense()
+_BY_NAME: dict[str, Path] = {p.name: p for p in (RUST, FUSED, DENSE)}
+
+
+def available_paths(exchange: Exchange, backend: Transport, compressor: Compressor | None) -> dict[str, str | None]:
+    """Every path of :data:`PATHS` for ``exchange`` on ``backend`` with ``compressor``: None where
+    it is available, else why not. The one place the paths are decided, from capabilities: the
+    dense path always; the fused path for a shared plan (``capabilities.shared_plan``) and a
+    problem with the coordinate oracle; the Rust path for a problem with a native kernel and a
+    compressor with one, either an unshifted exchange with a shared plan or EF21's exchange
+    without one. An exchange whose inputs are given (not the problem's gradients), or that sends
+    whole gradients, has the dense path alone."""
+    if compressor is None or not exchange.reads_oracle:
+        reason = "this exchange sends whole gradients" if compressor is None else "this exchange's inputs are given rows, not the problem's gradients"
+        return {"rust": reason, "fused": reason, "dense": None}
+    shared = compressor.capabilities.shared_plan
+    why_rust = []
+    if backend.kernel is None:
+        why_rust.append("the problem has no native kernel (Quadratic.synthetic has one)")
+    if compressor.kernel is None:
+        why_rust.append(f"{compressor.name} has no Rust kernel")
+    if shared and exchange.shifts:
+        why_rust.append(f"the Rust path has no shifted exchange ({exchange.name}) with a shared plan: use path='fused'")
+    if not shared and not exchange.unit:
+        why_rust.append(f"without a shared plan the Rust path runs only EF21's exchange (error_feedback), not {exchange.name}")
+    why_fused = []
+    if not shared:
+        why_fused.append(f"{compressor.name} has no shared plan (capabilities.shared_plan)")
+    if not backend.has_coords:
+        why_fused.append("the problem has no coordinate oracle local_grad_coords(x, rows, cols)")
+    return {"rust": "; ".join(why_rust) or None, "fused": "; ".join(why_fused) or None, "dense": None}
+
+
+def choose_path(forced: str, available: dict[str, str | None], what: str) -> str:
+    """The fastest available path, or the forced one (a ValueError saying why it is not
+    available for ``what``)."""
+    if forced == "auto":
+        return next(p for p in PATHS if available.get(p, "") is None)
+    why = available.get(forced, "unknown path")
+    if why is not None:
+        raise ValueError(f"path={forced!r} is not available for {what}: {why}")
+    return forced
+
+
+class Exchange(abc.ABC):
+    """One kind of exchange (see the module docstring). ``name`` names it in errors;
+    ``reads_oracle`` (its inputs are the problem's gradients), ``shifts`` (it keeps rows ``h_i``)
+    and ``unit`` (EF21's form) are what :func:`available_paths` reads of it."""
+
+    name: ClassVar[str]
+    reads_oracle: ClassVar[bool] = True
+    shifts: ClassVar[bool] = False
+    unit: ClassVar[bool] = False
+
+    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
+        """The path this exchange takes on ``backend`` with ``compressor``, chosen once per
+        (exchange, compressor) and kept by the backend."""
+        key = (self.name, id(compressor))
+        hit = backend.paths.get(key)
+        if hit is None or hit[0] is not compressor:
+            what = self.name if compressor is None else f"{self.name} with {compressor.name}"
+            where = getattr(backend, "where", "")
+            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor), what + where))
+        return hit[1]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"permk.exchanges.{self.name}"
@@ -208,9 +387,6 @@ class MeanGrad(Exchange):
 
     name = "mean_grad"
 
-    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
-        return {"dense": True}
-
     def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
         return "dense"  # nothing to choose: whatever path a run forces, full gradients are dense
 
@@ -220,92 +396,30 @@ class MeanGrad(Exchange):
 
 class _Compressed(Exchange):
     """The arithmetic of the compressed exchanges: worker ``i``'s input
-    ``v_i = (∇f_i(x) − coef·∇f_i(y)) − β h_i`` (the terms present), compressed, averaged; with
-    ``alpha`` the rows ``h_i + α m_i`` too."""
-
-    def _rust(self, backend: Transport, compressor: Compressor) -> bool:
-        """Whether the Rust path can compute this exchange with ``compressor``."""
-        return compressor.capabilities.shared_plan
-
-    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
-        assert compressor is not None
-        shared = compressor.capabilities.shared_plan
-        native = backend.kernel is not None and compressor.kernel is not None
-        return {"dense": True, "fused": shared and backend.has_coords, "rust": native and self._rust(backend, compressor)}
-
-    def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
-        """The held workers' inputs, whole (the dense path)."""
-        gy = None if y is None else backend.local_grads(y)
-        return _combine(backend.local_grads(x), gy, coef, H, beta)
-
-    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float,
-                      H: Array | None) -> Iterator[tuple[int, int, Array, Array | None]]:
-        """The held workers' inputs in blocks of consecutive workers ``(lo, hi, G, H_block)``
-        (``lo`` counted from the first held worker; ``G`` valid until the next block is drawn):
-        worker ``i``'s input is ``G_i − β h_i``, which the compressor forms
-        (:meth:`Compressor.compress_shifted_rows`). Without ``y``, ``G`` are the backend's blocks
-        of gradients (from the problem's ``local_grad_blocks`` when it has them: never the whole
-        ``(workers, d)`` array) in blocks of at most :data:`CHUNK_BYTES`; with ``y`` one block,
-        ``∇f_i(x) − c·∇f_i(y)`` (the backend keeps the last two points' gradients whole)."""
-        if y is not None:
-            yield 0, len(backend.workers), self._inputs(backend, x, y, coef, None, 1.0), H
-            return
-        rows = max(1, CHUNK_BYTES // (8 * backend.d))
-        for lo, hi, G in backend.grad_blocks(x):
-            for a in range(lo, hi, rows):
-                b = min(hi, a + rows)
-                yield a, b, G[a - lo : b - lo], None if H is None else H[a:b]
-
-    def _own_messages(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, H: Array | None, beta: float,
-                      seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
-        """The problem's own messages on ``∇f_i(x) − β h_i`` (``backend.message_blocks``), or
-        None: with ``y`` the inputs are differences of gradients, not gradients."""
-        return None if y is not None else backend.message_blocks(compressor, x, H, beta, seed, round)
-
-    def _message_blocks(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
-                        H: Array | None, beta: float, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]]:
-        """The held workers' messages on their inputs in blocks ``(lo, hi, messages)`` (None: an
-        input of the block is not finite): the problem's own (``backend.message_blocks``, without
-        ``y``) when it gives them, else :meth:`Compressor.compress_shifted_rows` on
-        :meth:`_input_blocks`."""
-        own = self._own_messages(backend, compressor, x, y, H, beta, seed, round)
-        if own is not None:
-            yield from own
-            return
-        for lo, hi, G, Hb in self._input_blocks(backend, x, y, coef, H):
-            yield lo, hi, compressor.compress_shifted_rows(G, Hb, beta=beta, start=backend.workers.start + lo, n_workers=backend.n,
-                                                           seed=seed, round=round)
+    ``v_i = (∇f_i(x) − coef·∇f_i(y)) − β h_i`` (the terms present; given rows ``v_i`` for an
+    exchange of rows), compressed, averaged; with ``alpha`` the rows ``h_i + α m_i`` too."""
 
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
               H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
         """``(1/n) Σ_i m_i`` and, with ``alpha``, the held rows ``H + α M`` (``H`` owned)."""
-        path = self.path(backend, compressor)
-        ws = backend.workers
+        path = _BY_NAME[self.path(backend, compressor)]
         if alpha is not None:
             assert H is not None
             H = backend.own(H)
+        inputs = Inputs(backend, x, y, coef, H, beta, given=not self.reads_oracle)
         if compressor.capabilities.shared_plan:
+            whole = path.whole(inputs, compressor, seed, round) if alpha is None else None
+            if whole is not None:
+                return whole, H
             r = backend.plan(compressor, seed, round)
-            dense = self._inputs(backend, x, y, coef, H, beta) if path == "dense" else None
-            dense_finite = dense is None or all_finite(dense)
+            ws = backend.workers
 
             def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
-                if path == "rust":  # no shift here: see Shifted._rust
-                    return backend.kernel.round_values(r, x, y, start, stop, divide=divide, out=out)  # type: ignore[no-any-return]
-                if path == "fused":
-                    rows, cols = r.rows(start, stop), r.coords(start, stop)
-                    gx = backend.coords(x, rows, cols)
-                    gy = None if y is None else backend.coords(y, rows, cols)
-                    h = None if H is None else H[rows - ws.start, cols]
-                    with np.errstate(invalid="ignore", over="ignore"):
-                        vals = _combine(gx, gy, coef, h, beta) * r.scales()[rows]
-                elif not dense_finite:  # the whole inputs are known: any non-finite one is divergence
-                    vals = np.full(int(r.offsets()[stop] - r.offsets()[start]), np.nan)
-                else:
-                    assert dense is not None
-                    if alpha is None:
-                        return r.gather(dense[start - ws.start : stop - ws.start], start, divide=divide, out=out)
-                    vals = r.gather(dense[start - ws.start : stop - ws.start], start)
+                if alpha is None:
+                    done = path.direct(inputs, r, start, stop, divide, out)
+                    if done is not None:
+                        return done
+                vals = path.values(inputs, r, start, stop)
                 if alpha is not None:  # h_i += α m_i at the worker's coordinates (distinct within a worker)
                     assert H is not None
                     rows, cols = r.rows(start, stop), r.coords(start, stop)
@@ -319,26 +433,10 @@ class _Compressed(Exchange):
                 return out
 
             return backend.mean_values(compressor, r, fill), H
-        if path == "rust":  # EF21's worker step in one native call, H updated in place
-            offsets, idx, vals, ok = backend.kernel.error_feedback(compressor.kernel, x, H, seed, round, ws.start)
-            msgs = Messages(offsets, idx, vals if ok else np.full(len(vals), np.nan))
-            return backend.mean_pairs(compressor, msgs), H
-        # each worker's message depends on its own input only: the inputs are formed and
-        # compressed one block of workers at a time (from the problem's blocks of gradients when
-        # it gives them), never as one (workers, d) array
-        pieces: list[tuple[int, int, Messages]] = []
-        finite = True
-        for lo, hi, got in self._message_blocks(backend, compressor, x, y, coef, H, beta, seed, round):
-            if finite and got is None:  # divergence: every worker's message from a zero input, NaN values
-                finite = False
-                pieces = [(a, b, _compress_zeros(compressor, backend, a, b, seed, round)) for a, b, _ in pieces]
-            pieces.append((lo, hi, got if finite and got is not None else _compress_zeros(compressor, backend, lo, hi, seed, round)))
-        msgs = _concat_messages([m for _, _, m in pieces])
-        if not finite:
-            msgs = msgs._replace(values=np.full(len(msgs.values), np.nan))
-        if alpha is not None:
+        msgs, updated = path.messages(self, inputs, compressor, seed, round)
+        if alpha is not None and not updated:
             assert H is not None
-            rows = np.repeat(np.arange(len(ws)), np.diff(msgs.offsets))
+            rows = np.repeat(np.arange(len(backend.workers)), np.diff(msgs.offsets))
             vals = msgs.values if alpha == 1.0 else alpha * msgs.values
             np.add.at(H, (rows, msgs.indices), vals)
         return backend.mean_pairs(compressor, msgs), H
@@ -359,9 +457,6 @@ class CompressedMeanDiff(_Compressed):
     name = "compressed_mean_diff"
 
     def __call__(self, backend: Transport, compressor: Compressor, x: Array, y: Array, *, seed: int, round: int) -> Array:
-        if backend.local and self.path(backend, compressor) == "rust":
-            # nothing travels: the plan, the values and their sum in one native call (the same bits)
-            return backend.kernel.compressed_mean_diff(compressor.kernel, x, y, seed, round)  # type: ignore[no-any-return]
         return self._mean(backend, compressor, x, y, 1.0, None, 1.0, None, seed, round)[0]
 
 
@@ -370,28 +465,32 @@ class Shifted(_Compressed):
     ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
     the server mirrors it. Returns ``((1/n) Σ_i m_i, H + α M)`` for the held rows ``H``.
 
-    ``unit=True`` is EF21's form (``β = α = 1``, no ``y``), whose worker step has a native
-    kernel for compressors without a shared plan (TopK): the ``"rust"`` path."""
+    :data:`error_feedback` is EF21's form (``β = α = 1``, no ``y``), whose worker step has a
+    native kernel for compressors without a shared plan (TopK): the ``"rust"`` path."""
 
-    def __init__(self, *, unit: bool = False) -> None:
-        self.unit = unit
-
-    @property
-    def name(self) -> str:  # type: ignore[override]
-        return "error_feedback" if self.unit else "shifted"
-
-    def _rust(self, backend: Transport, compressor: Compressor) -> bool:
-        # shared plans take the fused path (values only travel); the native worker step is EF21's
-        return self.unit and not compressor.capabilities.shared_plan
+    name = "shifted"
+    shifts = True
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, x: Array, y: Array | None = None, *,
                  c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
-        if self.unit and (y is not None or c != 1.0 or beta != 1.0 or alpha != 1.0):
-            raise ValueError("error_feedback is the shifted exchange with beta = alpha = 1 and no y; use permk.exchanges.shifted")
         H = _held_rows(H, backend, "H")
         mean, new = self._mean(backend, compressor, x, y, float(c), H, float(beta), float(alpha), seed, round)
         assert new is not None
         return mean, new
+
+
+class ErrorFeedback(Shifted):
+    """EF21's exchange: the shifted exchange with ``β = α = 1`` and no ``y``: worker ``i`` sends
+    ``c_i = C_i(∇f_i(x) − g_i)`` and keeps ``g_i + c_i``. Returns ``((1/n) Σ_i c_i, G + C)``."""
+
+    name = "error_feedback"
+    unit = True
+
+    def __call__(self, backend: Transport, compressor: Compressor, H: Array, x: Array, y: Array | None = None, *,
+                 c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
+        if y is not None or c != 1.0 or beta != 1.0 or alpha != 1.0:
+            raise ValueError("error_feedback is the shifted exchange with beta = alpha = 1 and no y; use permk.exchanges.shifted")
+        return super().__call__(backend, compressor, H, x, seed=seed, round=round)
 
 
 class CompressedMeanRows(_Compressed):
@@ -399,33 +498,22 @@ class CompressedMeanRows(_Compressed):
     (VR-MARINA's ``∇f_{iB}(x⁺) − ∇f_{iB}(x)``). The inputs are given whole: the dense path."""
 
     name = "compressed_mean_rows"
-
-    def available(self, backend: Transport, compressor: Compressor | None) -> dict[str, bool]:
-        return {"dense": True}
-
-    def _inputs(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float) -> Array:
-        return _combine(x, None, coef, H, beta)  # the given rows (see __call__), less β h_i when shifted
-
-    def _input_blocks(self, backend: Transport, x: Array, y: Array | None, coef: float,
-                      H: Array | None) -> Iterator[tuple[int, int, Array, Array | None]]:
-        yield 0, len(backend.workers), x, H  # the given rows, less β h_i when shifted (by the compressor)
-
-    def _own_messages(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, H: Array | None, beta: float,
-                      seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
-        return None  # the inputs are the given rows, not the problem's gradients at a point
+    reads_oracle = False
 
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class ShiftedRows(CompressedMeanRows):
+class ShiftedRows(_Compressed):
     """The shifted exchange of given rows: worker ``i`` sends ``m_i = C_i(v_i − β h_i)`` for the
     row ``v_i`` the method computed (DASHA-PAGE's and DASHA-MVR's ``h_i^{t+1} − (1 − a)h_i^t``)
     and keeps ``h_i + α m_i``; returns ``((1/n) Σ_i m_i, H + α M)``. The dense path."""
 
     name = "shifted_rows"
+    reads_oracle = False
+    shifts = True
 
-    def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,  # type: ignore[override]
+    def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,
                  beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
         H = _held_rows(H, backend, "H")
         mean, new = self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, H, float(beta), float(alpha), seed, round)
@@ -438,7 +526,7 @@ mean_grad = MeanGrad()
 compressed_mean = CompressedMean()
 compressed_mean_diff = CompressedMeanDiff()
 shifted = Shifted()
-error_feedback = Shifted(unit=True)
+error_feedback = ErrorFeedback()
 compressed_mean_rows = CompressedMeanRows()
 shifted_rows = ShiftedRows()
 
@@ -454,21 +542,26 @@ def mean_rows(backend: Transport, rows: Array) -> Array:
 
 
 def _minibatch_oracle(backend: Transport, name: str) -> Callable[..., Any]:
-    oracle = getattr(backend.problem, name, None)  # type: ignore[attr-defined]
+    oracle = getattr(getattr(backend, "problem", None), name, None)
     if oracle is None:
         raise TypeError(f"this method needs a finite-sum problem with a minibatch oracle ({name}: "
-                        "see permk.classification.FiniteSumProblem)")
+                        "see permk.FiniteSumProblem)")
     return oracle  # type: ignore[no-any-return]
 
 
 def minibatch_grads(backend: Transport, x: Array, batch_size: int, *, seed: int, round: int) -> Array:
-    """The held workers' minibatch gradients ``∇f_{iB_i}(x)`` (``B_i`` drawn from ``(seed, round, i)``)."""
+    """The held workers' minibatch gradients ``∇f_{iB_i}(x)`` (``B_i`` drawn from ``(seed, round, i)``),
+    checked as every oracle's answer is (real numbers, one row per held worker)."""
     g = _minibatch_oracle(backend, "minibatch_grads")(x, batch_size, seed=seed, round=round, workers=backend.workers)
     return _held_rows(g, backend, "problem.minibatch_grads(x, ...)")
 
 
 def minibatch_grads_pair(backend: Transport, x: Array, y: Array, batch_size: int, *, seed: int, round: int) -> tuple[Array, Array]:
-    """The held workers' ``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` with the same minibatch at both points."""
-    gx, gy = _minibatch_oracle(backend, "minibatch_grads_pair")(x, y, batch_size, seed=seed, round=round, workers=backend.workers)
+    """The held workers' ``(∇f_{iB_i}(x), ∇f_{iB_i}(y))`` with the same minibatch at both points,
+    checked: a pair of arrays of real numbers, one row per held worker each."""
     what = "problem.minibatch_grads_pair(x, y, ...)"
-    return _held_rows(gx, backend, what), _held_rows(gy, backend, what)
+    got = _minibatch_oracle(backend, "minibatch_grads_pair")(x, y, batch_size, seed=seed, round=round, workers=backend.workers)
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise TypeError(f"{what} must return a pair (gradients at x, gradients at y), got {type(got).__name__}"
+                        + (f" of {len(got)}" if isinstance(got, (tuple, list)) else ""))
+    return _held_rows(got[0], backend, what + "[0]"), _held_rows(got[1], backend, what + "[1]")

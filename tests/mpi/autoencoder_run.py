@@ -27,7 +27,7 @@ def main() -> None:
         if comm.rank == 0:
             coins = {} if res.coins is None else {"coins": res.coins}
             np.savez(out / f"{name}.npz", x=res.x, grad_norm_sq=res.grad_norm_sq, f_gap=res.f_gap, bits=res.bits_per_worker,
-                     meta=json.dumps({"held": held, "path": res.params["path"]}), **coins)
+                     meta=json.dumps({"held": held, "path": res.params.path}), **coins)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def main() -> None:
                                          (pd.vr_marina, permk.vr_marina, permk.PermK(), {"batch_size": 4})):
             mpi = run(held, comp, rounds=60, seed=1, **opts)
             sim = sim_run(p, comp, rounds=60, seed=1, **opts)
-            assert mpi.params["gamma"] == sim.params["gamma"], sim.method
+            assert mpi.params.gamma == sim.params.gamma, sim.method
             assert np.allclose(mpi.x, sim.x, rtol=1e-12, atol=1e-14), (sim.method, np.abs(mpi.x - sim.x).max())
             assert np.allclose(mpi.grad_norm_sq, sim.grad_norm_sq, rtol=1e-10, atol=0), sim.method
             assert np.array_equal(mpi.bits_per_worker, sim.bits_per_worker) and np.array_equal(mpi.oracle_calls, sim.oracle_calls)

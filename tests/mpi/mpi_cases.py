@@ -169,6 +169,13 @@ class MomentumState(permk.State):
     arrays: ClassVar[dict[str, str]] = {"x": "shared", "m": "shared", "M": "per_worker"}
 
 
+@dataclass(frozen=True)
+class MomentumParams(permk.MethodParams):
+    """:class:`LocalMomentum`'s parameters: the momentum ``beta``."""
+
+    beta: float
+
+
 class LocalMomentum(permk.Method):
     """A user's method with a per-worker state, defined outside the package: worker ``i`` keeps
     the momentum ``M_i ← β M_i + ∇f_i(x)`` and the iterate steps along their mean,
@@ -181,29 +188,22 @@ class LocalMomentum(permk.Method):
     exchange = permk.exchanges.mean_grad
     takes_compressor = False
 
-    def parameters(self, compressor: permk.Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
-                   beta: float = 0.5) -> dict[str, Any]:
+    def parameters(self, compressor: permk.Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
+                   beta: float = 0.5) -> MomentumParams:
         if not compressor.capabilities.lossless:
             raise ValueError(f"local momentum sends full vectors: its compressor must be Identity, got {compressor.name}")
         bits = float(d * float_bits)
-        return {"beta": float(beta), "bits": {"compressed": bits, "expected": bits}}
+        return MomentumParams(bits=permk.methods.Bits(compressed=bits, expected=bits, full=bits), beta=float(beta))
 
-    def step(self, compressor: permk.Compressor, n: int, d: int, params: dict[str, Any], constants: Any,
-             problem: Any = None) -> tuple[float, str]:
-        raise ValueError("local momentum has no theory step: pass gamma=")
-
-    def floats_per_round(self, compressor: permk.Compressor, n: int, d: int, params: dict[str, Any]) -> float:
-        return float(d)
-
-    def init(self, x0: np.ndarray, backend: Any, compressor: permk.Compressor, params: dict[str, Any], *, seed: int) -> MomentumState:
+    def init(self, x0: np.ndarray, backend: Any, compressor: permk.Compressor, params: Any, *, seed: int) -> MomentumState:
         M = np.array(ex.local_grads(backend, x0), dtype=np.float64)
         return MomentumState(x=x0, m=ex.mean_rows(backend, M), M=M, seed=seed)
 
     def update(self, state: MomentumState, backend: Any, compressor: permk.Compressor,
-               params: dict[str, Any]) -> tuple[MomentumState, permk.RoundInfo]:
-        x = state.x - params["gamma"] * state.m
-        M = params["beta"] * state.M + ex.local_grads(backend, x)
-        bits = params["bits"]["compressed"]
+               params: Any) -> tuple[MomentumState, permk.RoundInfo]:
+        x = state.x - params.gamma * state.m
+        M = params.own.beta * state.M + ex.local_grads(backend, x)
+        bits = params.bits.compressed
         return (MomentumState(x=x, m=ex.mean_rows(backend, M), M=M, round=state.round + 1, seed=state.seed, bits=state.bits + bits),
                 permk.RoundInfo(bits))
 
@@ -292,10 +292,29 @@ def example_problem(method: permk.Method, n: int, d: int) -> Any:
     return permk.Quadratic.synthetic(n, d, lam=1e-2, noise_scale=0.2, seed=0)
 
 
+#: The options the generic tests run the package's methods with: their required minibatch options.
+EXAMPLE_OPTIONS: dict[type, dict[str, Any]] = {
+    permk.methods.VRMarina: {"batch_size": 2},
+    permk.methods.StochasticMarina: {"batch_size": 2, "megabatch_size": 8},
+    permk.methods.SGD: {"batch_size": 2},
+    permk.methods.DashaPage: {"batch_size": 2},
+    permk.methods.DashaMVR: {"batch_size": 2, "momentum": 0.5},
+}
+
+
+def run_options(method: permk.Method) -> dict[str, Any]:
+    """The options the generic tests run ``method`` with: the package's (:data:`EXAMPLE_OPTIONS`,
+    by the nearest class), else an outside method's own ``example_options`` (a test hook it may
+    declare), else none."""
+    for cls in type(method).__mro__:
+        if cls in EXAMPLE_OPTIONS:
+            return dict(EXAMPLE_OPTIONS[cls])
+    return dict(getattr(method, "example_options", {}))
+
+
 def example_options(method: permk.Method, problem: Any) -> dict[str, Any]:
-    """The options of ``method.parameters`` in the generic tests: its ``example_options`` (and the
-    problem where its parameters read it)."""
-    return {**method.example_options, **({"problem": problem} if method.parameters_read_problem else {})}
+    """The options of ``method.parameters`` in the generic tests: :func:`run_options` and the problem."""
+    return {**run_options(method), "problem": problem}
 
 
 def example_compressor(method: permk.Method, n: int, d: int) -> permk.Compressor:

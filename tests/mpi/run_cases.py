@@ -33,7 +33,7 @@ def main() -> None:
             h.update(k.encode() + np.ascontiguousarray(arrays[k]).tobytes())
         digests = comm.allgather(h.hexdigest())
         if comm.rank == 0:
-            meta = {"params": res.params, "same_on_every_rank": len(set(digests)) == 1, "n_procs": res.n_procs,
+            meta = {"params": res.params.record(), "same_on_every_rank": len(set(digests)) == 1, "n_procs": res.n_procs,
                     "workers_rank0": [res.workers.start, res.workers.stop], "diverged_at": res.diverged_at,
                     "method": res.method, "compressor": res.compressor}
             np.savez(out / f"{name}.npz", meta=json.dumps(meta), **arrays)

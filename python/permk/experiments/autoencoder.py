@@ -814,7 +814,7 @@ class AutoencoderGrid:
 PAPER_GRID = AutoencoderGrid()
 #: The multipliers ``2^i`` of the authors' autoencoder runs, ``[low, high)``: ``--step_size_range
 #: -5 4`` for every compressor in their scripts.txt; used with ``steps="authors"``.
-AUTHORS_STEPS = {"marina": (-5, 4)}
+AUTHORS_STEPS = ("autoencoder", (-5, 4))
 #: ``--quick``: 20 workers on the first 1,000 images, heterogeneous and homogeneous splits,
 #: λ = 1e-3, the two largest multipliers, 300 rounds: under a minute on 2 cores (``--jobs 2``).
 QUICK_GRID = AutoencoderGrid(workers=20, p_hats=(0.0, 1.0), lams=(1e-3,), images=1000, max_multipliers=2,

@@ -164,7 +164,7 @@ def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, re
     for m in grid_json["methods"]:
         spec = Spec.parse(m)
         gth[m] = theory_gamma(problem, spec, opts)
-        exps[m] = step_exponents(m, gth[m], float(problem.L_minus), opts, {}, max_count=grid_json["max_multipliers"])
+        exps[m] = step_exponents(m, gth[m], float(problem.L_minus), opts, None, max_count=grid_json["max_multipliers"])
     base = {"experiment": grid_json["name"], "constants": consts, "gamma_theory_by_method": gth,
             "problem_seed": grid_json["problem_seed"], "figure": figure}
     bar = None

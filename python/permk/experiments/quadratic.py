@@ -72,9 +72,10 @@ class QuadraticGrid:
 
 PAPER_GRID = QuadraticGrid()
 #: The multipliers ``2^i`` of the authors' quadratic runs, ``[low, high)``: ``--step_size_range 0
-#: 20`` for every compressor and ``--top_k_factor 3`` (EF21+TopK's steps ×8) in their scripts.txt
-#: (config_quadratic.py:95, 106-107); used with ``steps="authors"``.
-AUTHORS_STEPS = {"marina": (0, 20), "ef21": (3, 23)}
+#: 20`` for every compressor in their scripts.txt (config_quadratic.py:95; EF21+TopK's
+#: ``--top_k_factor 3`` is EF21's protocol: :mod:`permk.experiments.protocols`); used with
+#: ``steps="authors"``.
+AUTHORS_STEPS = ("quadratic", (0, 20))
 #: The ``--quick`` grid: the same n (the claims need n = 1000 and 10000), L± = 0 and the most
 #: heterogeneous noise scale, the three largest multipliers, a budget of 10× the bits the best
 #: run needs to reach the target (20× in the full grid), without the cell n = 10000, s = 0.8:
@@ -115,7 +116,7 @@ def check_memory(grid: QuadraticGrid, mpi: bool = False) -> None:
         for m in grid.methods:
             spec = Spec.parse(m)
             n = _identical_workers(cell, spec, spec.compressor(cell["n"], cell["d"]), mpi) or cell["n"]
-            check_alloc(spec.method.state_shape(n, cell["d"]), f"the state of {m} in cell {cell['id']}", count=2)
+            check_alloc((n, cell["d"]) if spec.method.state_type.per_worker_arrays() else (cell["d"],), f"the state of {m} in cell {cell['id']}", count=2)
 
 
 def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,

@@ -61,6 +61,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 
+from .protocols import protocol_of
 from .results import append_record, from_json, hold_directory, read_json, read_records, thin_indices, to_jsonable, write_json
 
 __all__ = [
@@ -130,10 +131,10 @@ class Spec:
 
     def identical_workers_collapse(self, compressor: Any) -> bool:
         """Whether workers that are the same function stay identical under this method with
-        ``compressor``: a method that says so (``collapses_identical_workers``: EF21 keeps equal
+        ``compressor``: a method whose protocol says so (``collapses_identical_workers``: EF21 keeps equal
         ``g_i``) with a deterministic compressor (TopK), so the iterates do not depend on how
         many such workers there are (the experiments then run as few as they can)."""
-        return bool(self.method.collapses_identical_workers and compressor.capabilities.deterministic)
+        return bool(protocol_of(self.method).collapses_identical_workers and compressor.capabilities.deterministic)
 
     @property
     def label(self) -> str:
@@ -156,9 +157,9 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     """Every ``METHOD-COMPRESSOR`` the experiments can run: the methods with a theory step
     (MARINA, EF21, DIANA, RandDIANA, VR-MARINA, …) and the compressors whose defaults suit them
     (checked at ``(n, d)`` on a synthetic quadratic, whose constants every step can read: ``L_i``
-    too; a method that ``needs_finite_sum`` on a small :class:`permk.NonconvexSigmoid` with its
-    ``example_options``), then the methods that take no compressor by their name alone (``gd``,
-    ``sgd``)."""
+    too; a method that ``needs_finite_sum`` on a small :class:`permk.NonconvexSigmoid` with the
+    experiments' ``batch_size``), then the methods that take no compressor by their name alone
+    (``gd``, ``sgd``)."""
     from permk.classification import NonconvexSigmoid
     from permk.compressors import Identity, catalog
     from permk.methods import catalog as methods
@@ -172,10 +173,11 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
 
     def suits(method: Any, c: Any) -> bool:
         probe, consts = probes[bool(method.needs_finite_sum)]
-        given = {**SearchOptions(batch_size=2).sample_options(method), **({"problem": probe} if method.parameters_read_problem else {})}
+        if method.theory is None:
+            return False
         try:
-            params = method.parameters(c, n, d, **given)
-            method.step(c, n, d, params, consts, problem=probe)
+            params = method.parameters(c, n, d, problem=probe, **SearchOptions(batch_size=2).sample_options(method))
+            method.theory.step(c, n, d, params, consts, problem=probe)
         except (TypeError, ValueError):
             return False
         return True
@@ -199,16 +201,16 @@ def _default_or_none(cls: Any, n: int, d: int) -> Any:
 
 def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: str | None = None) -> float:
     """The theory's step (multiplier 1) of ``spec`` on ``problem``, chosen exactly as a run of
-    the method chooses it (:func:`permk.methods.setup`: p = ζ/d, Theorem AB / AB-PL, the EF21
+    the method chooses it (:func:`permk.methods.driver.setup`: p = ζ/d, Theorem AB / AB-PL, the EF21
     theorem) from the problem's constants with ``opts.constants`` (``"pessimistic"``:
     ``L_+² = L_±² = (1/n) Σ L_i²``) unless ``constants`` overrides it."""
-    from permk.methods import setup
+    from permk.methods.driver import setup
 
     spec.check_problem(problem)
     n, d = int(problem.n), int(problem.d)
     params = setup(spec.method, problem, spec.compressor(n, d), n=n, d=d, rounds=1, seed=opts.seed,
                    pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits, **opts.method_options(spec))
-    return float(params["gamma"])
+    return float(params.gamma)
 
 
 def multiplier_exponents(gamma_theory: float, L_minus: float, *, max_count: int | None = None, cap: int = 16) -> list[int]:
@@ -224,14 +226,17 @@ def multiplier_exponents(gamma_theory: float, L_minus: float, *, max_count: int 
 
 
 def step_exponents(method: str, gamma_theory: float, L_minus: float | None, opts: SearchOptions,
-                   authors: Mapping[str, tuple[int, int]], *, max_count: int | None = None) -> list[int]:
+                   authors: tuple[str, tuple[int, int]] | None, *, max_count: int | None = None) -> list[int]:
     """The exponents ``j`` of the multipliers ``2^j`` a method ``METHOD-COMPRESSOR`` runs with,
     largest first: with ``opts.steps == "edge"`` those of :func:`multiplier_exponents`; with
-    ``"authors"`` the range ``authors[METHOD]`` (``[low, high)``, the experiment's configs; the
-    ``"marina"`` range for a method without its own), not cut at the stability edge (such runs
-    diverge and are dropped). ``max_count`` keeps the largest ones."""
+    ``"authors"`` the authors' range (``[low, high)``, the experiment's configs) of
+    ``authors = (experiment, default range)``: the method's own in that experiment
+    (:meth:`MethodProtocol.steps`), else the experiment's default, not cut at the stability edge
+    (such runs diverge and are dropped). ``max_count`` keeps the largest ones."""
     if opts.steps == "authors":
-        low, high = authors.get(method.partition("-")[0], authors["marina"])
+        if authors is None:
+            raise ValueError("steps='authors': this experiment has no authors' step ranges; use steps='edge'")
+        low, high = protocol_of(Spec.parse(method).method).steps(*authors)
         js = list(range(high - 1, low - 1, -1))
         return js[:max_count] if max_count else js
     if L_minus is None:
@@ -271,8 +276,8 @@ class SearchOptions:
 
     def rounds_for(self, spec: Spec) -> int:
         """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, times
-        the method's ``authors_rounds_factor`` (EF21: twice), as the authors' configs."""
-        factor = spec.method.authors_rounds_factor if self.horizon == "rounds" else 1
+        the method's protocol's ``rounds_factor`` (EF21: twice), as the authors' configs."""
+        factor = protocol_of(spec.method).rounds_factor if self.horizon == "rounds" else 1
         return int(factor) * self.max_rounds
 
     def prunes(self, spec: Spec) -> bool:
@@ -289,17 +294,14 @@ class SearchOptions:
 
     def method_options(self, spec: Spec) -> dict[str, Any]:
         """The method's own options of a run of ``spec``: the start ``init`` of a method that
-        has a choice of starts (``Method.starts``: EF21's)."""
-        start = {"init": self.ef21_init} if self.ef21_init in spec.method.starts else {}
+        has a choice of starts (its protocol's ``starts``: EF21's)."""
+        start = {"init": self.ef21_init} if self.ef21_init in protocol_of(spec.method).starts else {}
         return {**start, **self.sample_options(spec.method)}
 
     def sample_options(self, method: Any) -> dict[str, Any]:
-        """The sampling options of a method that runs on minibatches (``needs_finite_sum``): those
-        of its ``example_options`` these options set (``batch_size``); a method that needs more
-        (a megabatch) is not run by the experiments."""
-        if not method.needs_finite_sum:
-            return {}
-        return {k: getattr(self, k) for k in method.example_options if k in ("batch_size",)}
+        """The sampling options of a method that runs on minibatches (``needs_finite_sum``): the
+        ``batch_size``; a method that needs more (a megabatch) is not run by the experiments."""
+        return {"batch_size": self.batch_size} if method.needs_finite_sum else {}
 
 
 #: The authors' protocol, per experiment (the option values ``--protocol authors`` sets; see the
@@ -416,7 +418,7 @@ class Run:
         self.seconds += time.perf_counter() - t0
         first = self.state is None
         if first:
-            self.params = dict(res.params)
+            self.params = res.params.record()
             self.g0 = float(res.grad_norm_sq[0])
             self.expected_per_round = float(res.expected_bits_per_worker[-1] - res.expected_bits_per_worker[0]) / max(1, int(res.rounds[-1] - res.rounds[0]))
         sl = slice(0, None) if first else slice(1, None)

@@ -10,6 +10,8 @@ and the communication complexity of the methods.
 * :mod:`permk.theory.group` — the constants of appendix "Group Hessian Variance";
 * :mod:`permk.theory.ab` — the AB inequality (Assumption "AB inequality") measured for any
   compressor;
+* :mod:`permk.theory.method` — :class:`MethodTheory`, what a method's theorems say of it (its
+  step, the floats it sends per round), declared beside the method;
 * :mod:`permk.theory.complexity` — rounds and floats per worker of any method, optimised, next
   to the paper's Tables (``permk complexity`` on the command line).
 
@@ -23,6 +25,7 @@ from .complexity import (
     format_complexity_table as format_complexity_table,
     table_complexity as table_complexity,
 )
+from .method import MethodTheory as MethodTheory
 from .group import GroupHessianVariance as GroupHessianVariance, group_hessian_variance as group_hessian_variance
 from .smoothness import ExactConstants as ExactConstants, Smoothness as Smoothness, smoothness as smoothness
 from .steps import (
@@ -63,6 +66,7 @@ __all__ = [
     "ABInput",
     "ABEstimate",
     "estimate_ab",
+    "MethodTheory",
     "Complexity",
     "complexity",
     "table_complexity",

@@ -3,8 +3,8 @@ own parameters (MARINA's ``p``) and the compressor's size (``K``) optimised, nex
 forms of the paper's Tables.
 
 :func:`complexity` asks the method object (``permk.marina``, ``permk.ef21``, …) for its
-parameters, its theorem's step, what it optimises and the floats a worker sends per round: a new
-method is covered by defining those (see :class:`permk.methods.Method`).
+parameters, and its theory (:class:`permk.theory.MethodTheory`) for its theorem's step, what it
+optimises and the floats a worker sends per round: a new method is covered by declaring those.
 
 >>> import permk
 >>> c = complexity(permk.marina, permk.PermK, n=10, d=1000, L_minus=1.0, L_plus=1.0, L_pm=0.0, eps=1e-3, delta0=1.0)
@@ -101,22 +101,25 @@ def _argmin_int(fn: Callable[[int], float], lo: int, hi: int, points: int = 17) 
 
 
 def _check_method(method: Any) -> None:
-    for attr in ("name", "parameters", "step", "floats_per_round", "tunable_range"):
-        if not hasattr(method, attr):
-            raise TypeError(f"method must be a permk Method (permk.marina, permk.ef21, ...), got {method!r}")
+    if not all(hasattr(method, attr) for attr in ("name", "parameters", "theory")):
+        raise TypeError(f"method must be a permk Method (permk.marina, permk.ef21, ...), got {method!r}")
 
 
 def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float, delta0: float) -> Complexity:
     """The best ``T × floats per round`` of ``method`` with the compressor ``c``, over the
     method's own tunable parameter (at most one, optimised on a log scale)."""
 
-    def at(**tuned: float) -> tuple[dict[str, Any], float, float, float]:
+    theory = method.theory
+    if theory is None:
+        raise ValueError(f"{method!r} declares no theory (permk.theory.MethodTheory): its complexity is not known")
+
+    def at(**tuned: float) -> tuple[Any, float, float, float]:
         """The parameters, step, (real) rounds and floats per round at the tuned values."""
         params = method.parameters(c, n, d, **tuned)
-        gamma, _ = method.step(c, n, d, params, constants)
-        return params, gamma, _rounds(gamma, eps, delta0, constants.mu), method.floats_per_round(c, n, d, params)
+        gamma, _ = theory.step(c, n, d, params, constants)
+        return params, gamma, _rounds(gamma, eps, delta0, constants.mu), theory.floats_per_round(c, n, d, params)
 
-    ranges = method.tunable_range(c, n, d)
+    ranges = theory.tunable_range(c, n, d)
     if len(ranges) > 1:
         raise ValueError(f"{method!r} has several tunable parameters ({', '.join(ranges)}); complexity optimises one")
     tuned: dict[str, float] = {}
@@ -131,9 +134,10 @@ def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float
     T = math.ceil(rounds)
     size = c.capabilities.tunable
     return Complexity(
-        method=method.name, compressor=c.name, K=getattr(c, size) if size else None, p=params.get("p"), gamma=gamma,
+        method=method.name, compressor=c.name, K=getattr(c, size) if size else None, p=getattr(params, "p", None), gamma=gamma,
         rounds=T, floats_per_round=per_round, floats=T * per_round, pl=constants.mu is not None,
-        A=params.get("A"), B=params.get("B"), alpha=None if params.get("alpha") is None else float(params["alpha"]),
+        A=getattr(params, "A", None), B=getattr(params, "B", None),
+        alpha=None if getattr(params, "alpha", None) is None else float(params.alpha),
         table=None, table_ref=None,
     )  # fmt: skip
 
@@ -209,7 +213,7 @@ def _checked(method: Any, n: Any, d: Any, L_minus: Any, L_plus: Any, L_pm: Any, 
 
 class TableRow(NamedTuple):
     """One row of the paper's communication-complexity Tables (nonconvex and PL), declared by
-    its method for a compressor class (``Method.table_rows``)."""
+    its method's theory for a compressor class (``MethodTheory.table_rows``)."""
 
     label: str
     #: the inner ``min{…}`` of the closed form at ``(n, d, L−, L+, L±)``
@@ -239,7 +243,7 @@ def table_complexity(
     delta0: float,
     mu: float | None = None,
 ) -> tuple[float, str] | None:
-    """The paper's closed form for the method with the compressor (its ``table_rows``:
+    """The paper's closed form for the method with the compressor (its theory's ``table_rows``:
     MARINA+PermK, MARINA+RandK, EF21+TopK), or None.
 
     The paper's communication-complexity Table, from its Lemmas on the optimal parameters of the
@@ -258,7 +262,7 @@ def table_complexity(
 
 def _table(method: Any, compressor: Any, n: int, d: int, c: Constants, eps: float, delta0: float) -> tuple[float, str] | None:
     kind = compressor if isinstance(compressor, type) else type(compressor)
-    row = getattr(method, "table_rows", {}).get(kind)
+    row = getattr(getattr(method, "theory", None), "table_rows", {}).get(kind)
     if row is None:
         return None
     inner = row.inner(n, d, c.L_minus, c.L_plus, c.L_pm)

@@ -1,39 +1,93 @@
-"""Backends: the ``n`` workers of a problem as one process sees them, and the transport the
-exchanges of :mod:`permk.exchanges` run over.
+"""What a transport is: the ``n`` workers of a problem as one process sees them, and how
+numbers move between them.
 
-A backend evaluates the oracles of the workers it holds and moves numbers between workers; it
-does no method's arithmetic:
+A transport evaluates the oracles of the workers it holds and moves numbers between workers;
+it does no method's arithmetic (that is :mod:`permk.exchanges`, written once for every
+transport):
 
-* ``local_grads(x)``, ``grad_blocks(x)``, ``coords(x, rows, cols)`` — the held workers'
-  gradients, whole, in blocks of workers (``problem.local_grad_blocks``) or at some coordinates
-  (``problem.local_grad_coords``); ``kernel`` — the problem's native kernel;
+* ``local_grads(x)``, ``grad_blocks(x)``, ``coords(x, rows, cols)``, ``message_blocks(...)`` —
+  the held workers' gradients, whole, in blocks of workers (``problem.local_grad_blocks``), at
+  some coordinates (``problem.local_grad_coords``), or compressed by the problem itself
+  (``problem.local_message_blocks``); ``kernel`` — the problem's :class:`NativeKernel`;
 * ``mean_grad(x)``, ``mean_rows(V)`` — the mean of whole per-worker vectors;
 * ``plan(c, seed, round)`` — a round's shared plan (:meth:`permk.Compressor.round`);
 * ``mean_values(c, r, fill)`` — a shared plan's values gathered in worker order and summed by
   the round (only values travel);
 * ``mean_pairs(c, msgs)`` — messages sent as ``(index, value)`` pairs, summed in worker order;
-* ``own(H)`` — per-worker rows the backend may update in place (see :mod:`permk.exchanges`);
+* ``own(H)`` — per-worker rows the transport may update in place (see :mod:`permk.exchanges`);
 * ``metrics(x)`` — ``‖∇f(x)‖²`` and ``f(x) − f*`` for the record (not communication).
 
-:class:`Simulator` holds all ``n`` workers; :class:`permk.distributed.MPIBackend` holds a block
-of them per process and moves the numbers with MPI. Each exchange chooses its path
-(``"rust"``, ``"fused"``, ``"dense"``: :mod:`permk.exchanges`) from the capabilities of the
-problem and the compressor; ``path=`` forces one (for tests).
+:class:`permk.transport.Simulator` holds all ``n`` workers in one process;
+:class:`permk.transport.mpi.MPIBackend` holds a block of them per process and moves the numbers
+with MPI. :class:`HeldWorkers` is what both share: the held workers' oracles, checked.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._validate import check_choice, check_int, check_output, check_real
-from .compressors import Compressor, Messages, Round
-from .exchanges import PATHS, Exchange, Fill, Transport, choose_path
+from .._validate import check_choice, check_int, check_output
+from ..compressors import Compressor, Messages, Round
 
-__all__ = ["Backend", "Simulator", "HeldWorkers", "PATHS", "check_problem"]
+__all__ = ["Fill", "NativeKernel", "Transport", "Backend", "HeldWorkers", "PATHS", "check_problem"]
 
 Array = np.ndarray
+#: Evaluation paths of the compressed exchanges, fastest first (:mod:`permk.exchanges`).
+PATHS = ("rust", "fused", "dense")
+#: ``fill(start, stop, divide, out)``: workers ``start..stop``'s values of a round in plan order
+#: (each ``(v + 0)/divide`` when ``divide`` is given), written into ``out`` when given.
+Fill = Callable[[int, int, "int | None", "Array | None"], Array]
+
+
+@runtime_checkable
+class NativeKernel(Protocol):
+    """A problem's native (Rust) kernel of its oracles and of the compressed exchanges'
+    arithmetic (``permk._core.Tridiagonal``, the synthetic quadratic's): what the exchanges'
+    ``"rust"`` path calls. ``spec`` is a compressor's native kernel (``Compressor.kernel``)."""
+
+    def local_grads(self, x: Array, start: int = 0, stop: int | None = None) -> Array: ...
+    def round_values(self, round: Any, x: Array, y: Array | None, start: int, stop: int, *,
+                     divide: int | None = None, out: Array | None = None) -> Array: ...
+    def compressed_mean_diff(self, spec: Any, x_new: Array, x_old: Array, seed: int, round: int) -> Array: ...
+    def error_feedback(self, spec: Any, x: Array, G: Array, seed: int, round: int,
+                       start: int = 0) -> tuple[Array, Array, Array, bool]: ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """What an exchange needs of a transport: the held workers' oracles, and moving numbers.
+
+    ``n``, ``d``, ``workers`` (the held workers, a contiguous range), ``forced`` (the path a
+    run forces, or ``"auto"``), ``local`` (True when nothing travels: one process holds every
+    worker and counts no bytes), ``kernel`` (the problem's native kernel or None),
+    ``has_coords`` (the problem has ``local_grad_coords``), ``paths`` (the exchanges' chosen
+    paths, kept by :mod:`permk.exchanges`)."""
+
+    n: int
+    d: int
+    workers: range
+    forced: str
+    local: bool
+    paths: dict[Any, Any]
+
+    @property
+    def kernel(self) -> NativeKernel | None: ...
+    @property
+    def has_coords(self) -> bool: ...
+    def local_grads(self, x: Array) -> Array: ...
+    def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
+    def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
+                       round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
+    def coords(self, x: Array, rows: Array, cols: Array) -> Array: ...
+    def mean_grad(self, x: Array) -> Array: ...
+    def mean_rows(self, rows: Array) -> Array: ...
+    def plan(self, compressor: Compressor, seed: int, round: int) -> Round: ...
+    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array: ...
+    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array: ...
+    def own(self, H: Array) -> Array: ...
+
 
 @runtime_checkable
 class Backend(Transport, Protocol):
@@ -56,26 +110,8 @@ def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "lo
     return check_int(problem.n, "problem.n", low=1), check_int(problem.d, "problem.d", low=1)
 
 
-class Paths:
-    """The path of each (exchange, compressor) pair on one backend, chosen once: the fastest
-    available, or the forced one (``where`` ends the error message of an unavailable one)."""
-
-    def __init__(self, forced: str, where: str = "") -> None:
-        self.forced = check_choice(forced, "path", ("auto", *PATHS))
-        self.where = where
-        self._chosen: dict[tuple[int, str], tuple[Any, str]] = {}
-
-    def __call__(self, backend: Any, exchange: Exchange, compressor: Compressor | None) -> str:
-        key = (id(compressor), exchange.name)
-        hit = self._chosen.get(key)
-        if hit is None or hit[0] is not compressor:
-            what = exchange.name if compressor is None else f"{exchange.name} with {compressor.name}"
-            hit = self._chosen[key] = (compressor, choose_path(self.forced, exchange.available(backend, compressor), what + self.where))
-        return hit[1]
-
-
 class Owned:
-    """Per-worker rows (an exchange's ``H``) a backend may update in place: the arrays it handed
+    """Per-worker rows (an exchange's ``H``) a transport may update in place: the arrays it handed
     out itself (the last few); any other array is copied first, so a caller's is never modified."""
 
     KEEP = 4
@@ -93,10 +129,11 @@ class Owned:
 
 
 class HeldWorkers:
-    """What every backend shares: the held workers' oracles (``local_grads`` kept for the last
-    two points, ``coords``), the problem's native ``kernel``, the path of each exchange, and
-    the per-worker rows it owns. A backend sets ``n``, ``d``, ``workers``, ``problem`` and calls
-    ``__init__`` with the path a run forces."""
+    """What every transport shares: the held workers' oracles (``local_grads`` kept for the last
+    two points, ``coords``, blocks, the problem's own messages), the problem's native ``kernel``,
+    the path a run forces and the exchanges' chosen ``paths``, and the per-worker rows it owns. A
+    transport sets ``n``, ``d``, ``workers``, ``problem`` and calls ``__init__`` with the path a
+    run forces (``where`` ends the error message of a path that is not available)."""
 
     n: int
     d: int
@@ -104,16 +141,14 @@ class HeldWorkers:
     problem: Any
 
     def __init__(self, path: str, where: str = "") -> None:
-        self._paths = Paths(path, where)
-        self.forced = self._paths.forced
+        self.forced = check_choice(path, "path", ("auto", *PATHS))
+        self.where = where
+        self.paths: dict[Any, Any] = {}
         self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
 
-    def path(self, exchange: Exchange, compressor: Compressor | None) -> str:
-        return self._paths(self, exchange, compressor)
-
     @property
-    def kernel(self) -> Any:
+    def kernel(self) -> NativeKernel | None:
         return getattr(self.problem, "kernel", None)
 
     @property
@@ -183,65 +218,3 @@ class HeldWorkers:
 
     def coords(self, x: Array, rows: Array, cols: Array) -> Array:
         return check_output(self.problem.local_grad_coords(x, rows, cols), (len(rows),), "problem.local_grad_coords(x, rows, cols)")
-
-
-class Simulator(HeldWorkers):
-    """All ``n`` workers of ``problem`` in this process (the single-process simulator).
-
-    Every user oracle's answer is checked where it is used (shape and dtype; the drivers treat a
-    non-finite value as divergence): a ``grad`` of the wrong shape is a ValueError naming the
-    oracle and both shapes, not a silently wrong run.
-    """
-
-    def __init__(self, problem: Any, *, path: str = "auto") -> None:
-        self.n, self.d = check_problem(problem)
-        self.problem = problem
-        self.workers = range(self.n)
-        self.local = True
-        super().__init__(path)
-        self._grad: tuple[Array, Array] | None = None
-
-    # -- oracles -------------------------------------------------------------------------------
-    def grad(self, x: Array) -> Array:
-        """``∇f(x)`` from the problem (the last one is kept: MARINA's full rounds record it too)."""
-        if self._grad is not None and self._grad[0] is x:
-            return self._grad[1]
-        g = check_output(self.problem.grad(x), (self.d,), "problem.grad(x)")
-        self._grad = (x, g)
-        return g
-
-    # -- transport -----------------------------------------------------------------------------
-    def mean_grad(self, x: Array) -> Array:
-        return self.grad(x)
-
-    def mean_rows(self, rows: Array) -> Array:
-        return np.asarray(rows, dtype=np.float64).mean(axis=0)
-
-    def plan(self, compressor: Compressor, seed: int, round: int) -> Round:
-        return compressor.round(self.n, self.d, seed=seed, round=round)
-
-    def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array:
-        return r.mean(np.asarray(fill(0, self.n, None, None), dtype=np.float64))
-
-    def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array:
-        return np.bincount(msgs.indices, weights=msgs.values, minlength=self.d) / self.n
-
-    # -- record --------------------------------------------------------------------------------
-    @property
-    def f_star(self) -> float | None:
-        f = getattr(self.problem, "f_star", None)
-        return None if f is None else check_real(f, "problem.f_star")
-
-    def metrics(self, x: Array) -> tuple[float, float | None]:
-        with np.errstate(over="ignore", invalid="ignore"):
-            g = self.grad(x)
-            f_star = self.f_star
-            gap = None if f_star is None else _scalar(self.problem.loss(x), "problem.loss(x)") - f_star
-            return float(g @ g), gap
-
-
-def _scalar(value: Any, name: str) -> float:
-    arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf" or arr.shape not in ((), (1,)):
-        raise ValueError(f"{name} returned {value!r} (shape {arr.shape}, dtype {arr.dtype}), expected a real number")
-    return float(arr.reshape(()))
