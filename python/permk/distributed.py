@@ -92,7 +92,7 @@ from .exchanges import Fill
 from .methods import Method, RoundInfo, RunResult, State, drive
 from .methods import catalog as method_catalog
 from .methods import check_start, resolve, setup as method_setup, start
-from .problems import index_array
+from ._validate import index_array
 
 #: The module's own names; ``__all__`` adds every catalog method's shorthand, read when it is
 #: asked for (``from permk.distributed import *``), so importing the module scans no plugins.
@@ -242,7 +242,7 @@ class LocalProblem(Protocol):
     (else pass ``gamma=``); for the finite-sum methods (VR-MARINA, SGD) the global
     ``sample_counts`` and ``L_sample_rms`` and the held workers' minibatch oracles
     ``minibatch_grads(x, b, *, seed, round, workers)`` and ``minibatch_grads_pair(x, y, b, *,
-    seed, round, workers)`` (:class:`permk.classification.FiniteSumProblem`).
+    seed, round, workers)`` (:class:`permk.problems.FiniteSumProblem`).
     """
 
     n: int

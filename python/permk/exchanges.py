@@ -23,7 +23,7 @@ evaluates the held workers' oracles and moves numbers between them:
 * :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
   rows (the methods' initial exchanges, SGD's round);
 * :func:`minibatch_grads`, :func:`minibatch_grads_pair` — the held workers' minibatch gradients
-  from a finite-sum problem's oracle (:class:`permk.classification.FiniteSumProblem`): each process
+  from a finite-sum problem's oracle (:class:`permk.problems.FiniteSumProblem`): each process
   evaluates only the workers it holds.
 
 ``H`` holds the rows of the workers the backend holds (all ``n`` in the simulator). The new

@@ -486,7 +486,7 @@ class Method(abc.ABC):
     * ``parameters_read_problem`` — ``parameters`` also takes ``problem=`` (VR-MARINA's ``p``
       reads the sample counts);
     * ``needs_finite_sum`` — the method runs only on a finite-sum problem with minibatch oracles
-      (:class:`permk.classification.FiniteSumProblem`), and ``example_options`` — the options the
+      (:class:`permk.problems.FiniteSumProblem`), and ``example_options`` — the options the
       generic tests run it with (``batch_size``).
     """
 
@@ -668,7 +668,7 @@ class GD(Marina):
 class VRMarina(Marina):
     """VR-MARINA, the finite-sum case (Gorbunov et al. 2021, "MARINA: faster non-convex
     distributed learning with compression"), on a finite-sum problem
-    (:class:`permk.classification.FiniteSumProblem`).
+    (:class:`permk.problems.FiniteSumProblem`).
 
     ``x^{t+1} = x^t − γ g^t``; on heads of the shared coin ``θ_t ~ Be(p)`` (a pure function of
     ``(seed, t)``) ``g^{t+1} = ∇f(x^{t+1})`` (full gradients, ``m_i`` oracle calls); on tails

@@ -75,9 +75,9 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .. import _core
-from .._validate import as_vector, check_choice, check_int, check_real, check_seed
+from .._validate import as_vector, check_choice, check_int, check_real, check_seed, index_array
 from ..compressors.base import Compressor, Messages
-from ..problems import index_array
+from ..problems.datasets import load_images
 from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
 __all__ = ["LinearAutoencoder", "AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "estimate_constants", "run_autoencoder"]
@@ -193,7 +193,7 @@ class LinearAutoencoder:
 
     Parameters
     ----------
-    X : (N, d_f) images (rows), e.g. :func:`permk.experiments.data.load_images`.
+    X : (N, d_f) images (rows), e.g. :func:`permk.problems.datasets.load_images`.
     n : number of workers; p_hat : the homogeneity p̂ (see ``split``).
     lam : regularization λ; d_e : encoding size; seed : split, assignment and init.
     dtype : ``np.float64`` (default) or ``np.float32`` (as the authors ran it): the images and
@@ -823,8 +823,6 @@ QUICK_GRID = AutoencoderGrid(workers=20, p_hats=(0.0, 1.0), lams=(1e-3,), images
 
 @functools.lru_cache(maxsize=2)
 def _images(data: str | None, limit: int | None) -> tuple[np.ndarray, str]:
-    from .data import load_images
-
     im = load_images(data, limit=limit)
     return im.X, im.source
 
@@ -838,7 +836,6 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     opts = SearchOptions(**grid_json["options"])
     if mpi:
         from ..distributed import workers_of
-        from .data import load_images
 
         im = load_images(grid_json["data"], limit=grid_json["images"])
         X, source, workers = im.X, im.source, workers_of(grid_json["workers"], mpi_comm())
@@ -884,8 +881,6 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
     """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory. With
     ``mpi`` (launched by ``mpiexec``) every run is distributed over the ranks, each holding its
     block of workers' images (:class:`LinearAutoencoder` with ``workers=``); rank 0 writes."""
-    from .data import load_images
-
     load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
     root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
