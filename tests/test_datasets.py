@@ -137,7 +137,7 @@ def test_p_hat_shards_are_the_authors_split() -> None:
     """Their split_with_controling_homogeneity: n + 1 parts of the shuffled samples, the first
     held out, each sample of worker i's part replaced by the held-out one at the same position
     with probability p̂ — the autoencoder's split="per-sample", index for index."""
-    from permk.experiments.autoencoder import LinearAutoencoder
+    from permk.problems import LinearAutoencoder
 
     X = np.random.default_rng(0).random((23, 4))
     for p_hat in (0.0, 0.3, 1.0):

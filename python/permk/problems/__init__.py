@@ -12,6 +12,8 @@ the data they are built from. One module per concept:
   (:class:`LinearFiniteSum`), one MPI process's part (:class:`HeldShards`);
 * :mod:`~permk.problems.classification` — the authors' nonconvex tasks
   :class:`NonconvexSigmoid`, :class:`NonconvexMultiClass`, :class:`NonconvexLogistic`;
+* :mod:`~permk.problems.autoencoder` — the linear autoencoder of the MNIST experiment
+  (:class:`LinearAutoencoder`);
 * :mod:`~permk.problems.datasets` — every reader and loader (LibSVM, IDX, MNIST images,
   Fashion-MNIST, heart_scale), label encodings and the workers' shards; nothing is downloaded.
 
@@ -26,6 +28,8 @@ them.
 [2, 2]
 """
 
+from .autoencoder import GroupedAutoencoder as GroupedAutoencoder, LinearAutoencoder as LinearAutoencoder
+from .autoencoder import estimate_constants as estimate_constants
 from .base import FiniteSumProblem as FiniteSumProblem, Problem as Problem
 from .classification import MULTICLASS_CURVATURE as MULTICLASS_CURVATURE, SIGMOID_CURVATURE as SIGMOID_CURVATURE
 from .classification import NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass
@@ -59,6 +63,10 @@ __all__ = [
     "NonconvexLogistic",
     "SIGMOID_CURVATURE",
     "MULTICLASS_CURVATURE",
+    # autoencoder
+    "LinearAutoencoder",
+    "GroupedAutoencoder",
+    "estimate_constants",
     # datasets
     "LabelledData",
     "Images",

@@ -1,6 +1,6 @@
 """Every reader and loader of the problems' data, with nothing downloaded: labelled data for the
 finite-sum problems (:mod:`permk.problems.classification`), images for the linear autoencoder
-(:mod:`permk.experiments.autoencoder`), label encodings, and the split of the samples into the
+(:mod:`permk.problems.autoencoder`), label encodings, and the split of the samples into the
 workers' shards.
 
 * :func:`read_libsvm` — a LibSVM/svmlight text file as a CSR matrix and its labels; a bad line
