@@ -54,8 +54,7 @@ import numpy as np  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 import permk  # noqa: E402
-from permk.experiments.autoencoder import LinearAutoencoder  # noqa: E402
-from permk.experiments.data import DEBIAN_FASHION_MNIST, load_images
+from permk.problems import DEBIAN_FASHION_MNIST, LinearAutoencoder, load_images  # noqa: E402
 
 
 def timed(f: Callable[[], Any]) -> float:

@@ -12,7 +12,7 @@ bias), minibatches of ``b`` = 32. Timed per round:
   (``X_i[idx]``, CSR), the sigmoid loss's gradient at both points, their difference, worker
   ``i``'s PermK coordinates of the round's permutation, scaled by ``n``, added to the mean.
 
-Both draw the same minibatches (:func:`permk.classification.minibatch_indices`, timed in both);
+Both draw the same minibatches (:func:`permk.problems.minibatch_indices`, timed in both);
 the numpy round's uncompressed mean difference is checked against the problem's minibatch oracle
 once before timing. The measurements are interleaved (one of each per repetition); the table
 gives the medians. Prints a markdown table.
@@ -33,8 +33,8 @@ import scipy.sparse as sp
 
 import permk
 from permk.transport import Simulator
-from permk.classification import minibatch_indices
-from permk.methods import setup
+from permk.problems import minibatch_indices
+from permk.methods.driver import setup
 
 
 def dataset(samples: int, features: int, seed: int = 0) -> tuple[Any, np.ndarray]:

@@ -34,8 +34,7 @@ from typing import Any
 import numpy as np
 
 import permk
-from permk.datasets import load_fashion_mnist
-from permk.experiments.data import DEBIAN_FASHION_MNIST, DataNotFoundError, read_idx
+from permk.problems.datasets import DEBIAN_FASHION_MNIST, DataNotFoundError, load_fashion_mnist, read_idx
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("all-reduce", "fp16", "PermK", "BlockPermK")

@@ -109,6 +109,28 @@ def test_layers() -> None:
     assert reaches("permk.methods", "permk.theory.steps")
 
 
+def test_the_problems_sit_below_the_methods_transports_and_experiments() -> None:
+    """Nothing under ``permk.problems`` imports (even through another module) the methods, the
+    MPI transport or the experiments: the experiments use the problems, never the other way."""
+    graph = _graph()
+    problems = sorted(m for m in graph if m == "permk.problems" or m.startswith("permk.problems."))
+    assert {"permk.problems", "permk.problems.base", "permk.problems.quadratic", "permk.problems.finite_sum",
+            "permk.problems.classification", "permk.problems.autoencoder", "permk.problems.datasets"} <= set(problems)
+    above = ("permk.experiments", "permk.methods", "permk.distributed")
+    bad = []
+    for start in problems:
+        seen, todo = set(), [start]
+        while todo:
+            m = todo.pop()
+            if m in seen:
+                continue
+            seen.add(m)
+            if any(m == a or m.startswith(a + ".") for a in above):
+                bad.append(f"{start} reaches {m}")
+            todo += graph.get(m, ())
+    assert bad == []
+
+
 def test_no_module_imports_another_modules_underscore_names() -> None:
     bad = []
     for path in PKG.rglob("*.py"):

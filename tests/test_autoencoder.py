@@ -20,7 +20,7 @@ import permk
 import permk.distributed
 import permk.exchanges
 from permk import _core
-from permk.experiments.autoencoder import GroupedAutoencoder, LinearAutoencoder
+from permk.problems import GroupedAutoencoder, LinearAutoencoder
 
 from conftest import MPI_DIR, MPIEXEC, PyTopK, final_grad_norms  # noqa: E402
 
@@ -189,7 +189,7 @@ def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.M
     local_grad_blocks bit for bit (Rust TopK and RandK: the gradients finished and compressed
     in one pass; a Python compressor: on the written rows), for a block of workers inside n,
     β = 1, 0.3 and no H; None for a block whose input is not finite."""
-    import permk.experiments.autoencoder as mod
+    import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
     ae = _ae(p_hat, dtype)
@@ -231,7 +231,7 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
     """local_grad_blocks gives local_grads' rows bit for bit (several blocks: a small block size),
     and EF21+TopK on the problem's own messages (local_message_blocks) and on the blocks (never an
     (n, d) array) has the iterates and estimators of EF21 on whole rows, also when it diverges."""
-    import permk.experiments.autoencoder as mod
+    import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
     ae = _ae(p_hat, dtype)
@@ -256,7 +256,7 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
 def test_ef21_has_the_same_bits_on_one_thread_and_on_several(monkeypatch: pytest.MonkeyPatch, dtype: type) -> None:
     """The blocks are smaller on one thread (one split here, two on several): EF21's iterates,
     estimators and records are the same bits."""
-    import permk.experiments.autoencoder as mod
+    import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)
     ae = _ae(0.0, dtype)
@@ -287,7 +287,7 @@ def test_blocks_on_threads_of_their_own_give_the_callers_bits(monkeypatch: pytes
 
     from threadpoolctl import threadpool_info
 
-    import permk.experiments.autoencoder as mod
+    import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)
     ae = _ae(0.0, dtype)
@@ -332,7 +332,7 @@ def test_block_threads_raise_the_first_error_in_block_order_and_stay_usable() ->
     started block has finished; the threads then run the next pass as usual."""
     import time
 
-    from permk.experiments.autoencoder import _BLOCK_THREADS
+    from permk.problems.autoencoder import _BLOCK_THREADS
 
     done: list[int] = []
 

@@ -1,4 +1,4 @@
-"""The finite-sum classification problems (permk.classification): gradients against finite
+"""The finite-sum classification problems (permk.problems.classification): gradients against finite
 differences, the closed-form smoothness constants against finite-difference Hessians, the
 minibatch oracle (determinism, exact unbiasedness, the pair), sparse against dense, float32
 against float64, and the full-gradient methods running on them unchanged."""
@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 
 import permk
-from permk.classification import (
+from permk.problems import (
     MULTICLASS_CURVATURE,
     SIGMOID_CURVATURE,
     FiniteSumProblem,
@@ -380,7 +380,7 @@ def test_held_shards_are_the_problems_oracles_for_the_held_workers(sparse: bool,
 def test_constants_by_lanczos_equal_the_direct_ones(sparse: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Above ``_DIRECT`` features the constants come from the weighted rows (the smaller Gram
     matrix, or Lanczos when both sides are large): the same numbers."""
-    import permk.classification as pc
+    import permk.problems.finite_sum as pc
 
     X, y = _data(N=60, f=9, density=0.6)
     X = sp.csr_array(X) if sparse else X

@@ -1,4 +1,4 @@
-"""permk.datasets: the LibSVM reader on good and hostile files, label encodings, the shards
+"""permk.problems.datasets: the LibSVM reader on good and hostile files, label encodings, the shards
 (equal, and the authors' p̂ split, the same as the autoencoder's), Fashion-MNIST from Debian."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from permk.datasets import (
+from permk.problems.datasets import (
+    DEBIAN_FASHION_MNIST,
     DEBIAN_HEART_SCALE,
     binary_labels,
     class_labels,
@@ -18,7 +19,6 @@ from permk.datasets import (
     shard_indices,
     sklearn_svmlight_sample,
 )
-from permk.experiments.data import DEBIAN_FASHION_MNIST
 
 
 def _write(tmp_path: Path, text: str, name: str = "data.svm") -> Path:
@@ -137,7 +137,7 @@ def test_p_hat_shards_are_the_authors_split() -> None:
     """Their split_with_controling_homogeneity: n + 1 parts of the shuffled samples, the first
     held out, each sample of worker i's part replaced by the held-out one at the same position
     with probability p̂ — the autoencoder's split="per-sample", index for index."""
-    from permk.experiments.autoencoder import LinearAutoencoder
+    from permk.problems import LinearAutoencoder
 
     X = np.random.default_rng(0).random((23, 4))
     for p_hat in (0.0, 0.3, 1.0):
@@ -164,7 +164,7 @@ def test_p_hat_shards_are_the_authors_split() -> None:
 
 @pytest.mark.skipif(not DEBIAN_FASHION_MNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_fashion_mnist_from_debian() -> None:
-    from permk.classification import NonconvexMultiClass, NonconvexSigmoid
+    from permk.problems import NonconvexMultiClass, NonconvexSigmoid
 
     ten = load_fashion_mnist(limit=300)
     assert ten.X.shape == (300, 784) and 0.0 <= ten.X.min() and ten.X.max() <= 1.0

@@ -13,7 +13,8 @@ import permk
 MODULES = sorted(m.name for m in pkgutil.walk_packages(permk.__path__, "permk.") if not m.name.startswith("permk._core"))
 #: The modules whose docstrings must carry examples (the API a user meets first).
 WITH_EXAMPLES = {
-    "permk.compressors", "permk.problems", "permk.methods", "permk.distributed", "permk.theory.steps",
+    "permk.compressors", "permk.problems", "permk.problems.base", "permk.problems.quadratic", "permk.problems.finite_sum",
+    "permk.problems.classification", "permk.problems.datasets", "permk.methods", "permk.distributed", "permk.theory.steps",
     "permk.theory.smoothness", "permk.theory.group", "permk.theory.ab", "permk.theory.complexity",
 }
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import permk
-from permk.experiments import data as data_mod
-from permk.experiments.autoencoder import LinearAutoencoder
+from permk.problems import datasets as data_mod
+from permk.problems import LinearAutoencoder
 from permk.experiments.plotting import experiment_figures, load_experiment, method_label, plot_experiment, step_label
 from permk.experiments.quadratic import QuadraticGrid, run_quadratic
 from permk.experiments.results import append_record, read_records

@@ -23,7 +23,7 @@ def test_readme_example_runs(code: str) -> None:
     if "permk.torch" in code:
         pytest.importorskip("torch", reason="the permk.torch examples need PyTorch: pip install 'permk[torch]'")
     if "two_layer_network" in code:
-        from permk.experiments.data import DEBIAN_FASHION_MNIST
+        from permk.problems import DEBIAN_FASHION_MNIST
 
         if not DEBIAN_FASHION_MNIST.is_dir():
             pytest.skip("Debian's dataset-fashion-mnist is not installed")

@@ -342,7 +342,7 @@ def test_load_state_of_a_file_that_is_not_a_state(tmp_path: Path) -> None:
 
 
 def test_huge_idx_dimensions_do_not_overflow_the_message(tmp_path: Path) -> None:
-    from permk.experiments import data
+    from permk.problems import datasets as data
 
     f = tmp_path / "huge.idx"
     f.write_bytes(bytes([0, 0, 8, 3]) + (2**31).to_bytes(4, "big") * 3)

@@ -170,8 +170,7 @@ def test_argument_errors() -> None:
 @pytest.mark.slow
 def test_the_example_trains(tmp_path: Path) -> None:
     """examples/ddp_fashion_mnist.py --quick end to end on 2 ranks: the figure, and sane numbers."""
-    from permk.datasets import load_fashion_mnist
-    from permk.experiments.data import DataNotFoundError
+    from permk.problems.datasets import DataNotFoundError, load_fashion_mnist
 
     try:
         load_fashion_mnist(limit=1)

@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="permk.torch needs PyTorch: pip install 'permk[torch]'")
 
 import permk  # noqa: E402
-from permk.classification import minibatch_indices  # noqa: E402
-from permk.experiments.data import DEBIAN_FASHION_MNIST  # noqa: E402
+from permk.problems import minibatch_indices  # noqa: E402
+from permk.problems import DEBIAN_FASHION_MNIST  # noqa: E402
 from permk.torch import LocalModuleProblem, ModuleProblem, two_layer_network  # noqa: E402
 
 F = torch.nn.functional

@@ -1,5 +1,5 @@
 //! The linear autoencoder's split gradients from a block's products: the last pass of
-//! `LinearAutoencoder`'s gradient blocks (python/permk/experiments/autoencoder.py), which
+//! `LinearAutoencoder`'s gradient blocks (python/permk/problems/autoencoder.py), which
 //! finishes each split's gradient row from the block's product, its Gram matrix and `D`, on the
 //! pool's threads: into the rows of an array ([`split_grads`]), or, for the error-feedback
 //! exchange, into a worker's buffer where its estimator is subtracted and the row compressed at

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 import permk
-from permk.experiments.autoencoder import LinearAutoencoder
+from permk.problems import LinearAutoencoder
 
 N_WORKERS, D_F, D_E, N_IMAGES, ROUNDS = 8, 16, 3, 200, 40
 

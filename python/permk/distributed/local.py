@@ -59,7 +59,7 @@ class LocalProblem(Protocol):
     (else pass ``gamma=``); for the finite-sum methods (VR-MARINA, SGD) the global
     ``sample_counts`` and ``L_sample_rms`` and the held workers' minibatch oracles
     ``minibatch_grads(x, b, *, seed, round, workers)`` and ``minibatch_grads_pair(x, y, b, *,
-    seed, round, workers)`` (:class:`permk.classification.FiniteSumProblem`).
+    seed, round, workers)`` (:class:`permk.FiniteSumProblem`).
     """
 
     n: int

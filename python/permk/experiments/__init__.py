@@ -1,5 +1,6 @@
 """The paper's experiments end to end: the synthetic quadratic grid, the linear
-autoencoder on MNIST-format data, the nonconvex classification tasks (:mod:`.classify`), the IDX reader, result files and figures. The command line
+autoencoder on MNIST-format data, the nonconvex classification tasks (:mod:`.classify`), result
+files and figures (the problems and their data readers are :mod:`permk.problems`). The command line
 is ``permk`` (:mod:`permk.cli`); everything here is also usable from Python::
 
     from permk.experiments import quadratic

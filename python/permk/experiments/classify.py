@@ -1,14 +1,14 @@
 """The classification experiment: the authors' nonconvex tasks on labelled data.
 
-Problems (:mod:`permk.classification`): :class:`~permk.NonconvexSigmoid` on a binary task (by
-default Fashion-MNIST's T-shirt/top against Shirt, :func:`permk.datasets.load_fashion_mnist`
+Problems (:mod:`permk.problems.classification`): :class:`~permk.NonconvexSigmoid` on a binary task (by
+default Fashion-MNIST's T-shirt/top against Shirt, :func:`permk.problems.datasets.load_fashion_mnist`
 with ``classes=(0, 6)``, from Debian's ``dataset-fashion-mnist``), or
 :class:`~permk.NonconvexMultiClass` on the ten classes (``task="multiclass"``, ``d = 7,850``);
-``data`` may instead name a LibSVM/svmlight file (:func:`permk.datasets.read_libsvm`), or be
+``data`` may instead name a LibSVM/svmlight file (:func:`permk.problems.datasets.read_libsvm`), or be
 ``"heart_scale"``, LIBSVM's small example set from Debian's ``liblinear-tools``
-(:func:`permk.datasets.load_heart_scale`). The
+(:func:`permk.problems.datasets.load_heart_scale`). The
 samples are split over ``n`` workers, equally or with the authors' heterogeneity ``p̂``
-(:func:`permk.datasets.shard_indices`); one cell per ``p̂``.
+(:func:`permk.problems.datasets.shard_indices`); one cell per ``p̂``.
 
 Methods (default): MARINA+PermK, MARINA+RandK, EF21+TopK (full gradients), VR-MARINA+PermK
 (minibatches of ``batch_size`` samples and, with probability ``p``, a full gradient) and
@@ -20,7 +20,7 @@ both. Results go to ``OUT/classify/runs/<cell>.jsonl``, figures to ``OUT/classif
 With ``mpi`` (``mpiexec -n R permk classify --mpi``) every run is distributed over the ranks
 (:mod:`permk.distributed`): each rank reads the data, rank 0 computes the smoothness constants
 and sends them to all, and each rank keeps only its block of workers' samples
-(:class:`permk.classification.HeldShards`); rank 0 writes. The iterates are the single process's
+(:class:`permk.problems.HeldShards`); rank 0 writes. The iterates are the single process's
 up to the order of the sums over workers (the recorded ``‖∇f‖²`` sums the workers' gradients).
 """
 
@@ -44,7 +44,7 @@ __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify
 METHODS = ("marina-permk", "marina-randk", "ef21-topk", "vr_marina-permk", "sgd")
 FASHION_MNIST = "fashion-mnist"
 #: ``--data heart_scale``: LIBSVM's example set from Debian's liblinear-tools
-#: (:func:`permk.datasets.load_heart_scale`).
+#: (:func:`permk.problems.datasets.load_heart_scale`).
 HEART_SCALE = "heart_scale"
 TASKS = ("binary", "multiclass")
 
@@ -89,7 +89,7 @@ def load_task(data: str, task: str, classes: tuple[int, int], samples: int | Non
     """The samples ``X``, labels ``y`` and a description of the data of a task (cached: the
     command line checks them before a grid starts and its cells read them again). A LibSVM
     file's labels must be binary for the binary task (ValueError naming the file)."""
-    from permk.datasets import binary_labels, load_fashion_mnist, load_heart_scale, read_libsvm
+    from permk.problems.datasets import binary_labels, load_fashion_mnist, load_heart_scale, read_libsvm
 
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
@@ -110,7 +110,7 @@ def load_task(data: str, task: str, classes: tuple[int, int], samples: int | Non
 
 def make_problem(grid_json: dict[str, Any], p_hat: float | None) -> tuple[Any, str]:
     """The cell's problem and the data's description."""
-    from permk.classification import NonconvexMultiClass, NonconvexSigmoid
+    from permk.problems.classification import NonconvexMultiClass, NonconvexSigmoid
 
     X, y, source = load_task(grid_json["data"], grid_json["task"], tuple(grid_json["classes"]), grid_json["samples"])
     n = int(grid_json["n"])

@@ -160,7 +160,7 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     too; a method that ``needs_finite_sum`` on a small :class:`permk.NonconvexSigmoid` with the
     experiments' ``batch_size``), then the methods that take no compressor by their name alone
     (``gd``, ``sgd``)."""
-    from permk.classification import NonconvexSigmoid
+    from permk.problems import NonconvexSigmoid
     from permk.compressors import Identity, catalog
     from permk.methods import catalog as methods
     from permk.problems import Quadratic

@@ -4,7 +4,7 @@ Worker ``i`` holds the shard ``(X_i, Y_i)`` and ``f_i(x) = loss(module_x(X_i), Y
 ``module_x`` is the module with its parameters set to the flat vector ``x``;
 ``f = (1/n) Σ_i f_i`` (eq. (1) of the paper). :class:`ModuleProblem` implements the
 :class:`permk.problems.Problem` protocol and the finite-sum protocol of
-:class:`permk.classification.FiniteSumProblem`, so every permk method (MARINA, EF21, GD, DASHA,
+:class:`permk.problems.FiniteSumProblem`, so every permk method (MARINA, EF21, GD, DASHA,
 VR-MARINA, SGD, …) and backend (the simulator, MPI) trains the network.
 
 **The parameter vector.** ``x`` is the concatenation of the flattened (row-major) parameters in
@@ -15,7 +15,7 @@ are copied then and held constant.
 **The oracles.** Gradients are functional (``torch.func``): ``torch.func.grad`` of
 ``x ↦ loss(functional_call(module, x, X_i), Y_i)``, vmapped over the workers. Shards of equal
 size are stacked and evaluated in one vmapped call; ragged shards are grouped by size (one
-vmapped call per distinct size: the shards of :func:`permk.datasets.shard_indices` have at most
+vmapped call per distinct size: the shards of :func:`permk.problems.datasets.shard_indices` have at most
 two sizes). Arithmetic is in the parameters' dtype (``torch.float32`` or ``torch.float64``);
 every oracle returns float64 numpy arrays. The local gradients of the last two points are kept
 (MARINA asks ``x^{t+1}`` and ``x^t``). ``grad`` and ``loss`` are the worker-order means of the
@@ -29,7 +29,7 @@ batch's size), so an MPI run, whose processes evaluate their own workers, agrees
 simulator to rounding, not bit for bit.
 
 **Minibatches.** ``minibatch_grads(x, b, seed=, round=, workers=)`` draws worker ``i``'s ``b``
-samples with :func:`permk.classification.minibatch_indices` (uniform with replacement, a pure
+samples with :func:`permk.problems.minibatch_indices` (uniform with replacement, a pure
 function of ``(seed, round, i)``) and returns ``∇ loss(module_x(X_i[B_i]), Y_i[B_i])``. This is
 the minibatch gradient ``(1/b) Σ_{j ∈ B_i} ∇f_ij`` of the finite-sum protocol when ``loss`` is
 the mean of per-sample losses (``reduction="mean"``) and the module treats the samples of a
@@ -57,7 +57,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from .._validate import as_vector, check_int, check_seed, index_array, start_point
-from ..classification import minibatch_indices
+from ..problems.finite_sum import minibatch_indices
 
 __all__ = ["ModuleProblem", "LocalModuleProblem", "two_layer_network", "TWO_LAYER_HIDDEN"]
 
@@ -247,7 +247,7 @@ class _ModuleOracles:
 
     def minibatch_grads(self, x: Any, batch_size: int, *, seed: int, round: int, workers: Sequence[int] | None = None) -> Array:
         """``∇ loss(module_x(X_i[B_i]), Y_i[B_i])`` of each worker ``i`` in ``workers`` (default:
-        every held worker), ``B_i`` from :func:`permk.classification.minibatch_indices`; shape
+        every held worker), ``B_i`` from :func:`permk.problems.minibatch_indices`; shape
         ``(len(workers), d)``."""
         return self._minibatch_at([as_vector(x, self.d)], batch_size, seed, round, workers)[0]
 
@@ -393,9 +393,9 @@ def two_layer_network(n: int, *, seed: int = 0, samples: int | None = None, p_ha
     ``Linear(784 → 32)``, sigmoid, ``Linear(32 → 10)``, mean cross-entropy per worker;
     ``d = 784·32 + 32 + 32·10 + 10 = 25,450`` (their ``dim`` for MNIST).
 
-    The images are :func:`permk.datasets.load_fashion_mnist`'s (pixels / 255, as the authors'
+    The images are :func:`permk.problems.datasets.load_fashion_mnist`'s (pixels / 255, as the authors'
     MNIST; the first ``samples`` when given), split into ``n`` shards by
-    :func:`permk.datasets.shard_indices` (equal shuffled shards from ``seed``, or the authors'
+    :func:`permk.problems.datasets.shard_indices` (equal shuffled shards from ``seed``, or the authors'
     heterogeneity ``p_hat``). The initial point is the module's default initialisation, as
     theirs (``get_current_point()`` of a fresh network: PyTorch's ``nn.Linear`` init, weights and
     biases uniform in ``±1/sqrt(fan_in)``); they left torch's generator unseeded, here it is
@@ -408,7 +408,7 @@ def two_layer_network(n: int, *, seed: int = 0, samples: int | None = None, p_ha
     >>> p.d, p.sample_counts.tolist()  # doctest: +SKIP
     (25450, [10, 10, 10, 10])
     """
-    from ..datasets import FASHION_MNIST_CLASSES, load_fashion_mnist, shard_indices
+    from ..problems.datasets import FASHION_MNIST_CLASSES, load_fashion_mnist, shard_indices
 
     n = check_int(n, "n", low=1)
     seed = check_seed(seed)

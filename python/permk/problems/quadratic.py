@@ -1,21 +1,11 @@
-"""Distributed problems ``f = (1/n) Σ_i f_i`` on ``R^d`` (eq. (1) of the paper).
+"""Quadratic problems ``f_i(x) = ½ xᵀA_i x − xᵀb_i``: the problems of the paper's quadratic
+experiments.
 
-A *problem* is any object with the attributes and methods of :class:`Problem`; users plug in
-their own with numpy only. Optional capabilities, used when present:
-
-* ``local_grad_coords(x, rows, cols)`` — ``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``: MARINA
-  with PermK or RandK then evaluates only the coordinates that are sent (``O(d)`` work per
-  round instead of ``O(nd)``; the same signature serves one MPI rank's workers);
-* ``kernel`` — a native (Rust) kernel of the oracles (:meth:`Quadratic.synthetic`): whole
-  rounds run in Rust (``path="rust"``);
-* ``exact_smoothness(workers)`` — the exact constants in closed form, for
-  :func:`permk.theory.smoothness`;
-* ``f_star`` and the constants ``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu`` for the
-  theory's step sizes and the record of ``f(x) − f*``.
-
-:class:`Quadratic` holds ``f_i(x) = ½ xᵀA_i x − xᵀb_i`` from user matrices (dense or
-``scipy.sparse``), with each constant computed when first read; :meth:`Quadratic.synthetic` is
-the paper's generator (Algorithm 1) with its oracles in Rust and its constants in closed form.
+:class:`Quadratic` holds them from user matrices (dense or ``scipy.sparse``), with each constant
+computed when first read; :meth:`Quadratic.synthetic` is the paper's generator (Algorithm 1),
+:class:`SyntheticQuadratic`, with its oracles in Rust (``kernel``, the ``"rust"`` paths of the
+methods), its coordinate oracle ``local_grad_coords`` and its constants in closed form
+(``exact_smoothness``, for :func:`permk.theory.smoothness`).
 """
 
 from __future__ import annotations
@@ -23,41 +13,15 @@ from __future__ import annotations
 import math
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Sequence
 
 import numpy as np
 
-from . import _core
-from ._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, index_array, start_point
-from .theory.smoothness import ExactConstants, Smoothness
+from .. import _core
+from .._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, index_array, start_point
+from ..theory.smoothness import ExactConstants, Smoothness
 
-__all__ = ["Problem", "Quadratic", "SyntheticQuadratic", "index_array"]
-
-
-@runtime_checkable
-class Problem(Protocol):
-    """The protocol of a distributed problem ``f = (1/n) Σ_i f_i`` on ``R^d``.
-
-    Optional, used when present: ``local_grad(i, x)``, ``local_grad_coords(x, rows, cols)``
-    (``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``), ``f_star`` and the smoothness constants
-    ``L_minus``, ``L_plus``, ``L_pm`` (see :mod:`permk.theory`), ``L_i``, ``mu``.
-    """
-
-    n: int
-    d: int
-    x0: np.ndarray
-
-    def loss(self, x: np.ndarray) -> float:
-        """``f(x)``."""
-        ...
-
-    def grad(self, x: np.ndarray) -> np.ndarray:
-        """``∇f(x)``, shape ``(d,)``."""
-        ...
-
-    def local_grads(self, x: np.ndarray) -> np.ndarray:
-        """``[∇f_1(x), …, ∇f_n(x)]``, shape ``(n, d)``."""
-        ...
+__all__ = ["Quadratic", "SyntheticQuadratic"]
 
 
 class Quadratic:
@@ -345,13 +309,3 @@ class SyntheticQuadratic(Quadratic):
 
     def __repr__(self) -> str:
         return f"Quadratic.synthetic(n={self.n}, d={self.d}, lam={self.lam}, noise_scale={self.noise_scale}, seed={self.seed})"
-
-
-from .classification import (  # noqa: E402 - the finite-sum problems, after the full-gradient ones
-    FiniteSumProblem as FiniteSumProblem,
-    NonconvexLogistic as NonconvexLogistic,
-    NonconvexMultiClass as NonconvexMultiClass,
-    NonconvexSigmoid as NonconvexSigmoid,
-)
-
-__all__ += ["FiniteSumProblem", "NonconvexSigmoid", "NonconvexMultiClass", "NonconvexLogistic"]

