@@ -1480,6 +1480,31 @@ def test_marina_with_group_permk_takes_theorem_ab_group() -> None:
     np.testing.assert_allclose(res.x, dense.x, rtol=1e-9, atol=1e-12)
 
 
+def test_the_theory_bounds_a_grouped_compressor_and_asks_any_other() -> None:
+    """permk.theory.variance_bound: Theorem AB_group's L̂²_G for a compressor that declares
+    groups (with a problem), Theorem AB without one, and a compressor's own variance_bound
+    (a user's override included) otherwise; MARINA takes its step from it."""
+    from permk.theory import Constants, group_hessian_variance, variance_bound
+
+    q = permk.Quadratic.synthetic(8, 40, lam=1e-2, noise_scale=0.5, seed=1)
+    c, groups = Constants.of(q), ((0, 1, 2, 3), (4, 5, 6, 7))
+    g = permk.GroupPermK(groups)
+    bound = variance_bound(g, 8, 40, c, q)
+    assert bound == (group_hessian_variance(q, groups, PermK()).L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
+    A, B = g.ab_constants(8, 40)
+    assert variance_bound(g, 8, 40, c) == ((A - B) * c.L_plus**2 + B * c.L_pm**2, "Theorem AB", "Theorem AB-PL")
+    assert variance_bound(PermK(), 8, 40, c, q) == PermK().variance_bound(8, 40, c)
+
+    @dataclass(frozen=True)
+    class Tight(PermK):
+        def variance_bound(self, n, d, constants, problem=None):  # type: ignore[no-untyped-def]
+            return permk.VarianceBound(0.0, "mine", "mine (PL)")
+
+    assert variance_bound(Tight(), 8, 40, c, q) == (0.0, "mine", "mine (PL)")
+    res = permk.marina(q, Tight(), rounds=2, seed=0)
+    assert res.params["gamma_source"] == "mine" and res.params["gamma"] == pytest.approx(1 / c.L_minus)
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [

@@ -54,6 +54,7 @@ from .compressors import Compressor, Identity, PermK, RandK, TopK
 from .participation import Participation, check_participation, participation_mask
 from .registry import Catalog
 from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
+from .theory.group import variance_bound
 from .theory.steps import (
     Constants,
     dasha_momentum,
@@ -615,7 +616,7 @@ class Marina(Method):
 
     def step(self, compressor: Compressor, n: int, d: int, params: dict[str, Any], constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        bound = self.sent_compressor(compressor, params).variance_bound(n, d, constants, problem=problem)
+        bound = variance_bound(self.sent_compressor(compressor, params), n, d, constants, problem=problem)
         gamma = marina_variance_stepsize(constants.L_minus, bound.L_hat_sq, params["p"], mu=constants.mu)
         return gamma, bound.theorem if constants.mu is None else bound.pl_theorem
 
@@ -709,7 +710,7 @@ class VRMarina(Marina):
              problem: Any = None) -> tuple[float, str]:
         if constants.mu is not None:
             raise ValueError(f"{self.label} has no PL step in permk: pass gamma= or pl=False")
-        bound = compressor.variance_bound(n, d, constants, problem=problem)
+        bound = variance_bound(compressor, n, d, constants, problem=problem)
         L_hat_sq = bound.L_hat_sq + (params["A"] + 1.0 / n) * _sample_smoothness_sq(problem, n, self) / params["batch_size"]
         gamma = marina_variance_stepsize(constants.L_minus, L_hat_sq, params["p"])
         return gamma, (f"{self.label} finite-sum theorem (Gorbunov et al. 2021) with {bound.theorem}'s variance and the "

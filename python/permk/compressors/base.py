@@ -465,8 +465,9 @@ class Compressor(abc.ABC):
     def variance_bound(self, n: int, d: int, constants: Any, problem: Any = None) -> VarianceBound:
         """MARINA's variance constant ``L̂²`` on a problem with ``constants`` (``L_plus``,
         ``L_pm``: a :class:`permk.theory.steps.Constants`): Theorem "AB"'s
-        ``(A − B)L_+² + B L_±²`` from :meth:`ab_constants` (compressors with more structure,
-        such as ``GroupPermK``, bound it with the ``problem`` itself)."""
+        ``(A − B)L_+² + B L_±²`` from :meth:`ab_constants`. A compressor may override it; the
+        methods read it through :func:`permk.theory.variance_bound`, which bounds a compressor
+        that declares groups of workers (``GroupPermK``) with the ``problem`` itself."""
         ab = self.ab_constants(n, d)
         if ab is None:
             raise ValueError(f"{self.name} states no AB constants (Assumption 'AB inequality')")

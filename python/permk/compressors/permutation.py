@@ -15,7 +15,7 @@ import numpy as np
 from .._core import permutation as shared_permutation
 from .._validate import as_float_array, check_int, check_partition, check_seed
 from ..testing import magnitude_bound
-from .base import Capabilities, Compressor, Message, Plan, VarianceBound
+from .base import Capabilities, Compressor, Message, Plan
 from .rust import Sparsifier
 
 __all__ = ["PermK", "BlockPermK", "CoordinateSampling", "GroupPermK", "PermutationOfMappings"]
@@ -237,9 +237,10 @@ class GroupPermK(Compressor):
     AB inequality holds with ``inner``'s constants on ``|G_k|`` workers; across groups the
     variances add (Lemma "Group AB inequality"). MARINA's step is then Theorem "AB_group"'s, with
     ``L̂²_G`` from :func:`permk.theory.group_hessian_variance` on the problem
-    (:meth:`variance_bound`; ``params["gamma_source"]`` says so). As one family on all ``n``
-    workers it also satisfies the plain AB inequality with ``A = max_k |G_k| A_k / n`` and
-    ``B = 1/Σ_k (1/B_k)`` (0 if some ``B_k`` is), which the complexity calculator uses.
+    (:func:`permk.theory.variance_bound` reads :attr:`groups` and :attr:`inner`;
+    ``params["gamma_source"]`` says so). As one family on all ``n`` workers it also satisfies
+    the plain AB inequality with ``A = max_k |G_k| A_k / n`` and ``B = 1/Σ_k (1/B_k)`` (0 if
+    some ``B_k`` is), which the complexity calculator uses.
 
     >>> g = GroupPermK(((0, 1), (2, 3)))
     >>> g.ab_constants(4, 8), g.floats_per_worker(4, 8)
@@ -307,18 +308,6 @@ class GroupPermK(Compressor):
         Bs = [float(x[1]) for x in ab]  # type: ignore[index]
         B = 0.0 if min(Bs) <= 0.0 else 1.0 / sum(1.0 / b for b in Bs)
         return (A, B)
-
-    def variance_bound(self, n: int, d: int, constants: Any, problem: Any = None) -> VarianceBound:
-        """Theorem "AB_group"'s ``L̂²_G`` from the problem's group constants
-        (:func:`permk.theory.group_hessian_variance`, exact for quadratics); without a problem,
-        Theorem "AB" with :meth:`ab_constants`."""
-        if problem is None:
-            return super().variance_bound(n, d, constants)
-        from ..theory.group import group_hessian_variance
-
-        self.check(n, d)
-        ghv = group_hessian_variance(problem, self.groups, self.inner)
-        return VarianceBound(ghv.L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
 
     def omega(self, n: int, d: int) -> float | None:
         self.check(n, d)

@@ -7,7 +7,8 @@ and the communication complexity of the methods.
 * :mod:`permk.theory.smoothness` — ``L_−``, ``L_+``, ``L_±`` (Assumption "L+", Definition
   "Hessian variance") of any problem or group of workers: exact for quadratics, a lower
   estimate from pairs of points, or a local estimate at a point;
-* :mod:`permk.theory.group` — the constants of appendix "Group Hessian Variance";
+* :mod:`permk.theory.group` — the constants of appendix "Group Hessian Variance", and MARINA's
+  variance constant of any compressor (:func:`variance_bound`);
 * :mod:`permk.theory.ab` — the AB inequality (Assumption "AB inequality") measured for any
   compressor;
 * :mod:`permk.theory.complexity` — rounds and floats per worker of any method, optimised, next
@@ -23,7 +24,12 @@ from .complexity import (
     format_complexity_table as format_complexity_table,
     table_complexity as table_complexity,
 )
-from .group import GroupHessianVariance as GroupHessianVariance, group_hessian_variance as group_hessian_variance
+from .group import (
+    GroupHessianVariance as GroupHessianVariance,
+    Grouped as Grouped,
+    group_hessian_variance as group_hessian_variance,
+    variance_bound as variance_bound,
+)
 from .smoothness import ExactConstants as ExactConstants, Smoothness as Smoothness, smoothness as smoothness
 from .steps import (
     Constants as Constants,
@@ -59,7 +65,9 @@ __all__ = [
     "ExactConstants",
     "smoothness",
     "GroupHessianVariance",
+    "Grouped",
     "group_hessian_variance",
+    "variance_bound",
     "ABInput",
     "ABEstimate",
     "estimate_ab",
