@@ -18,7 +18,7 @@ import pytest
 
 import permk
 from permk import _core
-from permk.participation import participants
+from permk.compressors.participation import participants
 from permk.theory.steps import Constants, dasha_pp_stepsize, dasha_stepsize
 
 

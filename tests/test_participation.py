@@ -1,4 +1,4 @@
-"""Tests of partial participation as a compressor (permk.participation) and of the DASHA /
+"""Tests of partial participation as a compressor (permk.compressors.participation) and of the DASHA /
 DASHA-PP step rules (permk.theory.steps).
 
 1. the sampling: ``s`` distinct workers, a pure function of ``(seed, round)``, uniform over the
@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 
 import permk
-from permk.participation import Participation, participants, participation_mask
+from permk.compressors.participation import Participation, participants, participation_mask
 from permk.theory.steps import dasha_momentum, dasha_pp_stepsize, dasha_stepsize
 
 INNERS = [

@@ -6,7 +6,7 @@ Provably Faster Distributed Nonconvex Optimization* (ICLR 2022).
 The layers, bottom up: the Rust core (``permk._core``); :mod:`permk.compressors` and
 :mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity);
 :mod:`permk.backends` (how workers exchange messages) and :mod:`permk.methods` (MARINA, EF21,
-GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
+GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.compressors.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
 :func:`permk.register` adds a compressor or a method defined outside the package to the
 catalogs (:mod:`permk.registry`).
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.
@@ -23,7 +23,7 @@ from .compressors import *  # noqa: F403 - every compressor (compressors.__all__
 from .compressors import __all__ as _compressors
 from .methods import *  # noqa: F403 - every method and its state (methods.__all__)
 from .methods import __all__ as _methods
-from .participation import Participation as Participation
+from .compressors.participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
 from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
 from .registry import register as register

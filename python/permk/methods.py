@@ -51,7 +51,7 @@ from ._validate import check_choice, check_int, check_probability, check_real, c
 from . import exchanges as ex
 from .backends import Backend, Simulator, check_problem
 from .compressors import Compressor, Identity, PermK, RandK, TopK
-from .participation import Participation, check_participation, participation_mask
+from .compressors.participation import Participation, check_participation, participation_mask
 from .registry import Catalog
 from .theory.complexity import EF21_TOPK, MARINA_PERMK, MARINA_RANDK, TableRow
 from .theory.group import variance_bound
@@ -1128,7 +1128,7 @@ class Dasha(Method):
     ``"DASHA theorem"``); it needs an unbiased compressor with ``ω`` and AB constants.
 
     DASHA-PP (the authors' ``zero_marina_partial_participation``): ``s`` of the ``n`` workers,
-    sampled uniformly from ``(seed, t)`` (:func:`permk.participation.participants`),
+    sampled uniformly from ``(seed, t)`` (:func:`permk.compressors.participation.participants`),
     participate; ``p_a = s/n``, ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``, ``h_i⁰ = g_i⁰ =
     ∇f_i(x⁰)``. A participant computes ``k_i = ∇f_i(x^{t+1}) − ∇f_i(x^t) − b(h_i^t −
     ∇f_i(x^t))``, sends ``m_i = (1/p_a) C_i(k_i − a(g_i^t − h_i^t))`` and keeps

@@ -27,7 +27,7 @@ replacement, 0 when ``s = n``):
   gives ``(n/s, 1)``.
 
 >>> import numpy as np, permk
->>> from permk.participation import Participation
+>>> from permk.compressors.participation import Participation
 >>> c = Participation(permk.RandK(2), 3)
 >>> c.omega(6, 8), c.ab_constants(6, 8)
 (7.0, (1.2, 0.2))
@@ -46,9 +46,11 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_int, check_seed
-from .compressors import Capabilities, Compressor, Message, PermK, Plan, RandK, VarianceBound
-from .testing import magnitude_bound
+from .._validate import as_float_array, check_int, check_seed
+from ..testing import magnitude_bound
+from .base import Capabilities, Compressor, Message, Plan, VarianceBound
+from .independent import RandK
+from .permutation import PermK
 
 __all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
