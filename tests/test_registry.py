@@ -79,7 +79,7 @@ class ShiftedBlocks(permk.Compressor):
         blocks = (np.arange(n) + shift) % n
         coords = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in blocks])
         offsets = np.concatenate([[0], np.cumsum(np.diff(bounds)[blocks])])
-        return permk.Plan(offsets, coords, np.full(n, float(n)), disjoint=True)
+        return permk.Plan(offsets, coords, np.full(n, float(n)))
 
 
 @pytest.mark.parametrize("cls", [OneCoordinate, ShiftedBlocks])

@@ -15,7 +15,8 @@ import numpy as np
 from .._core import permutation as shared_permutation
 from .._validate import as_float_array, check_int, check_partition, check_seed
 from ..testing import magnitude_bound
-from .base import Capabilities, Compressor, Message, Plan
+from .base import Capabilities, Compressor
+from .messages import Message, Plan
 from .rust import Sparsifier
 
 __all__ = ["PermK", "BlockPermK", "CoordinateSampling", "GroupPermK", "PermutationOfMappings"]
@@ -57,9 +58,6 @@ class PermK(Sparsifier):
 
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "permk"}
-
-    def disjoint(self, n: int, d: int) -> bool:
-        return d >= n
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
         n, d = np.shape(A)
@@ -141,9 +139,6 @@ class BlockPermK(Sparsifier):
             labels = rng.permutation(np.arange(d) % m)
         return [cls(m), cls(m, partition=tuple(int(v) for v in labels))]
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return n // self.m == 1
-
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
         n = np.shape(A)[0]
         return n / (n // self.m) * np.abs(A)
@@ -197,9 +192,6 @@ class CoordinateSampling(Sparsifier):
 
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "coordinate_sampling"}
-
-    def disjoint(self, n: int, d: int) -> bool:
-        return True
 
     def ab_constants(self, n: int, d: int) -> tuple[float, float]:
         self.check(n, d)
@@ -288,9 +280,6 @@ class GroupPermK(Compressor):
             group[list(g)], local[list(g)] = k, np.arange(len(g))
         return group, local
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return len(self.groups) == 1 and self.inner.disjoint(n, d)
-
     def check(self, n: int, d: int) -> None:
         super().check(n, d)
         if n != self.n:
@@ -343,7 +332,7 @@ class GroupPermK(Compressor):
         parts.sort(key=lambda t: t[0])
         offsets = np.concatenate([[0], np.cumsum([len(c) for _, c, _ in parts])]).astype(np.int64)
         coords = np.concatenate([c for _, c, _ in parts]).astype(np.int64)
-        return Plan(offsets, coords, np.array([s for _, _, s in parts]), disjoint=self.disjoint(n, d))
+        return Plan(offsets, coords, np.array([s for _, _, s in parts]))
 
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         x = as_float_array(x, 1, "x")

@@ -76,7 +76,7 @@ import numpy as np
 
 from .. import _core
 from .._validate import as_vector, check_choice, check_int, check_real, check_seed
-from ..compressors.base import Compressor, Messages
+from ..compressors import Compressor, Messages
 from ..problems import index_array
 from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
 
