@@ -6,7 +6,7 @@ Provably Faster Distributed Nonconvex Optimization* (ICLR 2022).
 The layers, bottom up: the Rust core (``permk._core``); :mod:`permk.compressors` and
 :mod:`permk.problems`; :mod:`permk.theory` (step sizes, constants, complexity);
 :mod:`permk.backends` (how workers exchange messages) and :mod:`permk.methods` (MARINA, EF21,
-GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.compressors.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
+GD, DCGD, DASHA, each defined once; partial participation in :mod:`permk.participation`); :mod:`permk.distributed` (MPI) and :mod:`permk.experiments`.
 :func:`permk.register` adds a compressor or a method defined outside the package to the
 catalogs (:mod:`permk.registry`).
 ``import permk`` loads neither scipy.optimize, scipy.sparse.linalg, matplotlib nor mpi4py.

@@ -24,12 +24,8 @@ from .complexity import (
     format_complexity_table as format_complexity_table,
     table_complexity as table_complexity,
 )
-from .group import (
-    GroupHessianVariance as GroupHessianVariance,
-    Grouped as Grouped,
-    group_hessian_variance as group_hessian_variance,
-    variance_bound as variance_bound,
-)
+from .group import GroupHessianVariance as GroupHessianVariance, group_hessian_variance as group_hessian_variance
+from .group import Grouped as Grouped, variance_bound as variance_bound
 from .smoothness import ExactConstants as ExactConstants, Smoothness as Smoothness, smoothness as smoothness
 from .steps import (
     Constants as Constants,
