@@ -4,7 +4,9 @@ non-finite oracle answers, user compressors' outputs, pickling, identity of call
 
 from __future__ import annotations
 
+import functools
 import tracemalloc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,15 +201,88 @@ def test_problems_pickle_and_deepcopy_with_the_same_behaviour() -> None:
         assert np.array_equal(permk.marina(c, PermK(), rounds=20, seed=3).x, r1.x)  # the rust path too
 
 
+def _use(c: permk.Compressor, A: np.ndarray) -> None:
+    """Every call that fills a compressor's caches (its kernels, its plan of the round)."""
+    n, d = A.shape
+    c.aggregate(A, seed=2, round=5)
+    c.compress_rows(A, start=0, n_workers=n, seed=2, round=5)
+    c.compress(A[0], worker=0, n_workers=n, seed=2, round=5)
+    c.bits_per_worker(n, d)
+    if c.capabilities.shared_plan:
+        c.round(n, d, seed=2, round=5).mean(c.round(n, d, seed=2, round=5).gather(A, 0))
+
+
+def _same_compressor(copy_: permk.Compressor, c: permk.Compressor, A: np.ndarray) -> None:
+    assert type(copy_) is type(c) and copy_.fingerprint() == c.fingerprint()
+    for t in (5, 6):
+        assert copy_.aggregate(A, seed=2, round=t).tobytes() == c.aggregate(A, seed=2, round=t).tobytes()
+
+
 @pytest.mark.parametrize("name", sorted(permk.compressors.catalog()))
-def test_every_catalog_compressor_pickles(name: str) -> None:
+def test_every_catalog_compressor_pickles_and_deep_copies_before_and_after_use(name: str) -> None:
+    """Issue 33, item 1: a compressor pickles and deep-copies at any time — its caches (the
+    native kernel, which cannot be pickled, the kernel its bulk calls run on, lookup tables)
+    stay behind — and the copy gives the same aggregate, bit for bit; using it does not change
+    its fingerprint."""
     cls = permk.compressors.catalog()[name]
     n, d = 4, 8
     A = np.random.default_rng(0).standard_normal((n, d))
     for c in testing.examples(cls, n, d):
+        before = c.fingerprint()
         for copy_ in _pickled(c):
-            assert copy_.fingerprint() == c.fingerprint()
-            assert np.array_equal(copy_.aggregate(A, seed=2, round=5), c.aggregate(A, seed=2, round=5))
+            _same_compressor(copy_, c, A)
+        _use(c, A)
+        assert c.fingerprint() == before
+        for copy_ in _pickled(c):
+            _same_compressor(copy_, c, A)
+            _use(copy_, A)
+            for again in _pickled(copy_):
+                _same_compressor(again, c, A)
+
+
+def test_participation_pickles_after_a_run() -> None:
+    """Issue 33, item 1: Participation (and its inner compressor) after a run with
+    ``participation=``, or as the run's compressor, pickles and deep-copies."""
+    from permk.compressors.participation import Participation
+
+    q = Quadratic.synthetic(n=6, d=12, lam=1e-3, noise_scale=0.1, seed=0)
+    A = np.random.default_rng(1).standard_normal((6, 12))
+    for inner in (PermK(), RandK(3)):
+        run = permk.marina(q, inner, rounds=5, seed=1, participation=3)
+        wrapped = Participation(inner, 3)
+        assert np.array_equal(permk.marina(q, wrapped, rounds=5, seed=1).x, run.x)
+        for c in (inner, wrapped):
+            for copy_ in _pickled(c):
+                _same_compressor(copy_, c, A)
+        for copy_ in _pickled(wrapped):
+            assert np.array_equal(permk.marina(q, copy_, rounds=5, seed=1).x, run.x)
+
+
+class _Cached(permk.Compressor):
+    """Every worker sends its input whole, through a cached lambda (which cannot be pickled)."""
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return d
+
+    @functools.cached_property
+    def table(self) -> Any:
+        return lambda x: x
+
+    def compress(self, x, *, worker, n_workers, seed, round):  # type: ignore[no-untyped-def]
+        return permk.Message(worker, n_workers, len(x), np.arange(len(x)), self.table(np.asarray(x)))
+
+
+def test_a_user_compressors_own_cache_stays_behind_too() -> None:
+    """Every functools.cached_property of a compressor is a cache: a user's too."""
+    import pickle
+
+    c = _Cached()
+    before = c.fingerprint()
+    A = np.arange(6.0).reshape(2, 3)
+    assert np.array_equal(c.aggregate(A, seed=0, round=0), A.mean(0))
+    assert "table" in vars(c) and c.fingerprint() == before
+    copy_ = pickle.loads(pickle.dumps(c))
+    assert "table" not in vars(copy_) and np.array_equal(copy_.aggregate(A, seed=0, round=0), A.mean(0))
 
 
 def test_results_and_states_pickle() -> None:

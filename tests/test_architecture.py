@@ -105,7 +105,7 @@ def test_layers() -> None:
     for low in ("permk.theory.steps", "permk.theory.smoothness", "permk.theory.complexity", "permk.compressors", "permk.problems"):
         assert not reaches(low, "permk.methods"), low
     assert not reaches("permk.methods", "permk.distributed")
-    assert not reaches("permk.methods", "permk.experiments.runner")
+    assert not reaches("permk.methods", "permk.experiments.search")
     assert reaches("permk.methods", "permk.theory.steps")
 
 

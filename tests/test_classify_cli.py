@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from permk.experiments.plotting import load_experiment
-from permk.experiments.runner import Spec, available_specs
+from permk.experiments.specs import Spec, available_specs
 
 from conftest import run_cli
 

@@ -423,8 +423,8 @@ def test_a_rounds_plan_is_the_plan_in_every_form(name: str, n: int, d: int) -> N
     A[:, 1::5] = -0.0
     for t in range(3):
         r, ref = c.round(n, d, seed=5, round=t), permk.PlanRound(c.plan(n, d, seed=5, round=t), d)
-        # a native round may know it is disjoint where the generic plan cannot tell
-        assert (r.n, r.d) == (ref.n, ref.d) and r.disjoint >= ref.disjoint
+        # disjoint is a fact of the round's coordinates: the native round and the plan agree
+        assert (r.n, r.d) == (ref.n, ref.d) and r.disjoint == ref.disjoint == c.plan(n, d, seed=5, round=t).disjoint
         np.testing.assert_array_equal(r.offsets(), ref.offsets())
         np.testing.assert_array_equal(r.scales(), ref.scales())
         for start, stop in ((0, n), (n // 2, n), (0, 0)):
@@ -543,6 +543,112 @@ def test_large_inputs_paths_agree(c: Compressor, n: int, d: int) -> None:
         np.testing.assert_array_equal(agg, c.aggregate(np.asfortranarray(A), seed=3, round=1))
 
 
+
+
+#: The Rust compressors with a shared plan: each can run on all three rungs of the ladder.
+RUNGS = [name for name in PLANNED if (c := FACTORIES[name](4, 8)) is not None and c.kernel is not None]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("name", RUNGS)
+def test_the_three_kernels_of_the_ladder_agree_bit_for_bit(name: str, dtype: Any) -> None:
+    """One compressor on its native kernel, on a PlanKernel over its plan and on a WorkerKernel
+    over its compress: every bulk call and the round give the same bits (which kernel a
+    compressor runs on is chosen once, in ``bulk_kernel``)."""
+    from permk.compressors.kernels import Kernel, PlanKernel, WorkerKernel
+
+    for n, d in SHAPES:
+        c = FACTORIES[name](n, d)
+        if c is None or not _defined(c, n, d):
+            continue
+        native, planned, each = c.kernel, PlanKernel(c.checked_plan, c.name), WorkerKernel(c.checked_compress, c.name)
+        assert c.bulk_kernel is native and all(isinstance(k, Kernel) for k in (native, planned, each))
+        A = make_input(n, d, dtype, "C", seed=n + d)
+        H = make_input(n, d, dtype, "F", seed=n * d)
+        where = f"{name} {np.dtype(dtype)} n={n} d={d}"
+        for seed, rnd in ((3, 0), (11, 7)):
+            want = [native.compress_all(A, seed, rnd), native.aggregate(A, seed, rnd),
+                    *native.compress_rows(A[1:], 1, n, seed, rnd), *native.compress_shifted_rows(A, H, 0.5, 0, n, seed, rnd)]
+            for k in (planned, each):
+                got = [k.compress_all(A, seed, rnd), k.aggregate(A, seed, rnd),
+                       *k.compress_rows(A[1:], 1, n, seed, rnd), *k.compress_shifted_rows(A, H, 0.5, 0, n, seed, rnd)]
+                for g, w in zip(got, want):
+                    assert g.dtype == w.dtype and g.tobytes() == w.tobytes(), (where, type(k).__name__)
+            r, ref = native.round(n, d, seed, rnd), planned.round_ahead(n, d, seed, rnd).wait()
+            A64 = A.astype(np.float64)
+            assert r.disjoint == ref.disjoint and r.mean(r.gather(A64, 0)).tobytes() == ref.mean(ref.gather(A64, 0)).tobytes()
+        with pytest.raises(ValueError, match="has no shared plan"):
+            each.round(n, d, 0, 0)
+
+
+def test_the_kernel_is_chosen_once_from_what_a_compressor_has() -> None:
+    from permk.compressors.kernels import PlanKernel, WorkerKernel
+
+    assert isinstance(PermK().bulk_kernel, _core.Spec)
+    assert isinstance(TopK(2).bulk_kernel, _core.Spec)  # native, without a shared plan
+    assert isinstance(permk.GroupPermK(((0, 1), (2, 3))).bulk_kernel, PlanKernel)
+    assert isinstance(permk.PermutationOfMappings.default(2, 4).bulk_kernel, WorkerKernel)
+    assert isinstance(Compose(permk.GroupPermK(((0, 1),)), NaturalCompression()).bulk_kernel, WorkerKernel)
+    c = permk.GroupPermK(((0, 1), (2, 3)))
+    assert c.bulk_kernel is c.bulk_kernel
+
+
+def test_disjoint_is_computed_from_the_rounds_coordinates() -> None:
+    """A plan and its round are disjoint exactly when no coordinate is sent twice (nothing
+    declares it), and a disjoint round's mean is the summed one, bit for bit."""
+    scales = np.array([2.0, 2.0])
+    apart = permk.Plan(np.array([0, 2, 4]), np.array([3, 0, 1, 2]), scales)
+    shared = permk.Plan(np.array([0, 2, 4]), np.array([3, 0, 0, 2]), scales)
+    empty = permk.Plan(np.array([0, 0, 0]), np.zeros(0, dtype=np.int64), scales)
+    assert apart.disjoint and not shared.disjoint and empty.disjoint
+    A = make_input(2, 5, np.float64, "C", seed=9)
+    A[:, 1] = -0.0
+    for plan in (apart, shared, empty):
+        r = permk.PlanRound(plan, 5)
+        assert r.disjoint == plan.disjoint
+        total = np.bincount(plan.coords, weights=r.gather(A, 0), minlength=5) / 2
+        assert r.mean(r.gather(A, 0)).tobytes() == total.tobytes()
+
+
+class _AllSendZero(Compressor):
+    """Every worker sends coordinate 0 (unscaled): no round is disjoint."""
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return 1
+
+    def plan(self, n: int, d: int, *, seed: int, round: int) -> permk.Plan:
+        return permk.Plan(np.arange(n + 1), np.zeros(n, dtype=np.int64), np.ones(n))
+
+
+def test_a_round_cannot_be_declared_disjoint_against_its_coordinates() -> None:
+    """Before, a plan declared ``disjoint=True`` whatever its coordinates, and a round's mean
+    placed values its aggregate summed ([1/3, 0] against [1, 0] here): now the round's mean is
+    the aggregate."""
+    c, A = _AllSendZero(), np.ones((3, 2))
+    r = c.round(3, 2, seed=0, round=0)
+    assert not r.disjoint
+    assert r.mean(r.gather(A, 0)).tobytes() == c.aggregate(A, seed=0, round=0).tobytes() == np.array([1.0, 0.0]).tobytes()
+    with pytest.raises(TypeError):
+        permk.Plan(np.arange(4), np.zeros(3, dtype=np.int64), np.ones(3), disjoint=True)  # type: ignore[call-arg]
+
+
+def test_the_compressors_import_nothing_above_them() -> None:
+    """The compressors import the core, the shared checks, the registry and the test hooks
+    only (no theory, problems, methods or backends); Compose and Participation import no
+    concrete compressor (their examples come from the catalog)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(permk.compressors.__file__).parent
+    allowed = {"_core", "_validate", "registry", "testing"}
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                assert (node.module or "").split(".")[0] in allowed, (path.name, node.module)
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and path.name in ("compose.py", "participation.py"):
+                assert node.module not in ("permutation", "independent", "quantizers"), (path.name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("permk") for a in node.names), path.name
 
 
 def test_compressors_with_a_shared_plan() -> None:
@@ -1480,6 +1586,31 @@ def test_marina_with_group_permk_takes_theorem_ab_group() -> None:
     np.testing.assert_allclose(res.x, dense.x, rtol=1e-9, atol=1e-12)
 
 
+def test_the_theory_bounds_a_grouped_compressor_and_asks_any_other() -> None:
+    """permk.theory.variance_bound: Theorem AB_group's L̂²_G for a compressor that declares
+    groups (with a problem), Theorem AB without one, and a compressor's own variance_bound
+    (a user's override included) otherwise; MARINA takes its step from it."""
+    from permk.theory import Constants, group_hessian_variance, variance_bound
+
+    q = permk.Quadratic.synthetic(8, 40, lam=1e-2, noise_scale=0.5, seed=1)
+    c, groups = Constants.of(q), ((0, 1, 2, 3), (4, 5, 6, 7))
+    g = permk.GroupPermK(groups)
+    bound = variance_bound(g, 8, 40, c, q)
+    assert bound == (group_hessian_variance(q, groups, PermK()).L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
+    A, B = g.ab_constants(8, 40)
+    assert variance_bound(g, 8, 40, c) == ((A - B) * c.L_plus**2 + B * c.L_pm**2, "Theorem AB", "Theorem AB-PL")
+    assert variance_bound(PermK(), 8, 40, c, q) == PermK().variance_bound(8, 40, c)
+
+    @dataclass(frozen=True)
+    class Tight(PermK):
+        def variance_bound(self, n, d, constants, problem=None):  # type: ignore[no-untyped-def]
+            return permk.VarianceBound(0.0, "mine", "mine (PL)")
+
+    assert variance_bound(Tight(), 8, 40, c, q) == (0.0, "mine", "mine (PL)")
+    res = permk.marina(q, Tight(), rounds=2, seed=0)
+    assert res.params.gamma_source == "mine" and res.params.gamma == pytest.approx(1 / c.L_minus)
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "match"),
     [
@@ -1512,7 +1643,7 @@ def test_the_new_compressors_compose_with_a_quantizer(sparsifier: Compressor) ->
 
 
 def test_the_new_compressors_are_selectable_in_the_experiments() -> None:
-    from permk.experiments.runner import available_specs
+    from permk.experiments.specs import available_specs
 
     specs = available_specs()
     for name in ("marina-blockpermk", "marina-coordinatesampling", "marina-grouppermk", "marina-permutationofmappings"):

@@ -18,7 +18,7 @@ import pytest
 
 import permk
 from permk import _core
-from permk.participation import participants
+from permk.compressors.participation import participants
 from permk.theory.steps import Constants, dasha_pp_stepsize, dasha_stepsize
 
 
@@ -329,7 +329,7 @@ def test_a_given_is_used_and_the_state_is_checked_on_resume() -> None:
 
 
 def test_selectable_in_the_experiments_and_the_complexity_calculator() -> None:
-    from permk.experiments.runner import Spec, available_specs
+    from permk.experiments.specs import Spec, available_specs
 
     assert {"dasha-permk", "dasha-randk"} <= set(available_specs())
     assert Spec.parse("dasha-permk").method is permk.dasha

@@ -28,7 +28,9 @@ from permk.problems import LinearAutoencoder
 from permk.experiments.plotting import experiment_figures, load_experiment, method_label, plot_experiment, step_label
 from permk.experiments.quadratic import QuadraticGrid, run_quadratic
 from permk.experiments.results import append_record, read_records
-from permk.experiments.runner import SearchOptions, Spec, available_specs, best_runs, cell_budget, multiplier_exponents
+from permk.experiments.protocols import SearchOptions
+from permk.experiments.search import best_runs, cell_budget
+from permk.experiments.specs import Spec, available_specs, multiplier_exponents
 
 from conftest import CLI, run_cli
 
@@ -217,7 +219,9 @@ def test_resume_after_kill(tmp_path: Path) -> None:
 
 def test_search_does_not_depend_on_chunks(tmp_path: Path) -> None:
     """Where runs stop (budget, divergence) is decided round by round, not by chunk sizes."""
-    from permk.experiments.runner import SearchOptions, Spec, search_cell, theory_gamma
+    from permk.experiments.protocols import SearchOptions
+    from permk.experiments.search import search_cell
+    from permk.experiments.specs import Spec, theory_gamma
 
     q = permk.Quadratic.synthetic(40, 100, 1e-4, 0.3, seed=0)
     cell = {"id": "c", "n": 40, "d": 100, "noise_scale": 0.3, "lam": 1e-4, "row": 0, "col": 0}

@@ -175,7 +175,8 @@ def test_gd_takes_a_lossless_compressor_by_its_capability() -> None:
 
 
 def test_spec_label_rounds_options_and_pruning_come_from_the_method() -> None:
-    from permk.experiments.runner import SearchOptions, Spec
+    from permk.experiments.protocols import SearchOptions
+    from permk.experiments.specs import Spec
 
     assert Spec.parse("marina-permk").label == "MARINA + PermK" and Spec.parse("ef21-topk").label == "EF21 + TopK"
     mine = Spec(key="local_momentum-identity", method=local_momentum, compressor_class=permk.Identity)
@@ -197,7 +198,7 @@ def test_spec_label_rounds_options_and_pruning_come_from_the_method() -> None:
 
 
 def test_available_specs_skip_the_methods_that_take_no_compressor() -> None:
-    from permk.experiments.runner import available_specs
+    from permk.experiments.specs import available_specs
 
     specs = available_specs()
     assert {"marina-permk", "ef21-topk", "marina-randk"} <= set(specs)

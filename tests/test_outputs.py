@@ -72,7 +72,7 @@ def test_the_cli_refuses_a_directory_in_use_and_names_the_holder(tmp_path: Path)
 # records while their parent held the lock) until it is killed.
 _RUN_THEN_WAIT = """
 import sys, time
-import permk.experiments.runner as runner
+import permk.experiments.grid as runner
 from permk.cli import main
 
 pool = runner.run_pool
@@ -129,7 +129,7 @@ def _children(pid: int) -> set[int]:
 
 _POOL_THAT_SLEEPS = """
 import time
-from permk.experiments.runner import run_pool
+from permk.experiments.grid import run_pool
 
 print("pool", flush=True)
 run_pool(time.sleep, [(600,), (600,)], jobs=2, desc="sleep", total=2, progress=False)

@@ -15,7 +15,7 @@ from threadpoolctl import threadpool_info
 
 import permk.parallel as par
 from permk import _core
-from permk.experiments.runner import run_pool
+from permk.experiments.grid import run_pool
 
 from conftest import MPI_DIR, MPIEXEC
 

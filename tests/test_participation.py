@@ -1,4 +1,4 @@
-"""Tests of partial participation as a compressor (permk.participation) and of the DASHA /
+"""Tests of partial participation as a compressor (permk.compressors.participation) and of the DASHA /
 DASHA-PP step rules (permk.theory.steps).
 
 1. the sampling: ``s`` distinct workers, a pure function of ``(seed, round)``, uniform over the
@@ -23,7 +23,7 @@ import pytest
 from scipy import stats
 
 import permk
-from permk.participation import Participation, participants, participation_mask
+from permk.compressors.participation import Participation, participants, participation_mask
 from permk.theory.steps import dasha_momentum, dasha_pp_stepsize, dasha_stepsize
 
 INNERS = [
@@ -114,8 +114,8 @@ def test_every_form_agrees_bit_for_bit(inner: permk.Compressor, dtype: type, n: 
 def test_a_shared_inner_plan_stays_shared_and_is_restricted_to_the_participants() -> None:
     n, d, s = 5, 12, 2
     c = Participation(permk.PermK(), s)
-    assert c.capabilities.shared_plan and c.disjoint(n, d)
     plan = c.plan(n, d, seed=4, round=1)
+    assert c.capabilities.shared_plan and plan.disjoint and c.round(n, d, seed=4, round=1).disjoint
     inner = permk.PermK().plan(n, d, seed=4, round=1)
     who = participants(n, s, seed=4, round=1)
     sizes = np.diff(plan.offsets)

@@ -19,17 +19,10 @@ from permk.experiments.quadratic import QuadraticGrid, quadratic_cell
 from permk.experiments.plotting import load_experiment
 from permk.experiments.protocols import protocol_of
 from permk.experiments.results import read_records
-from permk.experiments.runner import (
-    Estimate,
-    SearchOptions,
-    Spec,
-    best_runs,
-    cell_budget,
-    estimate_grid,
-    format_estimate,
-    score,
-    step_exponents,
-)
+from permk.experiments.estimate import Estimate, estimate_grid, format_estimate
+from permk.experiments.protocols import SearchOptions
+from permk.experiments.search import best_runs, cell_budget, score
+from permk.experiments.specs import Spec, step_exponents
 
 from conftest import run_cli
 

@@ -79,7 +79,7 @@ class ShiftedBlocks(permk.Compressor):
         blocks = (np.arange(n) + shift) % n
         coords = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in blocks])
         offsets = np.concatenate([[0], np.cumsum(np.diff(bounds)[blocks])])
-        return permk.Plan(offsets, coords, np.full(n, float(n)), disjoint=True)
+        return permk.Plan(offsets, coords, np.full(n, float(n)))
 
 
 @pytest.mark.parametrize("cls", [OneCoordinate, ShiftedBlocks])
@@ -135,7 +135,7 @@ def test_a_plans_answer_is_checked() -> None:
 
 # -- permk.register -----------------------------------------------------------------------
 def test_register_adds_to_the_catalogs(clean_registry: None) -> None:
-    from permk.experiments.runner import Spec, available_specs
+    from permk.experiments.specs import Spec, available_specs
 
     assert permk.register(ShiftedBlocks) is ShiftedBlocks
     assert permk.register(ShiftedBlocks) is ShiftedBlocks  # twice: harmless

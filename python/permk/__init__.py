@@ -58,7 +58,7 @@ from .methods import (
     sgd as sgd,
     vr_marina as vr_marina,
 )
-from .participation import Participation as Participation
+from .compressors.participation import Participation as Participation
 from .problems import Problem as Problem, Quadratic as Quadratic, SyntheticQuadratic as SyntheticQuadratic
 from .problems import FiniteSumProblem as FiniteSumProblem, NonconvexLogistic as NonconvexLogistic, NonconvexMultiClass as NonconvexMultiClass, NonconvexSigmoid as NonconvexSigmoid
 from .registry import register as register

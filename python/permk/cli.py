@@ -132,7 +132,7 @@ def _nonnegative_float(v: str) -> float:
 
 
 def _method_spec(v: str) -> str:
-    from .experiments.runner import available_specs
+    from .experiments.specs import available_specs
 
     specs = available_specs()
     if v not in specs:
@@ -336,7 +336,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
     that says where the wall time went (imports and set-up, the grid, plotting)."""
     import importlib
 
-    from .experiments.runner import holds_results, mpi_comm
+    from .experiments.grid import holds_results, mpi_comm
     from .parallel import busy_threads, use_threads
 
     exp = importlib.import_module(f"permk.experiments.{name}")
@@ -380,7 +380,7 @@ def _run_experiment(args: argparse.Namespace, name: str) -> int:
 
 def _estimate(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> int:
     """``--estimate``: the projected time of every cell from timed rounds (nothing is run or written)."""
-    from .experiments.runner import Estimate, estimate_grid, format_estimate
+    from .experiments.estimate import Estimate, estimate_grid, format_estimate
 
     cells = grid.cells()
     print(f"projected time of `permk {name}` ({len(cells)} cells, methods {', '.join(grid.methods)}; "
@@ -393,7 +393,7 @@ def _estimate(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> int:
 def _projection(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> str:
     """The first line of a run: the first cell's projected time (upper bound) from a few timed
     rounds, and the grid's if every cell cost as much (``--estimate`` times every cell)."""
-    from .experiments.runner import Estimate, estimate_grid, format_duration, projected_seconds
+    from .experiments.estimate import Estimate, estimate_grid, format_duration, projected_seconds
 
     cells = grid.cells()
     quick = Estimate(warmup=1, min_rounds=3, timed_seconds=0.02 if args.quick else 0.1, pilot_seconds=0.0)

@@ -14,11 +14,16 @@ All randomness workers share in round ``t`` (PermK's permutations) is a pure fun
 a subclass of :class:`Compressor` that defines :meth:`Compressor.compress` or
 :meth:`Compressor.plan`; :func:`permk.register` adds it to the catalog (``docs/extending.md``).
 
-The modules: :mod:`~permk.compressors.base` (messages, plans, rounds, capabilities,
-:class:`Compressor`), :mod:`~permk.compressors.rust` (the Rust-backed bases),
+The modules: :mod:`~permk.compressors.messages` (what workers send: messages, plans, rounds),
+:mod:`~permk.compressors.base` (:class:`Compressor`, its capabilities, the catalog),
+:mod:`~permk.compressors.kernels` (the kernels the bulk calls run on: native, or Python over a
+plan or over ``compress``), :mod:`~permk.compressors.fingerprint` (the MPI launch check's
+digest), :mod:`~permk.compressors.rust` (the Rust-backed bases),
 :mod:`~permk.compressors.permutation` (PermK and its family),
 :mod:`~permk.compressors.independent` (RandK, TopK, Identity),
-:mod:`~permk.compressors.quantizers` and :mod:`~permk.compressors.compose`.
+:mod:`~permk.compressors.quantizers`, :mod:`~permk.compressors.compose` and
+:mod:`~permk.compressors.participation` (partial participation, a wrapper of any unbiased
+compressor: ``permk.Participation``).
 
 Every compressor declares what it can do in :attr:`Compressor.capabilities` (a
 :class:`Capabilities`): whether its coordinates are shared from ``(seed, round)`` (then the
@@ -41,25 +46,13 @@ True
 
 from __future__ import annotations
 
-from .base import (
-    COMPRESSORS,
-    Capabilities,
-    Compressor,
-    Message,
-    Messages,
-    PendingRound,
-    Plan,
-    PlanRound,
-    Ranges,
-    Round,
-    VarianceBound,
-    aggregate_messages,
-)
+from .base import COMPRESSORS, Capabilities, Compressor, VarianceBound
 from .compose import Compose
 from .independent import Identity, RandK, TopK
+from .messages import Message, Messages, PendingRound, Plan, PlanRound, Ranges, Round, aggregate_messages
 from .permutation import BlockPermK, CoordinateSampling, GroupPermK, PermK, PermutationOfMappings
-from .quantizers import QSGD, NaturalCompression, Quantizer
-from .rust import RustCompressor, Sparsifier
+from .quantizers import QSGD, NaturalCompression
+from .rust import Quantizer, RustCompressor, Sparsifier
 
 __all__ = [
     "Capabilities",

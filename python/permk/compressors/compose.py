@@ -11,11 +11,9 @@ import numpy as np
 
 from .._core import Spec
 from ..testing import magnitude_bound
-from .base import Capabilities, Compressor, Message
-from .independent import RandK, TopK
-from .permutation import BlockPermK, PermK
-from .quantizers import QSGD, NaturalCompression, Quantizer
-from .rust import RustCompressor, Sparsifier
+from .base import COMPRESSORS, Capabilities, Compressor
+from .messages import Message
+from .rust import Quantizer, Sparsifier, native_compress
 
 __all__ = ["Compose"]
 
@@ -38,7 +36,8 @@ class Compose(Compressor):
     any other compressor (defined in Python, ``GroupPermK``, ``PermutationOfMappings``) is
     applied to the quantized vector ``Q_i(x)``.
 
-    >>> Compose(PermK(), NaturalCompression()).ab_constants(4, 40)
+    >>> import permk
+    >>> Compose(permk.PermK(), permk.NaturalCompression()).ab_constants(4, 40)
     (1.125, 1.0)
     """
 
@@ -68,15 +67,20 @@ class Compose(Compressor):
 
     @classmethod
     def default(cls, n: int, d: int) -> Compose:
-        return cls(PermK(), NaturalCompression())
+        """PermK after natural compression."""
+        c = COMPRESSORS.builtins()
+        return cls(c["permk"](), c["naturalcompression"]())
 
     @classmethod
     def examples(cls, n: int, d: int, rng: np.random.Generator | None = None) -> list[Compressor]:
+        """The package's sparsifiers (from its catalog) after its quantizers."""
+        c = COMPRESSORS.builtins()
+        permk, randk, blockpermk, topk = c["permk"], c["randk"], c["blockpermk"], c["topk"]
+        natural, qsgd = c["naturalcompression"], c["qsgd"]
         if rng is None:
-            return [cls(PermK(), NaturalCompression()), cls(RandK(max(1, d // 2)), QSGD(2)),
-                    cls(BlockPermK(min(n, d, 2)), QSGD(5)), cls(TopK(max(1, d // 2)), NaturalCompression())]
-        return [cls(PermK(), NaturalCompression()),
-                cls(RandK(int(rng.integers(1, d + 1))), QSGD(int(rng.integers(1, 5))))]
+            return [cls(permk(), natural()), cls(randk(max(1, d // 2)), qsgd(2)),
+                    cls(blockpermk(min(n, d, 2)), qsgd(5)), cls(topk(max(1, d // 2)), natural())]
+        return [cls(permk(), natural()), cls(randk(int(rng.integers(1, d + 1))), qsgd(int(rng.integers(1, 5))))]
 
     def check(self, n: int, d: int) -> None:
         if self.kernel is not None:
@@ -118,7 +122,7 @@ class Compose(Compressor):
     # the calls: one Rust kernel for a Sparsifier, else the sparsifier on Q_i(x)
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         if self.kernel is not None:
-            return RustCompressor.compress(self, x, worker=worker, n_workers=n_workers, seed=seed, round=round)  # type: ignore[arg-type]
+            return native_compress(self.kernel, x, worker=worker, n_workers=n_workers, seed=seed, round=round)
         q = self.quantizer.checked_compress(x, worker=worker, n_workers=n_workers, seed=seed, round=round)
         return self.sparsifier.checked_compress(q.to_dense(), worker=worker, n_workers=n_workers, seed=seed, round=round)
 

@@ -15,7 +15,8 @@ import numpy as np
 from .._core import permutation as shared_permutation
 from .._validate import as_float_array, check_int, check_partition, check_seed
 from ..testing import magnitude_bound
-from .base import Capabilities, Compressor, Message, Plan, VarianceBound
+from .base import Capabilities, Compressor
+from .messages import Message, Plan
 from .rust import Sparsifier
 
 __all__ = ["PermK", "BlockPermK", "CoordinateSampling", "GroupPermK", "PermutationOfMappings"]
@@ -57,9 +58,6 @@ class PermK(Sparsifier):
 
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "permk"}
-
-    def disjoint(self, n: int, d: int) -> bool:
-        return d >= n
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
         n, d = np.shape(A)
@@ -141,9 +139,6 @@ class BlockPermK(Sparsifier):
             labels = rng.permutation(np.arange(d) % m)
         return [cls(m), cls(m, partition=tuple(int(v) for v in labels))]
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return n // self.m == 1
-
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
         n = np.shape(A)[0]
         return n / (n // self.m) * np.abs(A)
@@ -198,9 +193,6 @@ class CoordinateSampling(Sparsifier):
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "coordinate_sampling"}
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return True
-
     def ab_constants(self, n: int, d: int) -> tuple[float, float]:
         self.check(n, d)
         return (1.0, 1.0)
@@ -237,9 +229,10 @@ class GroupPermK(Compressor):
     AB inequality holds with ``inner``'s constants on ``|G_k|`` workers; across groups the
     variances add (Lemma "Group AB inequality"). MARINA's step is then Theorem "AB_group"'s, with
     ``L̂²_G`` from :func:`permk.theory.group_hessian_variance` on the problem
-    (:meth:`variance_bound`; ``params["gamma_source"]`` says so). As one family on all ``n``
-    workers it also satisfies the plain AB inequality with ``A = max_k |G_k| A_k / n`` and
-    ``B = 1/Σ_k (1/B_k)`` (0 if some ``B_k`` is), which the complexity calculator uses.
+    (:func:`permk.theory.variance_bound` reads :attr:`groups` and :attr:`inner`;
+    ``params["gamma_source"]`` says so). As one family on all ``n`` workers it also satisfies
+    the plain AB inequality with ``A = max_k |G_k| A_k / n`` and ``B = 1/Σ_k (1/B_k)`` (0 if
+    some ``B_k`` is), which the complexity calculator uses.
 
     >>> g = GroupPermK(((0, 1), (2, 3)))
     >>> g.ab_constants(4, 8), g.floats_per_worker(4, 8)
@@ -287,9 +280,6 @@ class GroupPermK(Compressor):
             group[list(g)], local[list(g)] = k, np.arange(len(g))
         return group, local
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return len(self.groups) == 1 and self.inner.disjoint(n, d)
-
     def check(self, n: int, d: int) -> None:
         super().check(n, d)
         if n != self.n:
@@ -307,18 +297,6 @@ class GroupPermK(Compressor):
         Bs = [float(x[1]) for x in ab]  # type: ignore[index]
         B = 0.0 if min(Bs) <= 0.0 else 1.0 / sum(1.0 / b for b in Bs)
         return (A, B)
-
-    def variance_bound(self, n: int, d: int, constants: Any, problem: Any = None) -> VarianceBound:
-        """Theorem "AB_group"'s ``L̂²_G`` from the problem's group constants
-        (:func:`permk.theory.group_hessian_variance`, exact for quadratics); without a problem,
-        Theorem "AB" with :meth:`ab_constants`."""
-        if problem is None:
-            return super().variance_bound(n, d, constants)
-        from ..theory.group import group_hessian_variance
-
-        self.check(n, d)
-        ghv = group_hessian_variance(problem, self.groups, self.inner)
-        return VarianceBound(ghv.L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
 
     def omega(self, n: int, d: int) -> float | None:
         self.check(n, d)
@@ -354,7 +332,7 @@ class GroupPermK(Compressor):
         parts.sort(key=lambda t: t[0])
         offsets = np.concatenate([[0], np.cumsum([len(c) for _, c, _ in parts])]).astype(np.int64)
         coords = np.concatenate([c for _, c, _ in parts]).astype(np.int64)
-        return Plan(offsets, coords, np.array([s for _, _, s in parts]), disjoint=self.disjoint(n, d))
+        return Plan(offsets, coords, np.array([s for _, _, s in parts]))
 
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         x = as_float_array(x, 1, "x")

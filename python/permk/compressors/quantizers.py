@@ -1,9 +1,9 @@
-"""Unbiased quantizers ``Q ∈ U(ω)``: natural compression and QSGD, used alone (independently
-by every worker) or inside :class:`~permk.compressors.Compose`."""
+"""Unbiased quantizers ``Q ∈ U(ω)`` (:class:`~permk.compressors.rust.Quantizer`): natural
+compression and QSGD, used alone (independently by every worker) or inside
+:class:`~permk.compressors.Compose`."""
 
 from __future__ import annotations
 
-import abc
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -11,36 +11,10 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_int
-from .base import Capabilities, Compressor, ceil_log2
-from .rust import RustCompressor
+from .base import Compressor, ceil_log2
+from .rust import Quantizer
 
-__all__ = ["Quantizer", "NaturalCompression", "QSGD"]
-
-
-@dataclass(frozen=True)
-class Quantizer(RustCompressor):
-    """An unbiased quantizer ``Q ∈ U(ω)``: used alone (independently by every worker, so
-    ``(A, B) = (ω/n, 0)``) or inside :class:`Compose`; a subclass names its kernel in
-    :meth:`quantizer_args`."""
-
-    capabilities = Capabilities(fixed_size=True, dense=True)
-
-    @abc.abstractmethod
-    def quantizer_args(self) -> dict[str, Any]:
-        """``{"quantizer": name, **params}`` of ``permk._core.Spec``."""
-
-    def kernel_args(self) -> dict[str, Any]:
-        return {"sparsifier": "identity", **self.quantizer_args()}
-
-    def ab_constants(self, n: int, d: int) -> tuple[float, float]:
-        return (self.omega(n, d) / n, 0.0)
-
-    def floats_per_worker(self, n: int, d: int) -> int:
-        self.check(n, d)
-        return d
-
-    @abc.abstractmethod
-    def omega(self, n: int, d: int) -> float: ...
+__all__ = ["NaturalCompression", "QSGD"]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The compressors whose kernels are the Rust core's: :class:`RustCompressor` (a kernel named
-by its arguments) and :class:`Sparsifier` (a kernel that selects and scales coordinates, the
-part of :class:`~permk.compressors.Compose` that follows a quantizer in the same kernel)."""
+by its arguments), and its two kinds that :class:`~permk.compressors.Compose` joins in one
+kernel: :class:`Sparsifier` (selects and scales coordinates) after :class:`Quantizer` (an
+unbiased quantizer)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,27 @@ from typing import Any
 
 from .._core import Spec
 from .._validate import as_float_array, check_int, check_seed
-from .base import Capabilities, Compressor, Message, PendingRound, Plan, Round
+from .base import Capabilities, Compressor
+from .messages import Message, Plan
 
-__all__ = ["RustCompressor", "Sparsifier"]
+__all__ = ["RustCompressor", "Sparsifier", "Quantizer", "native_compress"]
+
+
+def native_compress(kernel: Spec, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
+    """Worker ``worker``'s message from the native ``kernel``, its arguments checked."""
+    x = as_float_array(x, 1, "x")
+    n = check_int(n_workers, "n_workers", low=1)
+    w = check_int(worker, "worker", high=n)
+    idx, val = kernel.compress(x, w, n, check_seed(seed), check_int(round, "round"))
+    return Message(worker=w, n_workers=n, d=x.shape[0], indices=idx, values=val)
 
 
 @dataclass(frozen=True)
 class RustCompressor(Compressor):
     """A compressor whose kernels are the Rust core's (``permk._core.Spec``): a subclass names
     its kernel and parameters in :meth:`kernel_args` (``docs/extending.md``), and its
-    :attr:`capabilities` (a shared plan only where it says so: its kernel decides)."""
+    :attr:`capabilities` (a shared plan only where it says so: its kernel decides). Every bulk
+    call and its round run in that kernel."""
 
     capabilities = Capabilities()
 
@@ -38,29 +50,13 @@ class RustCompressor(Compressor):
         self.kernel.check(n, d)
 
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
-        x = as_float_array(x, 1, "x")
-        n = check_int(n_workers, "n_workers", low=1)
-        w = check_int(worker, "worker", high=n)
-        idx, val = self.kernel.compress(x, w, n, check_seed(seed), check_int(round, "round"))
-        return Message(worker=w, n_workers=n, d=x.shape[0], indices=idx, values=val)
+        return native_compress(self.kernel, x, worker=worker, n_workers=n_workers, seed=seed, round=round)
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         if not self.capabilities.shared_plan:
             return None
         self.check(n, d)
-        return Plan(*self.kernel.plan(n, d, check_seed(seed), check_int(round, "round")), disjoint=self.disjoint(n, d))
-
-    def round(self, n: int, d: int, *, seed: int, round: int) -> Round:
-        self.check(n, d)
-        if not self.capabilities.shared_plan:
-            raise ValueError(f"{self.name} has no shared plan (capabilities.shared_plan is False)")
-        return self.kernel.round(n, d, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
-
-    def round_ahead(self, n: int, d: int, *, seed: int, round: int) -> PendingRound:
-        self.check(n, d)
-        if not self.capabilities.shared_plan:
-            raise ValueError(f"{self.name} has no shared plan (capabilities.shared_plan is False)")
-        return self.kernel.round_ahead(n, d, check_seed(seed), check_int(round, "round"))  # type: ignore[no-any-return]
+        return Plan(*self.kernel.plan(n, d, check_seed(seed), check_int(round, "round")))
 
 
 @dataclass(frozen=True)
@@ -70,3 +66,27 @@ class Sparsifier(RustCompressor):
     quantizer in the same Rust kernel."""
 
 
+@dataclass(frozen=True)
+class Quantizer(RustCompressor):
+    """An unbiased quantizer ``Q ∈ U(ω)``: used alone (independently by every worker, so
+    ``(A, B) = (ω/n, 0)``) or inside :class:`Compose`; a subclass names its kernel in
+    :meth:`quantizer_args`."""
+
+    capabilities = Capabilities(fixed_size=True, dense=True)
+
+    @abc.abstractmethod
+    def quantizer_args(self) -> dict[str, Any]:
+        """``{"quantizer": name, **params}`` of ``permk._core.Spec``."""
+
+    def kernel_args(self) -> dict[str, Any]:
+        return {"sparsifier": "identity", **self.quantizer_args()}
+
+    def ab_constants(self, n: int, d: int) -> tuple[float, float]:
+        return (self.omega(n, d) / n, 0.0)
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        self.check(n, d)
+        return d
+
+    @abc.abstractmethod
+    def omega(self, n: int, d: int) -> float: ...

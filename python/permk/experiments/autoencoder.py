@@ -34,7 +34,10 @@ import numpy as np
 from .._validate import check_choice
 from ..problems.autoencoder import LOSSES, SPLITS, LinearAutoencoder, estimate_constants
 from ..problems.datasets import load_images
-from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .grid import mpi_comm, run_grid
+from .protocols import SearchOptions, options_from_args, search_from_args
+from .search import Search, search_cell
+from .specs import METHODS, Spec, step_exponents, theory_gamma
 
 __all__ = ["AutoencoderGrid", "PAPER_GRID", "QUICK_GRID", "run_autoencoder"]
 
@@ -104,7 +107,7 @@ def _images(data: str | None, limit: int | None) -> tuple[np.ndarray, str]:
 
 
 def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
-                     mpi: bool = False) -> dict[str, Any]:
+                     mpi: bool = False, *, search: Search = search_cell) -> dict[str, Any]:
     """Run one cell of the autoencoder grid (a process-pool task; with ``mpi``, every rank calls
     it and holds only its own workers' images: the file is read, the rank's images kept, the
     rest dropped)."""
@@ -147,7 +150,7 @@ def autoencoder_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str,
     # virtual worker per distinct split: the same iterates, see the module docstring); on MPI
     # every method runs on the rank's workers
     problems = {m: (ae.grouped() if s.identical_workers_collapse(compressors[m]) and not mpi else ae) for m, s in specs.items()}
-    recs = search_cell(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors,
+    recs = search(ae, cell, exps, opts, path, gammas=gth, base=base, resume=resume, problems=problems, compressors=compressors,
                        mpi=mpi)
     return {"cell": cell["id"], "runs": len(recs), "seconds": time.perf_counter() - t0}
 

@@ -12,7 +12,7 @@ samples are split over ``n`` workers, equally or with the authors' heterogeneity
 
 Methods (default): MARINA+PermK, MARINA+RandK, EF21+TopK (full gradients), VR-MARINA+PermK
 (minibatches of ``batch_size`` samples and, with probability ``p``, a full gradient) and
-minibatch SGD, each with its theory step times ``2^j`` (:mod:`permk.experiments.runner`: the
+minibatch SGD, each with its theory step times ``2^j`` (:mod:`permk.experiments.search`: the
 search, the bits budget, the best-run criterion). Every run records the bits and the
 gradient-oracle calls (sample gradients) per worker, and the figures plot ``‖∇f‖²`` against
 both. Results go to ``OUT/classify/runs/<cell>.jsonl``, figures to ``OUT/classify/figures``.
@@ -35,7 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from .runner import SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .grid import mpi_comm, run_grid
+from .protocols import SearchOptions, options_from_args, search_from_args
+from .search import Search, search_cell
+from .specs import Spec, step_exponents, theory_gamma
 
 __all__ = ["ClassifyGrid", "PAPER_GRID", "QUICK_GRID", "run_classify", "classify_cell", "grid_from_args", "load_task"]
 
@@ -140,7 +143,7 @@ def _describe(problem: Any, source: str, grid_json: dict[str, Any], cell: dict[s
 
 
 def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
-                  mpi: bool = False) -> dict[str, Any]:
+                  mpi: bool = False, *, search: Search = search_cell) -> dict[str, Any]:
     """Run one cell (a process-pool task; with ``mpi``, every rank calls it and keeps only its
     own workers' samples, see the module docstring): build the problem, run the search, return
     a summary."""
@@ -172,7 +175,7 @@ def classify_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, re
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
-    recs = search_cell(problem, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
+    recs = search(problem, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
                        mpi=mpi)
     if bar is not None:
         bar.close()

@@ -4,9 +4,9 @@ The layout is the paper's: one panel per cell (quadratic: rows = number of worke
 noise scale s, with the resulting ``L±`` in the panel's title; autoencoder: rows = λ, columns =
 p̂), the x-axis the bits sent per worker, the y-axis ``‖∇f(x^t)‖²`` on a log scale, a dotted
 line at the target ``tol·‖∇f(x⁰)‖²`` that sets the cell's bits budget (the x range; see
-:mod:`permk.experiments.runner`). Everything a reader needs is written on the figure: the run's
+:mod:`permk.experiments.search`). Everything a reader needs is written on the figure: the run's
 own ``d``, ``n`` and λ (taken from the records, never assumed), the methods as ``MARINA + PermK``
-(:attr:`Spec.label <permk.experiments.runner.Spec.label>`, from the method's and the
+(:attr:`Spec.label <permk.experiments.specs.Spec.label>`, from the method's and the
 compressor's names), and each step as ``γ = 8 × theory`` (the autoencoder's legends also give
 γ itself).
 
@@ -16,7 +16,7 @@ text; when it asks for ``oracle_axis``, ``<experiment>_best_oracle_calls`` draws
 runs against the gradient-oracle calls per worker (the runs' ``oracle_calls``).
 
 ``<experiment>_best`` has one curve per method (its best step,
-:func:`permk.experiments.runner.best_runs`); ``<experiment>_steps_<METHOD-COMPRESSOR>_vs_<first>``
+:func:`permk.experiments.search.best_runs`); ``<experiment>_steps_<METHOD-COMPRESSOR>_vs_<first>``
 has every non-diverged step of one method and of the grid's first method (the appendix's full
 grids), one file per method–compressor pair. Figures are PNG, and PDF on request. Colours and
 line styles follow the order of the methods in the grid (PermK blue, EF21 green, RandK red by
@@ -38,7 +38,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .results import iter_result_files, read_json, read_records
-from .runner import METHODS, Spec, best_runs, cell_budget, is_writer
+from .grid import is_writer
+from .search import best_runs, cell_budget
+from .specs import METHODS, Spec
 
 __all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot"]
 

@@ -5,7 +5,7 @@ step sizes with ``pl=True``), noise scales ``s ∈ {0, 0.05, 0.1, 0.2, 0.8}`` of
 (:meth:`permk.Quadratic.synthetic`). Methods: MARINA+PermK, MARINA+RandK(K = ⌈d/n⌉) and
 EF21+TopK(K = ⌈d/n⌉) with the theory's parameters computed from the paper's pessimistic
 constants ``L_+² = L_±² = (1/n) Σ L_i²`` ("Experiments setup") and the step-size multipliers
-``2^j`` (see :mod:`permk.experiments.runner` for the search, the bits budget and the best-run
+``2^j`` (see :mod:`permk.experiments.search` for the search, the bits budget and the best-run
 criterion). Every run is written to ``OUT/quadratic[-pl]/runs/n{n}_s{s}.jsonl`` when it
 finishes; figures go to ``OUT/quadratic[-pl]/figures``.
 """
@@ -23,7 +23,10 @@ from typing import Any
 import numpy as np
 
 from .._validate import check_alloc
-from .runner import METHODS, SearchOptions, Spec, mpi_comm, options_from_args, run_grid, search_from_args, search_cell, step_exponents, theory_gamma
+from .grid import mpi_comm, run_grid
+from .protocols import SearchOptions, options_from_args, search_from_args
+from .search import Search, search_cell
+from .specs import METHODS, Spec, step_exponents, theory_gamma
 
 __all__ = ["QuadraticGrid", "PAPER_GRID", "QUICK_GRID", "theory_gamma", "run_quadratic", "quadratic_cell"]
 
@@ -120,7 +123,7 @@ def check_memory(grid: QuadraticGrid, mpi: bool = False) -> None:
 
 
 def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, resume: bool, progress: bool = False,
-                   mpi: bool = False) -> dict[str, Any]:
+                   mpi: bool = False, *, search: Search = search_cell) -> dict[str, Any]:
     """Run one cell (a process-pool task): build the instance, run the search, return a summary."""
     import permk
 
@@ -147,7 +150,7 @@ def quadratic_cell(cell: dict[str, Any], grid_json: dict[str, Any], path: str, r
         from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
         bar = tqdm(total=sum(len(v) for v in exps.values()), desc=cell["id"], leave=False, unit="run")
-    recs = search_cell(q, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
+    recs = search(q, cell, exps, opts, path, base=base, resume=resume, on_run=(lambda r: bar.update(1)) if bar else None,
                        problems=problems, compressors=compressors, mpi=mpi)
     if bar is not None:
         bar.close()

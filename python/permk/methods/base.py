@@ -11,7 +11,7 @@ import numpy as np
 
 from .._validate import check_int
 from ..compressors import Compressor
-from ..participation import Participation
+from ..compressors.participation import Participation
 from ..registry import Catalog
 from ..theory.method import MethodTheory
 from .contract import MethodParams, RoundInfo, RunParams, State

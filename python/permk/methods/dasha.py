@@ -12,7 +12,7 @@ from .. import _core
 from .. import exchanges as ex
 from .._validate import check_probability, check_real
 from ..compressors import Compressor
-from ..participation import check_participation, participation_mask
+from ..compressors.participation import check_participation, participation_mask
 from ..theory.method import MethodTheory
 from ..theory.steps import (
     Constants,
@@ -167,7 +167,7 @@ class Dasha(Method):
     ``"DASHA theorem"``); it needs an unbiased compressor with ``ω`` and AB constants.
 
     DASHA-PP (the authors' ``zero_marina_partial_participation``): ``s`` of the ``n`` workers,
-    sampled uniformly from ``(seed, t)`` (:func:`permk.participation.participants`),
+    sampled uniformly from ``(seed, t)`` (:func:`permk.compressors.participation.participants`),
     participate; ``p_a = s/n``, ``a = p_a/(2ω + 1)``, ``b = p_a/(2 − p_a)``, ``h_i⁰ = g_i⁰ =
     ∇f_i(x⁰)``. A participant computes ``k_i = ∇f_i(x^{t+1}) − ∇f_i(x^t) − b(h_i^t −
     ∇f_i(x^t))``, sends ``m_i = (1/p_a) C_i(k_i − a(g_i^t − h_i^t))`` and keeps

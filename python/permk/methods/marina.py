@@ -12,8 +12,9 @@ from .. import _core
 from .. import exchanges as ex
 from .._validate import check_int, check_probability
 from ..compressors import Compressor, Identity, PermK, RandK
-from ..participation import check_participation
+from ..compressors.participation import check_participation
 from ..theory.complexity import MARINA_PERMK, MARINA_RANDK
+from ..theory.group import variance_bound
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, marina_variance_stepsize
 from .base import Method, batch_size_option, participating, sample_counts, sample_smoothness_sq
@@ -70,7 +71,7 @@ class MarinaTheory(MethodTheory[MarinaParams]):
 
     def step(self, compressor: Compressor, n: int, d: int, params: MarinaParams, constants: Constants,
              problem: Any = None) -> tuple[float, str]:
-        bound = participating(compressor, params.participation).variance_bound(n, d, constants, problem=problem)
+        bound = variance_bound(participating(compressor, params.participation), n, d, constants, problem=problem)
         gamma = marina_variance_stepsize(constants.L_minus, bound.L_hat_sq, params.p, mu=constants.mu)
         return gamma, bound.theorem if constants.mu is None else bound.pl_theorem
 
@@ -106,7 +107,7 @@ class VRMarinaTheory(MarinaTheory):
              problem: Any = None) -> tuple[float, str]:
         if constants.mu is not None:
             raise ValueError(f"{self.label} has no PL step in permk: pass gamma= or pl=False")
-        bound = compressor.variance_bound(n, d, constants, problem=problem)
+        bound = variance_bound(compressor, n, d, constants, problem=problem)
         L_hat_sq = bound.L_hat_sq + (params.A + 1.0 / n) * sample_smoothness_sq(problem, n, self.label) / params.batch_size
         return marina_variance_stepsize(constants.L_minus, L_hat_sq, params.p), self.theorem.format(bound=bound.theorem)
 

@@ -72,7 +72,7 @@ import numpy as np
 
 from .. import _core
 from .._validate import as_vector, check_choice, check_int, check_real, check_seed, index_array
-from ..compressors.base import Compressor, Messages
+from ..compressors import Compressor, Messages
 
 __all__ = ["LinearAutoencoder", "GroupedAutoencoder", "estimate_constants", "SPLITS", "LOSSES"]
 

@@ -7,7 +7,8 @@ and the communication complexity of the methods.
 * :mod:`permk.theory.smoothness` — ``L_−``, ``L_+``, ``L_±`` (Assumption "L+", Definition
   "Hessian variance") of any problem or group of workers: exact for quadratics, a lower
   estimate from pairs of points, or a local estimate at a point;
-* :mod:`permk.theory.group` — the constants of appendix "Group Hessian Variance";
+* :mod:`permk.theory.group` — the constants of appendix "Group Hessian Variance", and MARINA's
+  variance constant of any compressor (:func:`variance_bound`);
 * :mod:`permk.theory.ab` — the AB inequality (Assumption "AB inequality") measured for any
   compressor;
 * :mod:`permk.theory.method` — :class:`MethodTheory`, what a method's theorems say of it (its
@@ -27,6 +28,7 @@ from .complexity import (
 )
 from .method import MethodTheory as MethodTheory
 from .group import GroupHessianVariance as GroupHessianVariance, group_hessian_variance as group_hessian_variance
+from .group import Grouped as Grouped, variance_bound as variance_bound
 from .smoothness import ExactConstants as ExactConstants, Smoothness as Smoothness, smoothness as smoothness
 from .steps import (
     Constants as Constants,
@@ -62,7 +64,9 @@ __all__ = [
     "ExactConstants",
     "smoothness",
     "GroupHessianVariance",
+    "Grouped",
     "group_hessian_variance",
+    "variance_bound",
     "ABInput",
     "ABEstimate",
     "estimate_ab",

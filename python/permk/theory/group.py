@@ -1,5 +1,6 @@
-"""Group Hessian variance (appendix "Group Hessian Variance"): the constants of groups of workers
-and the step size of Theorem "AB_group".
+"""Group Hessian variance (appendix "Group Hessian Variance"): the constants of groups of workers,
+the step size of Theorem "AB_group", and MARINA's variance constant of any compressor
+(:func:`variance_bound`), with the group bound for one that declares groups.
 
 >>> import numpy as np, permk
 >>> class TwoGroups:  # workers 0, 1 hold A = diag(1, 3); workers 2, 3 hold B = diag(3, 1)
@@ -17,13 +18,14 @@ and the step size of Theorem "AB_group".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from .._validate import check_int, check_partition
+from ..compressors import Compressor, VarianceBound
 from .smoothness import SMOOTHNESS_OPTIONS, SmoothnessMethod, Smoothness, smoothness
 from .steps import marina_variance_stepsize
 
-__all__ = ["GroupHessianVariance", "group_hessian_variance"]
+__all__ = ["GroupHessianVariance", "group_hessian_variance", "Grouped", "variance_bound"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +93,35 @@ def group_hessian_variance(
         len(g) ** 2 / n**2 * ((A - B) * s.L_plus**2 + B * s.L_pm**2) for g, (A, B), s in zip(parts, ab, constants)
     )
     return GroupHessianVariance(groups=parts, constants=constants, ab=tuple(ab), whole=whole, L_hat_sq=float(L_hat_sq))
+
+
+@runtime_checkable
+class Grouped(Protocol):
+    """A compressor that runs ``inner`` independently inside ``groups`` of workers (Assumption
+    "group AB"; :class:`permk.GroupPermK`): what :func:`variance_bound` reads."""
+
+    groups: tuple[tuple[int, ...], ...]
+    inner: Compressor
+
+
+def variance_bound(compressor: Compressor, n: int, d: int, constants: Any, problem: Any = None) -> VarianceBound:
+    """MARINA's variance constant ``L̂²`` of ``compressor`` on a problem with ``constants``
+    (``L_plus``, ``L_pm``: a :class:`permk.theory.Constants`), and the theorems that use it.
+
+    With a ``problem`` and a compressor that declares groups (:class:`Grouped`), Theorem
+    "AB_group"'s ``L̂²_G`` from the problem's group constants (:func:`group_hessian_variance`,
+    exact for quadratics); otherwise the compressor's own
+    :meth:`~permk.Compressor.variance_bound` (Theorem "AB" from its ``ab_constants`` unless it
+    overrides it).
+
+    >>> import permk
+    >>> q = permk.Quadratic.synthetic(4, 8, 1e-2, 0.5, seed=1)
+    >>> c = permk.theory.Constants.of(q)
+    >>> variance_bound(permk.PermK(), 4, 8, c, q).theorem, variance_bound(permk.GroupPermK(((0, 1), (2, 3))), 4, 8, c, q).theorem
+    ('Theorem AB', 'Theorem AB_group')
+    """
+    if problem is not None and isinstance(compressor, Grouped):
+        compressor.check(n, d)
+        ghv = group_hessian_variance(problem, compressor.groups, compressor.inner)
+        return VarianceBound(ghv.L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
+    return compressor.variance_bound(n, d, constants, problem=problem)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from .._validate import check_seed
-from ..compressors.base import Compressor, PendingRound, Round
+from ..compressors import Compressor, PendingRound, Round
 
 __all__ = ["BucketCall", "HookState", "bucket_seed", "comm_hook"]
 

@@ -27,7 +27,7 @@ replacement, 0 when ``s = n``):
   gives ``(n/s, 1)``.
 
 >>> import numpy as np, permk
->>> from permk.participation import Participation
+>>> from permk.compressors.participation import Participation
 >>> c = Participation(permk.RandK(2), 3)
 >>> c.omega(6, 8), c.ab_constants(6, 8)
 (7.0, (1.2, 0.2))
@@ -46,9 +46,10 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_float_array, check_int, check_seed
-from .compressors import Capabilities, Compressor, Message, PermK, Plan, RandK, VarianceBound
-from .testing import magnitude_bound
+from .._validate import as_float_array, check_int, check_seed
+from ..testing import magnitude_bound
+from .base import COMPRESSORS, Capabilities, Compressor, VarianceBound
+from .messages import Message, Plan
 
 __all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
@@ -137,13 +138,17 @@ class Participation(Compressor):
 
     @classmethod
     def default(cls, n: int, d: int) -> Participation:
-        return cls(PermK(), max(1, n // 2))
+        """Half of the workers (at least one), each running PermK."""
+        return cls(COMPRESSORS.builtins()["permk"](), max(1, n // 2))
 
     @classmethod
     def examples(cls, n: int, d: int, rng: np.random.Generator | None = None) -> list[Compressor]:
+        """PermK and RandK (from the package's catalog) inside."""
+        c = COMPRESSORS.builtins()
+        permk, randk = c["permk"], c["randk"]
         if rng is None:
-            return [cls(PermK(), max(1, n // 2)), cls(RandK(max(1, d // 2)), max(1, n - 1))]
-        return [cls(RandK(int(rng.integers(1, d + 1))), int(rng.integers(1, n + 1)))]
+            return [cls(permk(), max(1, n // 2)), cls(randk(max(1, d // 2)), max(1, n - 1))]
+        return [cls(randk(int(rng.integers(1, d + 1))), int(rng.integers(1, n + 1)))]
 
     def check(self, n: int, d: int) -> None:
         super().check(n, d)
@@ -194,9 +199,6 @@ class Participation(Compressor):
         bound = magnitude_bound(self.inner, A)
         return None if bound is None else np.shape(A)[0] / self.s * bound
 
-    def disjoint(self, n: int, d: int) -> bool:
-        return self.inner.disjoint(n, d)
-
     # -- calls ------------------------------------------------------------------------------
     def scale(self, n: int) -> float:
         """``n/s``: the factor of a participant's message."""
@@ -213,12 +215,16 @@ class Participation(Compressor):
             return None
         self.check(n, d)
         key = (n, d, check_seed(seed), check_int(round, "round"))
-        last = self.__dict__.get("_last_plan")
-        if last is not None and last[0] == key:
-            return last[1]  # type: ignore[no-any-return]
-        plan = self._restricted_plan(n, d, seed=seed, round=round)
-        object.__setattr__(self, "_last_plan", (key, plan))
-        return plan
+        last = self._last_plan
+        if key not in last:
+            last.clear()
+            last[key] = self._restricted_plan(n, d, seed=seed, round=round)
+        return last[key]
+
+    @functools.cached_property
+    def _last_plan(self) -> dict[tuple[int, int, int, int], Plan | None]:
+        """The last round's plan by ``(n, d, seed, round)`` (a cache: it does not pickle)."""
+        return {}
 
     def _restricted_plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         inner = self.inner.plan(n, d, seed=seed, round=round)
@@ -231,7 +237,7 @@ class Participation(Compressor):
         coords = (np.concatenate([inner.coords[inner.offsets[i] : inner.offsets[i + 1]] for i in who])
                   if len(who) else np.zeros(0, dtype=np.int64))
         scales = np.asarray(inner.scales, dtype=np.float64) * self.scale(n)
-        return Plan(offsets, coords.astype(np.int64, copy=False), scales, disjoint=bool(inner.disjoint))
+        return Plan(offsets, coords.astype(np.int64, copy=False), scales)
 
     def compress(self, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
         x = as_float_array(x, 1, "x")
