@@ -23,7 +23,7 @@ import math
 import os
 import warnings
 
-from . import _core
+from ._core import set_num_threads
 from ._validate import check_int
 
 __all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "apply_env_threads", "use_threads", "busy_threads"]
@@ -78,7 +78,7 @@ def limit_threads(threads: int) -> int:
     """Use ``threads`` threads in this process for the Rust kernels and for BLAS/OpenMP (through
     threadpoolctl); returns it."""
     threads = check_int(threads, "threads", low=1, high=MAX_THREADS + 1)
-    _core.set_num_threads(threads)
+    set_num_threads(threads)
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=threads)

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Mapping, cast
 
 import numpy as np
 
-from .. import _core
+from .._core import coin
 from .. import exchanges as ex
 from .._validate import check_probability, check_real
 from ..compressors import Compressor
@@ -323,7 +323,7 @@ class DashaPage(Dasha):
 
     def estimators(self, state: DashaVRState, x: Array, backend: Any, params: RunParams[Any]) -> tuple[Array, bool | None, float | None]:
         """``h_i^{t+1}`` of the held workers, the round's coin and its oracle calls (None: one full gradient)."""
-        if _core.coin(state.seed, state.round, params.own.p):
+        if coin(state.seed, state.round, params.own.p):
             return ex.local_grads(backend, x), True, None
         b = params.own.batch_size
         gx, gy = ex.minibatch_grads_pair(backend, x, state.x, b, seed=state.seed, round=state.round)

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import _core
+from .._core import coin
 from .. import exchanges as ex
 from .._validate import check_probability, check_real
 from ..compressors import Compressor
@@ -198,7 +198,7 @@ class RandDiana(Method):
     def update(self, state: RandDianaState, backend: Any, compressor: Compressor,
                params: RunParams[RandDianaParams]) -> tuple[RandDianaState, RoundInfo]:
         x = state.x - params.gamma * state.g
-        heads = bool(_core.coin(state.seed, state.round, params.own.p))
+        heads = bool(coin(state.seed, state.round, params.own.p))
         bits = params.bits.compressed
         y, h = state.y, state.h
         if heads:

@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import _core
+from .._core import coin
 from .. import exchanges as ex
 from .._validate import check_int, check_probability
 from ..compressors import Compressor, Identity, PermK, RandK
@@ -181,7 +181,7 @@ class Marina(Method):
     def update(self, state: MarinaState, backend: Any, compressor: Compressor,
                params: RunParams[MarinaParams]) -> tuple[MarinaState, RoundInfo]:
         x = state.x - params.gamma * state.g
-        heads = bool(_core.coin(state.seed, state.round, params.own.p))
+        heads = bool(coin(state.seed, state.round, params.own.p))
         if heads:
             g, bits = ex.mean_grad(backend, x), params.bits.full
         else:
@@ -253,7 +253,7 @@ class VRMarina(Marina):
     def update(self, state: MarinaState, backend: Any, compressor: Compressor,
                params: RunParams[VRMarinaParams]) -> tuple[MarinaState, RoundInfo]:  # type: ignore[override]
         x = state.x - params.gamma * state.g
-        heads = bool(_core.coin(state.seed, state.round, params.own.p))
+        heads = bool(coin(state.seed, state.round, params.own.p))
         calls: float | None
         if heads:
             g, calls = self.heads(backend, x, params, state)

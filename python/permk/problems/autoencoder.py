@@ -70,7 +70,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .. import _core
+from .._core import autoencoder_shifted_messages, autoencoder_split_grads, get_num_threads, row_dots
 from .._validate import as_vector, check_choice, check_int, check_real, check_seed, index_array
 from ..compressors import Compressor, Messages
 
@@ -435,10 +435,10 @@ class LinearAutoencoder:
         # each dot product reads its two rows in place (permk._core.row_dots: float64 sums, on the core's threads)
         if q.iD.size:  # ∂/∂D[j,k] = (2c/m_s)((D Z_sᵀZ_s)[j,k] − A_s[:,j]·Z_s[:,k]) + r (M Eᵀ)[j,k]
             G = self._gram(p).reshape(S * d_e, d_e)  # row s·d_e + k: (Z_sᵀZ_s)[:, k] (symmetric)
-            t = _core.row_dots(p.Dc, q.jD, G, q.gD) - _core.row_dots(ATf, q.aD, p.ZW[:d_e].reshape(d_e * S, m), q.zD)
+            t = row_dots(p.Dc, q.jD, G, q.gD) - row_dots(ATf, q.aD, p.ZW[:d_e].reshape(d_e * S, m), q.zD)
             out[q.iD] = q.scaleD * t + p.regD.ravel()[q.regD]
         if q.iE.size:  # ∂/∂E[k,j] = (2c/m_s) (Z_s DᵀD − P_s)[:,k]·A_s[:,j] + r (Dᵀ M)[k,j]
-            out[q.iE] = q.scaleE * _core.row_dots(p.ZW[d_e:].reshape(d_e * S, m), q.wE, ATf, q.aE) + p.regE.ravel()[q.regE]
+            out[q.iE] = q.scaleE * row_dots(p.ZW[d_e:].reshape(d_e * S, m), q.wE, ATf, q.aE) + p.regE.ravel()[q.regE]
         return out
 
     def _out_buffer(self) -> np.ndarray:
@@ -457,7 +457,7 @@ class LinearAutoencoder:
         """``(held splits, d)`` float64: ``mult_s ∇f_s`` at the point, written block by block
         (:meth:`_run_blocks`)."""
         out = self._out_buffer() if pooled else np.empty((len(self._held), self.d))
-        self._run_blocks(p, mult, lambda lo, hi, args, on_caller: _core.autoencoder_split_grads(*args, out[lo:hi], on_caller=on_caller))
+        self._run_blocks(p, mult, lambda lo, hi, args, on_caller: autoencoder_split_grads(*args, out[lo:hi], on_caller=on_caller))
         return out
 
     def _block_splits(self) -> int:
@@ -470,7 +470,7 @@ class LinearAutoencoder:
         :meth:`_run_blocks` gives each of several threads whole blocks of the larger size
         (blocks of 5 or 40 splits were not measurably faster there). The values do not depend
         on the size (tested)."""
-        size = _BLOCK_BYTES if _core.get_num_threads() > 1 else _BLOCK_BYTES // 4
+        size = _BLOCK_BYTES if get_num_threads() > 1 else _BLOCK_BYTES // 4
         return min(len(self._held), max(1, size // (8 * self.d_f * self.d_e)))
 
     def _block_products(self, p: _Point, mult: np.ndarray | None) -> Callable[[int, int, np.ndarray], _Products]:
@@ -518,7 +518,7 @@ class LinearAutoencoder:
         Otherwise one block at a time on the caller (BLAS and the pass on their own threads).
         The values are the same either way (each value's sums have one order)."""
         products, bounds = self._block_products(p, mult), self._bounds()
-        threads = _core.get_num_threads()
+        threads = get_num_threads()
         if threads < 2 or len(bounds) < 2:
             zwa = self._zwa()
             return [work(lo, hi, products(lo, hi, zwa), False) for lo, hi in bounds]
@@ -541,7 +541,7 @@ class LinearAutoencoder:
         products, buf, zwa = self._block_products(p, mult), np.empty((self._block_splits(), self.d)), self._zwa()
         for lo, hi in self._bounds():
             G = buf[: hi - lo]
-            _core.autoencoder_split_grads(*products(lo, hi, zwa), G)
+            autoencoder_split_grads(*products(lo, hi, zwa), G)
             yield lo, hi, G
 
     def _message_blocks(self, p: _Point, mult: np.ndarray | None, compressor: Any, H: np.ndarray | None, beta: float, *,
@@ -549,7 +549,7 @@ class LinearAutoencoder:
         """The messages of :meth:`local_message_blocks` for the held splits as workers (the
         inputs ``mult_s ∇f_s − β h_s``), block by block: with a Rust compressor each row is
         finished, shifted and compressed in a worker's buffer
-        (``permk._core.autoencoder_shifted_messages``), the gradients never written; otherwise
+        (``permk.autoencoder_shifted_messages``), the gradients never written; otherwise
         the block's rows are written and handed to :meth:`Compressor.compress_shifted_rows`."""
         if not isinstance(compressor, Compressor):
             raise TypeError(f"compressor must be a permk.Compressor, got {type(compressor).__name__}")
@@ -563,7 +563,7 @@ class LinearAutoencoder:
             return
 
         def messages(lo: int, hi: int, args: _Products, on_caller: bool) -> tuple[int, int, Messages | None]:
-            out = _core.autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], beta, start + lo, n_workers, seed, round,
+            out = autoencoder_shifted_messages(spec, *args, None if H is None else H[lo:hi], beta, start + lo, n_workers, seed, round,
                                                      on_caller=on_caller)
             return lo, hi, None if out is None else Messages(*out)
 

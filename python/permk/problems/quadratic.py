@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import _core
+from .._core import Tridiagonal
 from .._validate import as_vector, check_alloc, check_group, check_int, check_real, check_seed, index_array, start_point
 from ..theory.smoothness import ExactConstants, Smoothness
 
@@ -212,7 +212,7 @@ class SyntheticQuadratic(Quadratic):
         self.shift = self.lam - lam_min_mean
         self._t = (t_min, t_max)
         #: The native oracles (``permk._core.Tridiagonal``): the ``"rust"`` paths use them.
-        self.kernel = _core.Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
+        self.kernel = Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
         self.x0 = np.zeros(self.d)
         self.x0[0] = math.sqrt(self.d)
 
