@@ -2,6 +2,7 @@
 
     python docs/build.py                    # strict: any Sphinx warning fails the build
     python docs/build.py --allow-warnings   # the warnings are collected and summed up, not fatal
+    python docs/build.py --incremental      # re-read only the changed pages (a quick look)
 
 Runs ``python -m sphinx -n -b html docs docs/_build/html`` (with ``-W --keep-going`` when
 strict), writing every warning to ``docs/_build/warnings.txt``; then checks that every ``href``
@@ -79,7 +80,7 @@ def check_links(root: Path) -> list[str]:
     return broken
 
 
-_LOCATION = re.compile(r"^(?P<where>.*?):(?:(?P<line>\d+):)? (?P<level>WARNING|ERROR|CRITICAL): (?P<msg>.*)$")
+_LOCATION = re.compile(r"^(?:(?P<where>.*?):(?:(?P<line>\d+):)? )?(?P<level>WARNING|ERROR|CRITICAL): (?P<msg>.*)$")
 
 
 def summarize(warnings: str) -> list[str]:
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DOCS / "_build", help="the build directory (default docs/_build)")
     ap.add_argument("--jobs", "-j", default="1", help="Sphinx's parallel jobs (default 1)")
     ap.add_argument("--no-execute", action="store_true", help="do not run the pages' code cells (a quick look at the prose)")
+    ap.add_argument("--incremental", action="store_true",
+                    help="re-read only the changed pages (quicker, but the warnings of unchanged pages are not reported again)")
     args = ap.parse_args(argv)
 
     html_dir = args.out / "html"
@@ -116,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(html_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "sphinx", "-q", "-n", "-b", "html", "-j", str(args.jobs), "-w", str(warnings_file),
            "-d", str(args.out / "doctrees")]
+    if not args.incremental:
+        cmd.append("-E")  # every page read afresh, so that every warning is reported
     if not args.allow_warnings:
         cmd += ["-W", "--keep-going"]
     cmd += [str(DOCS), str(html_dir)]
