@@ -1,5 +1,6 @@
-"""The README's Python examples run (the MPI and DDP ones with a single process; the DDP one
-skips without torch)."""
+"""The README's Python examples run (an MPI or DDP one with a single process; a DDP one skips
+without torch). The README is short: its one example is the first five minutes of the API; the
+guide's examples run when the documentation is built (docs/build.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), 
 
 
 def test_readme_has_examples() -> None:
-    assert len(BLOCKS) >= 3
+    assert len(BLOCKS) >= 1 and all(len(b.splitlines()) <= 15 for b in BLOCKS)
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])

@@ -1,0 +1,174 @@
+"""The benchmarks page's content, rendered at build time from the repository.
+
+For every ``benches/bench_*.py``: what it measures (its docstring's first paragraph) and how to
+re-run it (its command, and its smoke mode where it has one); then every results file
+``benches/results/*.json`` (the format of ``benches/record.py``) as a table with the machine,
+the date, the load, the reference the rows are measured against, and the command that wrote it.
+The page ``benchmarks.md`` includes the generated Markdown (``_generated/benchmarks.md``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from sphinx.application import Sphinx
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+GENERATED = Path("_generated") / "benchmarks.md"
+REQUIRED = ("bench", "title", "command", "machine", "date", "load", "reference", "columns", "rows")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        text = "—"
+    elif isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, int):
+        text = f"{value:,}" if abs(value) >= 10_000 else str(value)
+    elif isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            text = str(value)
+        elif value != 0 and (abs(value) >= 1e9 or abs(value) < 1e-3):
+            text = f"{value:.3g}"
+        elif abs(value) >= 1000:
+            text = f"{value:,.0f}"
+        else:
+            text = f"{value:.4g}"
+    else:
+        text = str(value)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _first_paragraph(path: Path) -> str:
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    para = doc.split("\n\n", 1)[0]
+    return " ".join(para.split())
+
+
+def _smoke_flag(path: Path) -> str | None:
+    text = path.read_text(encoding="utf-8")
+    for flag in ("--smoke", "--quick"):
+        if re.search(rf"['\"]{flag}['\"]", text):
+            return flag
+    return None
+
+
+def _machine(m: dict[str, Any]) -> str:
+    parts = [str(m.get("cpu", "?"))]
+    if m.get("cores") is not None:
+        parts.append(f"{m['cores']} cores")
+    if m.get("memory_gib") is not None:
+        parts.append(f"{m['memory_gib']} GiB")
+    soft = ", ".join(f"{k} {m[k]}" for k in ("python", "numpy") if m.get(k))
+    if soft:
+        parts.append(soft)
+    if m.get("system"):
+        parts.append(str(m["system"]))
+    extra = {k: v for k, v in m.items() if k not in {"cpu", "cores", "memory_gib", "python", "numpy", "system"}}
+    parts += [f"{k} {v}" for k, v in extra.items()]
+    return "; ".join(parts)
+
+
+def _table(record: dict[str, Any], source: str) -> list[str]:
+    load = record["load"]
+    load_text = "unknown" if not load else " / ".join(f"{v:.2f}" for v in load) + " (1, 5, 15 min)"
+    lines = [f"### {record['title']}", ""]
+    if record.get("notes"):
+        lines += [str(record["notes"]), ""]
+    lines += [
+        f"- **Measured against:** {record['reference']}",
+        f"- **Machine:** {_machine(record['machine'])}",
+        f"- **Date:** {record['date']}; **load average:** {load_text}",
+        f"- **Command:** `{record['command']}` (results file `{source}`)",
+        "",
+    ]
+    cols = [_cell(c) for c in record["columns"]]
+    numeric = [all(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in record["rows"] if r[i] is not None)
+               for i in range(len(cols))]
+    lines.append("| " + " | ".join(cols) + " |")
+    lines.append("|" + "|".join("---:" if num else "---" for num in numeric) + "|")
+    for row in record["rows"]:
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    lines.append("")
+    return lines
+
+
+def render(root: Path) -> tuple[str, list[str]]:
+    """The generated Markdown, and the problems found (each a warning)."""
+    benches = sorted((root / "benches").glob("bench_*.py"))
+    results_dir = root / "benches" / "results"
+    results = sorted(results_dir.glob("*.json")) if results_dir.is_dir() else []
+    problems: list[str] = []
+    records: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in results:
+        rel = path.relative_to(root).as_posix()
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            problems.append(f"{rel}: not a JSON results file ({exc})")
+            continue
+        missing = [k for k in REQUIRED if k not in record]
+        if missing:
+            problems.append(f"{rel}: lacks {', '.join(missing)} (see benches/record.py)")
+            continue
+        bad = [i for i, r in enumerate(record["rows"]) if len(r) != len(record["columns"])]
+        if bad:
+            problems.append(f"{rel}: rows {bad} do not have {len(record['columns'])} cells")
+            continue
+        records.setdefault(str(record["bench"]), []).append((rel, record))
+
+    out = ["<!-- generated by docs/_ext/permk_benchmarks.py at build time; do not edit -->", ""]
+    names = sorted({p.stem for p in benches} | set(records))
+    scripts = {p.stem: p for p in benches}
+    for name in names:
+        out += [f"({_anchor(name)})=", f"## `{name}`", ""]
+        path = scripts.get(name)
+        if path is None:
+            out += [f"(No script `benches/{name}.py` in the repository.)", ""]
+        else:
+            out += [_plain(_first_paragraph(path)), ""]
+            smoke = _smoke_flag(path)
+            run = f"Run it: `python benches/{path.name}`"
+            if smoke == "--smoke":
+                run += f"; smoke run (writes no table): `python benches/{path.name} --smoke`"
+            elif smoke:
+                run += f"; a shorter run: `python benches/{path.name} {smoke}`"
+            out += [run + ".", ""]
+        if name not in records:
+            out += [f"No results file yet (`benches/results/{name}.json`): it is written when the bench is run in full.", ""]
+        for rel, record in records.get(name, []):
+            out += _table(record, rel)
+    return "\n".join(out) + "\n", problems
+
+
+def _plain(text: str) -> str:
+    """A docstring's reST roles (``:mod:`x```) and literals (````x````) as Markdown code."""
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
+    return re.sub(r"``([^`]+)``", r"`\1`", text)
+
+
+def _anchor(bench: str) -> str:
+    return "results-" + bench.replace("_", "-")
+
+
+def generate(app: Sphinx) -> None:
+    root = Path(app.srcdir).parent
+    text, problems = render(root)
+    target = Path(app.srcdir) / GENERATED
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists() or target.read_text(encoding="utf-8") != text:
+        target.write_text(text, encoding="utf-8")
+    for problem in problems:
+        logger.warning(f"permk_benchmarks: {problem}", type="permk", subtype="benchmarks")
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.connect("builder-inited", generate)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,127 @@
+"""Sphinx configuration of permk's documentation site.
+
+Build it with ``python docs/build.py`` (see that file): Sphinx with warnings as errors, then a
+check of every internal link of the built HTML.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "_ext"))
+
+import permk  # noqa: E402  (the installed package: `pip install -e '.[docs]'`)
+
+project = "permk"
+author = "permk contributors"
+copyright = "the permk contributors (MIT License)"
+release = permk.__version__
+version = ".".join(release.split(".")[:2])
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.intersphinx",
+    "myst_nb",
+    "permk_api",  # docs/_ext: the API pages from the package's __all__s, and their check
+    "permk_benchmarks",  # docs/_ext: benches/results/*.json as tables
+]
+
+root_doc = "index"
+exclude_patterns = ["_build", "_generated", "**.ipynb_checkpoints", "jupyter_execute"]
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb"}
+
+# ---- cross-references ------------------------------------------------------------------------------
+nitpicky = True  # every cross-reference must resolve (docs/build.py also passes -n)
+# Python's own inventory from Debian's python3.11-doc (no network here: the inventory is read
+# from the local file, the links point at docs.python.org). Without it, references to the
+# standard library are left unlinked rather than reported.
+_PY_INV = Path("/usr/share/doc/python3.11/html/objects.inv")
+intersphinx_mapping = {"python": ("https://docs.python.org/3", str(_PY_INV))} if _PY_INV.is_file() else {}
+intersphinx_timeout = 1
+# numpy, scipy, matplotlib, torch and mpi4py publish no inventory in their wheels, and their
+# sites are not reachable from the build machines: references into them stay plain text.
+nitpick_ignore_regex = [
+    (r"py:.*", r"(numpy|np|scipy|sp|matplotlib|mpl|plt|torch|mpi4py|MPI|numpy\.typing|npt)(\..*)?"),
+    (r"py:.*", r"(tqdm|threadpoolctl|mlxtend)(\..*)?"),
+]
+if not _PY_INV.is_file():
+    nitpick_ignore_regex.append((r"py:.*", r"(typing|collections|os|pathlib|argparse|dataclasses|concurrent|abc|enum|io|types|"
+                                            r"multiprocessing|threading|contextlib|functools|itertools|random|json)(\..*)?"))
+    nitpick_ignore_regex.append((r"py:(class|obj|exc|data)", r"(int|float|str|bytes|bool|complex|object|list|dict|tuple|set|frozenset|"
+                                                              r"type|slice|range|None|Ellipsis|[A-Z][A-Za-z]*Error|Exception|Warning|"
+                                                              r"[A-Z][A-Za-z]*Warning|BaseException|Any|Callable|Iterator|Iterable|"
+                                                              r"Sequence|Mapping|Literal|Optional|Union|Path|PathLike)"))
+
+# ---- the API reference -------------------------------------------------------------------------
+permk_api_package = "permk"
+autosummary_generate = False  # the stubs are written by permk_api from the __all__s
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+autodoc_class_signature = "mixed"
+autodoc_default_options = {"exclude-members": "__init__, __new__, __weakref__, __dict__, __module__"}
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+napoleon_use_rtype = False
+add_module_names = False
+python_use_unqualified_type_names = True
+toc_object_entries_show_parents = "hide"
+
+# ---- pages written in MyST Markdown, executed where they are notebooks ------------------------
+myst_enable_extensions = ["colon_fence", "deflist", "dollarmath", "smartquotes", "substitution"]
+myst_heading_anchors = 3
+nb_execution_mode = os.environ.get("PERMK_DOCS_EXECUTE", "force")  # "off" for a quick look at the prose only
+nb_execution_timeout = 600
+nb_execution_raise_on_error = True  # a failing example fails the build
+nb_execution_show_tb = True
+nb_merge_streams = True
+nb_output_stderr = "remove-warn"
+
+# ---- HTML ------------------------------------------------------------------------------------------
+html_theme = "pydata_sphinx_theme"
+html_title = f"permk {release}"
+html_static_path = ["_static"]
+html_css_files = ["permk.css"]
+html_show_sourcelink = False
+html_theme_options = {
+    "navbar_align": "left",
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "secondary_sidebar_items": ["page-toc"],
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+    "header_links_before_dropdown": 6,
+}
+html_sidebars = {"index": [], "getting-started": [], "benchmarks": [], "architecture": []}
+
+
+def _public_bases(app, name, obj, options, bases):  # noqa: ANN001
+    """A class's bases as the reader can look them up: a private base (``_LinearFiniteSum``,
+    a class of ``permk._core``) is replaced by its own public bases."""
+    out = []
+    stack = list(bases)
+    while stack:
+        base = stack.pop(0)
+        private = base.__name__.startswith("_") or any(p.startswith("_") for p in base.__module__.split("."))
+        if private and base.__module__ != "builtins":
+            stack[:0] = [b for b in base.__bases__ if b is not object]
+        elif base not in out:
+            out.append(base)
+    bases[:] = out or [object]
+
+
+def _array_alias(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
+    """``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name."""
+    sub = (lambda s: None if s is None else re.sub(r"\bArray\b", "numpy.ndarray", s))
+    return sub(signature), sub(return_annotation)
+
+
+def setup(app):  # noqa: ANN001, ANN201
+    app.connect("autodoc-process-bases", _public_bases)
+    app.connect("autodoc-process-signature", _array_alias)
