@@ -6,6 +6,7 @@ check of every internal link of the built HTML.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -66,8 +67,13 @@ autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "mixed"
 autodoc_default_options = {"exclude-members": "__init__, __new__, __weakref__, __dict__, __module__"}
+# The docstrings are NumPy style, parsed by napoleon's NumpyDocstring from _numpy_docstring below
+# rather than from napoleon's own handler (hence its two switches off): napoleon reads the first
+# line of an attribute's, a property's or a module constant's docstring as ``type: description``
+# (its "inline attribute" style), and this package writes prose there ("``L_−``: the smoothness
+# constant of f"), its types being the annotations.
 napoleon_google_docstring = False
-napoleon_numpy_docstring = True
+napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 add_module_names = False
 python_use_unqualified_type_names = True
@@ -116,12 +122,61 @@ def _public_bases(app, name, obj, options, bases):  # noqa: ANN001
     bases[:] = out or [object]
 
 
-def _array_alias(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
-    """``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name."""
+def _factory_default(field) -> str:  # noqa: ANN001
+    """A dataclass field's ``default_factory`` written as Python: the value it makes when that
+    reads in one short line (``()``, ``SearchOptions(tol=0.001)``), else its type with ``...``."""
+    try:
+        value = field.default_factory()
+    except Exception:  # noqa: BLE001 - a factory that needs more than a call: name it only
+        return "..."
+    text = repr(value)
+    if len(text) <= 48 and "<" not in text:
+        return text
+    return f"{type(value).__name__}(...)"
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
+    """Two rewrites of the signatures autodoc writes, so that Sphinx can parse them:
+
+    * ``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name;
+    * a dataclass field's ``default_factory``, which autodoc writes ``<factory>`` (not Python:
+      Sphinx then falls back to splitting the signature at its commas and reads the pieces of
+      ``tuple[int, int]`` as class names), as the value the factory makes."""
+    if signature is not None and "<factory>" in signature and dataclasses.is_dataclass(obj):
+        made = [_factory_default(f) for f in dataclasses.fields(obj) if f.init and f.default_factory is not dataclasses.MISSING]
+        parts = signature.split("<factory>")
+        if len(parts) == len(made) + 1:
+            signature = "".join(p + m for p, m in zip(parts, made)) + parts[-1]
     sub = (lambda s: None if s is None else re.sub(r"\bArray\b", "numpy.ndarray", s))
     return sub(signature), sub(return_annotation)
 
 
+def _python_object_of_another_type(app, env, node, contnode):  # noqa: ANN001, ANN201
+    """A reference to a class that Python's inventory lists under another type: the types of
+    :func:`functools.singledispatch` registrations (``types.LambdaType``, ``functools.partial``)
+    are classes at run time, but the standard library's documentation declares them as data or
+    functions, so a ``py:class`` reference to them misses. Looked up again as any Python object,
+    in the inventories only (a name of permk's must resolve as what it is)."""
+    if node.get("refdomain") != "py" or node.get("reftype") != "class" or node["reftarget"].startswith("permk"):
+        return None
+    from sphinx.ext.intersphinx import resolve_reference_any_inventory
+
+    anything = node.deepcopy()
+    anything["reftype"] = "obj"
+    return resolve_reference_any_inventory(env, True, anything, contnode)
+
+
+def _numpy_docstring(app, what, name, obj, options, lines):  # noqa: ANN001, ANN201
+    """napoleon's NumPy-style sections (Parameters, Attributes, Returns, ...) for every docstring;
+    an attribute, property or constant is parsed as any other object's docstring (see above)."""
+    from sphinx.ext.napoleon.docstring import NumpyDocstring
+
+    kind = "object" if what in ("attribute", "data", "property") else what
+    lines[:] = NumpyDocstring(lines, app.config, app, kind, name, obj, options).lines()
+
+
 def setup(app):  # noqa: ANN001, ANN201
+    app.connect("autodoc-process-docstring", _numpy_docstring)
     app.connect("autodoc-process-bases", _public_bases)
-    app.connect("autodoc-process-signature", _array_alias)
+    app.connect("autodoc-process-signature", _signature)
+    app.connect("missing-reference", _python_object_of_another_type, priority=900)

@@ -64,10 +64,12 @@ class AutoencoderGrid:
     max_multipliers: int | None = None
     problem_seed: int = 0
     options: SearchOptions = field(default_factory=lambda: SearchOptions(max_rounds=3000, tol=1e-3))
-    #: the data split and loss: the paper's text (default) or the authors' code (see LinearAutoencoder)
+    #: How the images are split over the workers, as in the paper's text (``"per-worker"``, the
+    #: default) or in the authors' code (``"per-sample"``); see :class:`~permk.problems.LinearAutoencoder`.
     split: str = "per-worker"
+    #: The loss, the paper's (``"paper"``, the default) or the authors' code's (``"authors"``).
     loss: str = "paper"
-    #: the images' and products' type: "float64" or "float32"
+    #: The type of the images and of the products, ``"float64"`` or ``"float32"``.
     dtype: str = "float64"
 
     name = "autoencoder"

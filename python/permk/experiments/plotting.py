@@ -42,7 +42,7 @@ from .grid import is_writer
 from .search import best_runs, cell_budget
 from .specs import METHODS, Spec
 
-__all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot"]
+__all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot", "DPI"]
 
 #: (colour, colour map, line style) of the methods, in the order they appear in a grid.
 STYLES = [("tab:blue", "Blues", "-"), ("tab:green", "Greens", "-."), ("tab:red", "Reds", "--"),
