@@ -105,7 +105,7 @@ def main() -> None:
     state = method.init(x, backend, comp, params, seed=seed)
 
     # the numpy loop's minibatch differences are the problem's (same samples, same loss)
-    x_new = state.x - params["gamma"] * state.g
+    x_new = state.x - params.gamma * state.g
     gx, gy = p.minibatch_grads_pair(x_new, state.x, b, seed=seed, round=0)
     assert np.allclose(ref.differences(x_new, state.x, b, seed, 0), gx - gy, rtol=1e-9, atol=1e-12)
 
@@ -116,7 +116,7 @@ def main() -> None:
         _, info = method.update(s, backend, comp, params)
         t_permk.append(time.perf_counter() - t)
         assert not info.coin
-        x_new = s.x - params["gamma"] * s.g
+        x_new = s.x - params.gamma * s.g
         t = time.perf_counter()
         ref.round(x_new, s.x, b, seed, r)
         t_numpy.append(time.perf_counter() - t)

@@ -136,12 +136,22 @@ def _factory_default(field) -> str:  # noqa: ANN001
 
 
 def _signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
-    """Two rewrites of the signatures autodoc writes, so that Sphinx can parse them:
+    """Three rewrites of the signatures autodoc writes, so that they say what the reader passes
+    and Sphinx can parse them:
 
     * ``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name;
     * a dataclass field's ``default_factory``, which autodoc writes ``<factory>`` (not Python:
       Sphinx then falls back to splitting the signature at its commas and reads the pieces of
-      ``tuple[int, int]`` as class names), as the value the factory makes."""
+      ``tuple[int, int]`` as class names), as the value the factory makes;
+    * a class whose signature autodoc reads from a catch-all ``__new__(*args, **kwargs)``: its
+      ``__init__``'s arguments."""
+    if what == "class" and signature is not None and re.fullmatch(r"\(\*args(: Any)?, \*\*kwargs(: Any)?\)", signature) \
+            and getattr(obj, "__init__", object.__init__) is not object.__init__:
+        # a catch-all __new__ (the compressors' check that a class defines compress or plan)
+        # is what autodoc reads first; the constructor's arguments are __init__'s
+        from sphinx.util.inspect import signature as read_signature, stringify_signature
+
+        signature = stringify_signature(read_signature(obj.__init__, bound_method=True), show_return_annotation=False)
     if signature is not None and "<factory>" in signature and dataclasses.is_dataclass(obj):
         made = [_factory_default(f) for f in dataclasses.fields(obj) if f.init and f.default_factory is not dataclasses.MISSING]
         parts = signature.split("<factory>")

@@ -36,7 +36,6 @@ class RustCompressor(Compressor):
     :attr:`~permk.Compressor.capabilities` (a shared plan only where it says so: its kernel
     decides). Every bulk call and its round run in that kernel."""
 
-    #: Unbiased, no shared plan: a subclass whose kernel shares its coordinates says so.
     capabilities = Capabilities()
 
     @abc.abstractmethod
@@ -75,7 +74,6 @@ class Quantizer(RustCompressor):
     ``(A, B) = (ω/n, 0)``) or inside a :class:`~permk.Compose`; a subclass names its kernel in
     :meth:`~permk.Quantizer.quantizer_args`."""
 
-    #: Unbiased, every message the same size and dense (all ``d`` values, no indices).
     capabilities = Capabilities(fixed_size=True, dense=True)
 
     @abc.abstractmethod
