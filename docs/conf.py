@@ -145,7 +145,7 @@ def _signature(app, what, name, obj, options, signature, return_annotation):  # 
       ``tuple[int, int]`` as class names), as the value the factory makes;
     * a class whose signature autodoc reads from a catch-all ``__new__(*args, **kwargs)``: its
       ``__init__``'s arguments."""
-    if what == "class" and signature is not None and re.fullmatch(r"\(\*args(: Any)?, \*\*kwargs(: Any)?\)", signature) \
+    if what == "class" and signature is not None and re.fullmatch(r"\(\*args(: [~\w.]+)?, \*\*kwargs(: [~\w.]+)?\)", signature) \
             and getattr(obj, "__init__", object.__init__) is not object.__init__:
         # a catch-all __new__ (the compressors' check that a class defines compress or plan)
         # is what autodoc reads first; the constructor's arguments are __init__'s
