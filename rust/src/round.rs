@@ -231,7 +231,7 @@ impl Round {
         let asg = spec.sparsifier.assign::<f64>(n, d, seed, round, None)?;
         let mut starts = Vec::new();
         let offsets = match &asg {
-            Assignment::Owners { owner, .. } => with_owner!(owner, v => Assignment::owner_offsets(v, n))?,
+            Assignment::Owners { owner, sizes, .. } => with_owner!(owner, v => Assignment::owner_offsets(v, n, sizes.as_deref()))?,
             Assignment::Plan(RoundPlan::All { .. }) => mem::collect("the round's offsets", n + 1, (0..=n).map(|i| i * d))?,
             Assignment::Plan(RoundPlan::Csr { offsets, .. }) => mem::copy("the round's offsets", offsets)?,
             Assignment::Plan(RoundPlan::Blocks { pi, slot_block, blocks, .. }) => {
@@ -822,7 +822,8 @@ mod tests {
     fn shared_specs() -> Vec<Spec> {
         vec![
             spec(Identity),
-            spec(PermK),
+            spec(PermK::default()),
+            spec(PermK::SHUFFLE),
             spec(RandK { k: 1 }),
             spec(RandK { k: 3 }),
             spec(BlockPermK { partition: Partition::Contiguous { m: 2 } }),
@@ -1059,7 +1060,7 @@ mod tests {
     fn large_rounds_do_not_depend_on_the_thread_count() {
         let (n, d) = (40, 300_000);
         let a = big(n, d);
-        let specs = [spec(PermK), spec(Identity), spec(BlockPermK { partition: Partition::Contiguous { m: 8 } }), spec(RandK { k: 20_000 })];
+        let specs = [spec(PermK::default()), spec(Identity), spec(BlockPermK { partition: Partition::Contiguous { m: 8 } }), spec(RandK { k: 20_000 })];
         let run = || -> Vec<(Vec<f64>, Vec<f64>)> {
             specs
                 .iter()
@@ -1107,10 +1108,10 @@ mod tests {
             other => panic!("{other:?}"),
         };
         assert_eq!(name(Round::new(&spec(TopK { k: 1 }), 3, 5, 0, 0)), "spec");
-        assert_eq!(name(Round::new(&Spec::new(PermK, Quantizer::Natural).unwrap(), 3, 5, 0, 0)), "spec");
-        assert_eq!(name(Round::new(&spec(PermK), 0, 5, 0, 0)), "n_workers");
+        assert_eq!(name(Round::new(&Spec::new(PermK::default(), Quantizer::Natural).unwrap(), 3, 5, 0, 0)), "spec");
+        assert_eq!(name(Round::new(&spec(PermK::default()), 0, 5, 0, 0)), "n_workers");
         assert_eq!(name(Round::new(&spec(RandK { k: 9 }), 3, 5, 0, 0)), "k");
-        let r = Round::new(&spec(PermK), 3, 5, 0, 0).unwrap();
+        let r = Round::new(&spec(PermK::default()), 3, 5, 0, 0).unwrap();
         let arg = |e: CoreError| match e {
             CoreError::InvalidArgument { name, .. } => name,
             other => panic!("{other:?}"),
@@ -1124,7 +1125,7 @@ mod tests {
         // sizes are checked before allocating
         let id = Round::new(&spec(Identity), 1 << 20, 1 << 31, 0, 0).unwrap();
         assert!(matches!(id.coords(0, 1 << 20), Err(CoreError::Memory { .. })));
-        assert!(matches!(Round::new(&spec(PermK), 1 << 31, u32::MAX as usize, 0, 0), Err(CoreError::Memory { .. })));
+        assert!(matches!(Round::new(&spec(PermK::default()), 1 << 31, u32::MAX as usize, 0, 0), Err(CoreError::Memory { .. })));
     }
 
     #[test]
@@ -1147,6 +1148,6 @@ mod tests {
         let p = PendingRound::start(|| panic!("boom")).unwrap();
         let e = p.wait().unwrap_err();
         assert!(matches!(&e, CoreError::Internal(m) if m.contains("boom")), "{e}");
-        drop(PendingRound::spawn(Arc::new(spec(PermK)), 4, 100_000, 0, 0).unwrap());
+        drop(PendingRound::spawn(Arc::new(spec(PermK::default())), 4, 100_000, 0, 0).unwrap());
     }
 }
