@@ -139,9 +139,10 @@ class BlockPermK(Sparsifier):
     uniformly random worker, which is all the variance depends on — while a round needs only a
     permutation of the ``n`` workers (O(n) randomness, not O(d)) and every message is one
     contiguous block: the aggregate is ``n`` contiguous copies, and on MPI the blocks land in the
-    aggregate buffer through one ``Allgatherv``. Prefer it to :class:`PermK` when ``d`` is large
-    or the run is distributed; the two converge alike per bit (same second moments; see the
-    README's experiment). Unlike PermK, the block of a coordinate never changes.
+    aggregate buffer through one ``Allgatherv``. The two converge alike per bit (same second
+    moments; see the README's experiment), and which round is cheaper depends on ``n``, ``d``
+    and the transport (the README's benchmarks). Unlike PermK, the block of a coordinate never
+    changes.
 
     >>> BlockPermK(2).ab_constants(n=4, d=10)
     (0.3333333333333333, 0.3333333333333333)
