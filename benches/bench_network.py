@@ -396,11 +396,18 @@ def inner(spec_path: str, out_path: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # DDP through permk.torch (gloo over the limited loopback)
 # ---------------------------------------------------------------------------------------------
+#: the DDP hooks :func:`ddp_step_seconds` knows: DDP's default all-reduce, or permk's hook with
+#: one of these compressors (a function of the world size)
+DDP_COMPRESSORS = {"permk": lambda world: __import__("permk").PermK(),
+                   "blockpermk": lambda world: __import__("permk").BlockPermK(world)}
+
+
 def ddp_inner(rank: int, world: int, port: int, hidden: int, steps: int, warmup: int, hook: str, out: str) -> None:
     """One DDP rank: an MLP (784 → hidden → hidden → 10, float32) on random data, ``warmup`` +
     ``steps`` optimizer steps with the default all-reduce (``hook="allreduce"``) or
-    ``permk.torch.comm_hook(PermK())`` (``"permk"``); rank 0 writes the median step time of the
-    slowest rank and the bytes the hook sent."""
+    ``permk.torch.comm_hook`` with a compressor of :data:`DDP_COMPRESSORS` (``"permk"``:
+    ``PermK()``); rank 0 writes the median step time of the slowest rank and the bytes the
+    hook sent."""
     import torch
     import torch.distributed as dist
 
@@ -412,11 +419,10 @@ def ddp_inner(rank: int, world: int, port: int, hidden: int, steps: int, warmup:
                                     torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
         ddp = torch.nn.parallel.DistributedDataParallel(model)
         state = None
-        if hook == "permk":
-            import permk
+        if hook != "allreduce":
             import permk.torch as pt
 
-            state, fn = pt.comm_hook(permk.PermK(), seed=0)
+            state, fn = pt.comm_hook(DDP_COMPRESSORS[hook](world), seed=0)
             ddp.register_comm_hook(state, fn)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
         gen = torch.Generator().manual_seed(rank)
@@ -437,6 +443,7 @@ def ddp_inner(rank: int, world: int, port: int, hidden: int, steps: int, warmup:
             params = sum(p.numel() for p in model.parameters())
             Path(out).write_text(json.dumps({"seconds_per_step": float(med), "params": int(params),
                                              "hook_bytes_per_rank_per_step": None if state is None else state.bytes_sent / (warmup + steps)}))
+        dist.barrier()  # no rank tears down while another still talks to it (rank 0 holds the store)
     finally:
         dist.destroy_process_group()
 
@@ -444,15 +451,21 @@ def ddp_inner(rank: int, world: int, port: int, hidden: int, steps: int, warmup:
 def ddp_step_seconds(rate: str | None, *, ranks: int = 4, hidden: int = 1024, steps: int = 5, warmup: int = 2,
                      hooks: Sequence[str] = ("allreduce", "permk"), timeout: float = 600) -> list[dict[str, Any]]:
     """Seconds per DDP step (median over ``steps``, the slowest rank) of ``ranks`` gloo processes
-    in a namespace whose loopback is limited to ``rate``, for each of ``hooks`` (``"allreduce"``:
-    DDP's default; ``"permk"``: ``permk.torch.comm_hook(PermK())``). Needs root, ``tc`` and torch.
-    One dict per hook: rate, hook, seconds_per_step, params, the bytes a rank's hook sent per step."""
+    in a namespace whose loopback is limited to ``rate`` (tc's syntax; None: no limit), for each
+    of ``hooks`` (``"allreduce"``: DDP's default; a key of :data:`DDP_COMPRESSORS`, e.g.
+    ``"permk"``: ``permk.torch.comm_hook(PermK())``), on an MLP 784 → ``hidden`` → ``hidden`` →
+    10 (float32, random data, batch 64, SGD). Needs root, ``tc`` and torch. One dict per hook:
+    rate, hook, seconds_per_step, params, the bytes a rank's hook sent per step (None for the
+    all-reduce), and the load average before and after."""
+    for hook in hooks:
+        if hook != "allreduce" and hook not in DDP_COMPRESSORS:
+            raise ValueError(f"hook {hook!r}: use 'allreduce' or one of {sorted(DDP_COMPRESSORS)}")
     rows = []
     with LimitedLoopback(rate) as ns, tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, **THREAD_ENV, GLOO_SOCKET_IFNAME="lo")
-        for hook in hooks:
+        for k, hook in enumerate(hooks):
             out = os.path.join(tmp, f"{hook}.json")
-            port = 29500 + (os.getpid() % 1000)
+            port = 29500 + (os.getpid() % 500) * 8 + k % 8
             procs = [subprocess.Popen([*ns.prefix, sys.executable, __file__, "--ddp-inner", str(r), str(ranks), str(port), str(hidden),
                                        str(steps), str(warmup), hook, out], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True, start_new_session=True) for r in range(ranks)]
@@ -466,7 +479,7 @@ def ddp_step_seconds(rate: str | None, *, ranks: int = 4, hidden: int = 1024, st
                         p.communicate()
             if any(p.returncode != 0 for p in procs):
                 raise RuntimeError(f"DDP ranks failed ({hook}, {rate_label(rate)}):\n" + "\n".join(logs))
-            rows.append({"rate": rate, "hook": hook, **json.loads(Path(out).read_text())})
+            rows.append({"rate": rate, "hook": hook, **json.loads(Path(out).read_text()), "load_after": list(os.getloadavg())})
     return rows
 
 
@@ -479,6 +492,7 @@ def measure_rate(rate: str | None, spec: dict[str, Any], *, ranks: int, timeout:
     mpiexec = mpiexec_path()
     assert mpiexec is not None
     t = time.perf_counter()
+    load_before = os.getloadavg()
     with LimitedLoopback(rate) as ns, tempfile.TemporaryDirectory() as tmp:
         def launch(which: str, spec: dict[str, Any], extra: dict[str, str]) -> dict[str, Any]:
             spec_path, out_path = os.path.join(tmp, f"{which}.spec.json"), os.path.join(tmp, f"{which}.out.json")
@@ -497,6 +511,7 @@ def measure_rate(rate: str | None, spec: dict[str, Any], *, ranks: int, timeout:
     for pname, entry in got["problems"].items():
         entry["reference_mpich_default"] = (default or got)["problems"][pname]["reference"]
     got["seconds"] = time.perf_counter() - t
+    got["load_before"], got["load_after"] = list(load_before), list(os.getloadavg())
     return got
 
 
@@ -534,7 +549,8 @@ def rows_of(sims: dict[str, Any], measured: dict[str | None, dict[str, Any]], sp
                              run["full_rounds_run"], run["seconds_per_round"], ref["allreduce"], ref["allgatherv"],
                              dflt["allgatherv"], run["seconds_per_round"] / ref["allreduce"], t_eps, how, run["grad_sq_end"],
                              s["bits"], None if not gd_bits else s["bits"] / gd_bits,
-                             None if gd_time is None else t_eps / gd_time, run["mpi_bytes_per_rank"]])
+                             None if gd_time is None else t_eps / gd_time, run["mpi_bytes_per_rank"],
+                             f"{got['load_before'][0]:.1f} / {got['load_after'][0]:.1f}"])
     return rows
 
 
@@ -542,7 +558,8 @@ COLUMNS = ["problem", "bandwidth", "ranks", "n", "d", "method", "eps", "rounds t
            "full rounds run", "s per round", "bare Allreduce s", "bare Allgatherv s", "bare Allgatherv s, MPICH's default algorithm",
            "round / Allreduce", "time to eps s",
            "time to eps is", "grad_sq at the last round run (MPI)", "bits per worker to eps (paper's count)",
-           "bits / GD bits (the paper's prediction of time / GD time)", "time / GD time (wall clock)", "bytes handed to MPI per rank"]
+           "bits / GD bits (the paper's prediction of time / GD time)", "time / GD time (wall clock)", "bytes handed to MPI per rank",
+           "load (1-min average) before / after this bandwidth's runs"]
 
 
 def time_to_eps(run: dict[str, Any]) -> tuple[float, str]:
@@ -561,7 +578,7 @@ def plot(rows: list[list[Any]], rates: Sequence[str | None], titles: dict[str, s
     import matplotlib.pyplot as plt
 
     problems = list(titles)
-    fig, axes = plt.subplots(1, len(problems), figsize=(6.2 * len(problems), 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(problems), figsize=(6.4 * len(problems), 5.0), squeeze=False)
     labels = [rate_label(r) for r in rates]
     col = {c: i for i, c in enumerate(COLUMNS)}
     markers = {"GD (uncompressed)": "s", "MARINA + PermK": "o", "MARINA + RandK": "^", "EF21 + TopK": "D"}
@@ -580,7 +597,7 @@ def plot(rows: list[list[Any]], rates: Sequence[str | None], titles: dict[str, s
                         markerfacecolor="white", markeredgecolor=line.get_color())
         ax.set_yscale("log")
         ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlabel("bandwidth of the shared loopback (token bucket)")
+        ax.set_xlabel("bandwidth of the loopback all ranks share (token bucket)")
         ax.set_ylabel("wall-clock seconds to ‖∇f‖² ≤ ε")
         ax.set_title(titles[pname], fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
@@ -593,7 +610,7 @@ def plot(rows: list[list[Any]], rates: Sequence[str | None], titles: dict[str, s
     fig.legend(handles, names, loc="lower center", ncol=3, fontsize=9, frameon=False)
     fig.suptitle("Wall-clock time to ε against bandwidth: MPI ranks in a network namespace,\n"
                  "all ranks' bytes through one rate-limited loopback (theory's steps)", fontsize=11)
-    fig.tight_layout(rect=(0, 0.12, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.1, 1, 0.95))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -732,15 +749,18 @@ def run_bench(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(HERE))
     import record
 
-    titles = {p: describe(p, specs[p], sims[p]["d"]).replace(": ", ":\n", 1) + f"; {args.ranks} MPI ranks; ε = {tols[p]:g}·‖∇f(x⁰)‖²"
-              for p in specs}
+    titles = {p: describe(p, specs[p], sims[p]["d"]).replace(": ", "\n", 1).replace(", λ", ",\nλ", 1)
+              + f"; {args.ranks} MPI ranks; ε = {tols[p]:g}·‖∇f(x⁰)‖²" for p in specs}
     ddp_table = None
     if ddp_rows:
         base = {r["rate"]: r["seconds_per_step"] for r in ddp_rows if r["hook"] == "allreduce"}
         ddp_table = {"columns": ["bandwidth", "hook", "ranks", "parameters", "s per step", "step / all-reduce step",
-                                 "hook bytes per rank per step"],
+                                 "hook bytes per rank per step", "gradient bytes (float32)", "load (1-min average) after"],
                      "rows": [[rate_label(r["rate"]), r["hook"], args.ranks, r["params"], r["seconds_per_step"],
-                               r["seconds_per_step"] / base[r["rate"]], r["hook_bytes_per_rank_per_step"]] for r in ddp_rows]}
+                               r["seconds_per_step"] / base[r["rate"]], r["hook_bytes_per_rank_per_step"], 4 * r["params"],
+                               round(r["load_after"][0], 1)] for r in ddp_rows],
+                     "setting": "MLP 784 → 1024 → 1024 → 10 on random data (batch 64, SGD), gloo over the limited loopback, "
+                                "one torch thread per rank; seconds per step = the slowest rank's median over 5 steps after 2"}
         print(markdown(ddp_table["columns"], ddp_table["rows"]))
     load = os.getloadavg()
     path = record.write_table(
