@@ -75,10 +75,10 @@ def inner(args: argparse.Namespace) -> int:
             if compressed.size == 0:
                 continue  # full gradients only (GD)
             want = theory_bytes(c, args.n, args.d)
-            measured = sorted({int(b) for b in compressed})
-            ok = measured == [want] or (c.capabilities.random_size and max(measured) <= want)
+            sizes = sorted({int(b) for b in compressed})
+            ok = sizes == [want] or (c.capabilities.random_size and max(sizes) <= want)
             bad += claimed(c) and not ok
-            rows.append((name, c.name, "/".join(map(str, measured)), want, ok))
+            rows.append((name, c.name, "/".join(map(str, sizes)), want, ok))
     if rank == 0:
         setting = (f"mpiexec -n {comm.Get_size()}, n = {args.n} workers, d = {args.d}, {args.rounds} rounds each "
                    "(compressed rounds only; bytes per worker per round, 64-bit values, 32-bit indices)")

@@ -693,7 +693,7 @@ def run_bench(args: argparse.Namespace) -> int:
             print(f"  {LABELS[m]}: γ = {s['gamma']:.4g}, p = {s['p']}, rounds to ε {s['T']}, bits per worker {s['bits']}", flush=True)
             if s["T"] is None:
                 raise RuntimeError(f"{pname}: {m} does not reach ε within {max_rounds[m]} simulated rounds: raise --tol")
-    inner_spec = {"problems": {}}
+    inner_spec: dict[str, Any] = {"problems": {}}
     for pname, spec in specs.items():
         jobs = {m: {"T": s["T"], "gamma": s["gamma"], "p": s["p"], "sim_seconds_per_round": s["sim_seconds_per_round"],
                     "budget": args.budget, "min_rounds": 3} for m, s in sims[pname]["methods"].items()}
@@ -722,6 +722,7 @@ def run_bench(args: argparse.Namespace) -> int:
                     failures.append(f"{pname} {m} {rate_label(rate)}: the MPI run ends at ‖∇f‖² = {run['grad_sq_end']:.6g} > ε = "
                                     f"{sim['eps']:.6g} (the simulator: {s['grad_sq_at_T']:.6g})")
     ddp_rows: list[dict[str, Any]] = []
+    ddp_hidden, ddp_steps, ddp_warmup = (64, 2, 1) if args.smoke else (1024, 5, 2)
     if not args.no_ddp:
         try:
             import torch  # noqa: F401
@@ -732,11 +733,11 @@ def run_bench(args: argparse.Namespace) -> int:
             print("DDP part skipped: torch is not installed")
         if have_torch:
             for rate in rates:
-                got_ddp = ddp_step_seconds(rate, ranks=args.ranks, hidden=64 if args.smoke else 1024, steps=2 if args.smoke else 5,
-                                           warmup=1 if args.smoke else 2)
+                got_ddp = ddp_step_seconds(rate, ranks=args.ranks, hidden=ddp_hidden, steps=ddp_steps, warmup=ddp_warmup)
                 ddp_rows += got_ddp
-                for r in got_ddp:
-                    print(f"DDP {rate_label(rate)} {r['hook']}: {r['seconds_per_step']:.4f} s per step ({r['params']:,} parameters)", flush=True)
+                for row in got_ddp:
+                    print(f"DDP {rate_label(rate)} {row['hook']}: {row['seconds_per_step']:.4f} s per step ({row['params']:,} parameters)",
+                          flush=True)
     rows = rows_of(sims, measured, specs, args.ranks)
     print(markdown(COLUMNS, rows))
     for f in failures:
@@ -751,7 +752,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     titles = {p: describe(p, specs[p], sims[p]["d"]).replace(": ", "\n", 1).replace(", λ", ",\nλ", 1)
               + f"; {args.ranks} MPI ranks; ε = {tols[p]:g}·‖∇f(x⁰)‖²" for p in specs}
-    ddp_table = None
+    ddp_table: dict[str, Any] | None = None
     if ddp_rows:
         base = {r["rate"]: r["seconds_per_step"] for r in ddp_rows if r["hook"] == "allreduce"}
         ddp_table = {"columns": ["bandwidth", "hook", "ranks", "parameters", "s per step", "step / all-reduce step",
@@ -759,8 +760,9 @@ def run_bench(args: argparse.Namespace) -> int:
                      "rows": [[rate_label(r["rate"]), r["hook"], args.ranks, r["params"], r["seconds_per_step"],
                                r["seconds_per_step"] / base[r["rate"]], r["hook_bytes_per_rank_per_step"], 4 * r["params"],
                                round(r["load_after"][0], 1)] for r in ddp_rows],
-                     "setting": "MLP 784 → 1024 → 1024 → 10 on random data (batch 64, SGD), gloo over the limited loopback, "
-                                "one torch thread per rank; seconds per step = the slowest rank's median over 5 steps after 2"}
+                     "setting": f"MLP 784 → {ddp_hidden} → {ddp_hidden} → 10 on random data (batch 64, SGD), gloo over the limited "
+                                f"loopback, one torch thread per rank; seconds per step = the slowest rank's median over {ddp_steps} "
+                                f"steps after {ddp_warmup}"}
         print(markdown(ddp_table["columns"], ddp_table["rows"]))
     load = os.getloadavg()
     path = record.write_table(

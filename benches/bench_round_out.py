@@ -99,11 +99,11 @@ def main() -> None:
         kind, d, n = args.case[0], int(args.case[1]), int(args.case[2])
         print(json.dumps(case(kind, d, n, args.threads[0], args.reps)))
         return
+    dims: tuple[int, ...] = (10**7, 10**6)
+    mean_d = 10**7
     if args.smoke:
         args.reps, args.threads = 3, [1]
         dims, mean_d = (10**4,), 10**4
-    else:
-        dims, mean_d = (10**7, 10**6), 10**7
     # every case in a fresh process: no pool threads or heap state left over from another case
     cases = [("gather", d, n) for d in dims for n in (2, 4)] + [("mean", mean_d, 2)]
     # each row: its numpy composition (the reference) where it has one

@@ -40,7 +40,7 @@ try:
 
     from permk.torch import two_layer_network
 except ImportError:  # the bench says so and exits 0
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 
 def plain_loop(p: Any, x: np.ndarray) -> np.ndarray:
