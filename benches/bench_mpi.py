@@ -36,7 +36,6 @@ are checked against :meth:`permk.Compressor.aggregate` (bit for bit).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -230,7 +229,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (default: by d)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds; exits non-zero if anything fails")
-    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON (machine, date, load, the Allreduce reference)")
+    ap.add_argument("--json", metavar="PATH", help="where to write the table (default benches/results/bench_mpi.json; a smoke run writes none unless given)")
     ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                     help="set for the MPI processes, e.g. MPIR_CVAR_ALLGATHERV_INTRA_ALGORITHM=brucks (MPICH)")
     args = ap.parse_args()
@@ -264,22 +263,21 @@ def main() -> None:
     print(f"load before: {load_before}\nload after:  {load_after}")
     print("milliseconds per round: median (range) over the repetitions of the slowest rank's time; ratios of medians")
     print(table(results))
-    if args.json:
-        import permk
+    if args.json or not args.smoke:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from record import write_table
 
-        doc = {
-            "bench": "bench_mpi",
-            "machine": {"node": platform.node(), "cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                        "python": sys.version.split()[0], "permk": permk.__version__, "mpi_settings": tuned or "defaults"},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "load": {"before": load_before, "after": load_after},
-            "reference": "allreduce: an MPI Allreduce of the d float64 vector, measured in the same run, interleaved",
-            "units": "seconds; median/min/max over the repetitions of the slowest rank's time",
-            "results": results,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
-
+        ratios = ("permk", "permk_prefetch", "permk_allgatherv", "permk_shuffle", "block")
+        columns = ["ranks", "d"] + [TITLES[k] + " ms (median)" for k in ROWS] + [TITLES[k] + " / Allreduce" for k in ratios]
+        rows = [[r["n"], r["d"]] + [round(1e3 * r[k]["median"], 4) for k in ROWS]
+                + [round(r[k]["median"] / r["allreduce"]["median"], 3) for k in ratios] for r in results]
+        write_table("bench_mpi", title="A compressed MPI round (p2p, one worker per rank, localhost) against a dense Allreduce",
+                    columns=columns, rows=rows, path=args.json,
+                    reference="Allreduce: an MPI Allreduce of the d float64 vector, measured in the same run, interleaved; "
+                              "times are the slowest rank's, medians over the repetitions",
+                    notes=f"MPI settings: {tuned or 'defaults'}; every rank shares this machine's cores. Load before: "
+                          f"{load_before}; after: {load_after}.",
+                    extra={"results": results})
 
 if __name__ == "__main__":
     main()

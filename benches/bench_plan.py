@@ -17,8 +17,6 @@ repetition by repetition, each on a fresh round; medians and ranges over the rep
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
 import platform
 import sys
@@ -99,7 +97,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--reps", type=int, default=None, help="repetitions per configuration (default: by d)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds; exits non-zero if anything fails")
-    ap.add_argument("--json", metavar="PATH", help="also write the table as JSON (machine, date, load, the memcpy floor)")
+    ap.add_argument("--json", metavar="PATH", help="where to write the table (default benches/results/bench_plan.json; a smoke run writes none unless given)")
     args = ap.parse_args()
     if args.smoke:
         args.dims, args.workers, args.threads, args.reps = [1000, 70_000], [2, 5], [1, 2], 3
@@ -116,19 +114,18 @@ def main() -> None:
     print(f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}, load average {load} "
           f"(1/5/15 min, at the end); medians (ranges) over the repetitions; memcpy: np.copyto of d float64, one thread")
     print(table(rows))
-    if args.json:
-        doc = {
-            "bench": "bench_plan",
-            "machine": {"node": platform.node(), "cores": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                        "python": sys.version.split()[0], "permk": permk.__version__},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "load": {"before": list(load_before), "after": list(load_after)},
-            "reference": "memcpy: np.copyto of d float64 values (one thread), measured in the same run, interleaved",
-            "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+    if args.json or not args.smoke:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from record import write_table
 
+        columns = ["d", "n", "threads", "memcpy ms", "shuffle ms", "rebalance ms", "shuffle / memcpy", "rebalance / memcpy"]
+        table_rows = [[r["d"], r["n"], r["threads"], round(1e3 * r["memcpy"]["median"], 4), round(1e3 * r["shuffle"]["median"], 4),
+                       round(1e3 * r["rebalance"]["median"], 4), round(r["shuffle"]["median"] / r["memcpy"]["median"], 2),
+                       round(r["rebalance"]["median"] / r["memcpy"]["median"], 2)] for r in rows]
+        write_table("bench_plan", title="PermK's round plan alone: the shuffle against the balanced assignment (rebalance)",
+                    columns=columns, rows=table_rows, path=args.json,
+                    reference="memcpy: np.copyto of d float64 values (one thread), measured in the same run, interleaved; medians",
+                    notes=f"load before {load_before}, after {load_after}", extra={"rows_detail": rows})
 
 if __name__ == "__main__":
     main()
