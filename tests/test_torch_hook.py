@@ -123,10 +123,12 @@ def backward(compressor: permk.compressors.base.Compressor, dtype: Any) -> pt.Ho
     return state
 
 
-def test_one_rank_records_its_bytes(one_rank: None) -> None:
+def test_one_rank_returns_at_once(one_rank: None) -> None:
+    """A world of one rank sends nothing and returns the gradient itself (rounds still count)."""
     state = backward(permk.PermK(), torch.float32)
     assert state.n == 1 and state.rank == 0 and state.rounds == {0: 1}
-    assert state.bytes_sent == state.bytes_padded == 15 * 4 and state.bytes_sent_per_bucket() == {0: 60}
+    assert state.bytes_sent == state.bytes_padded == 0 and state.bytes_sent_per_bucket() == {0: 0}
+    assert not state._buckets[0].planner._ahead  # no plan computed
 
 
 def test_the_record_is_bounded_and_the_totals_count_every_exchange(one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,14 +138,27 @@ def test_the_record_is_bounded_and_the_totals_count_every_exchange(one_rank: Non
     model.register_comm_hook(state, hook)
     for _ in range(5):
         model(torch.ones(2, 4)).sum().backward()
-    assert [c.round for c in state.calls] == [3, 4] and state.rounds == {0: 5}
-    assert state.bytes_sent == state.bytes_padded == 5 * 60 and state.bytes_sent_per_bucket() == {0: 300}
+    assert [c.round for c in state.calls] == [3, 4] and state.rounds == {0: 5} and len(state.totals) == 1
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+class FakeBucket:
+    """What the hook reads of a GradBucket, for a dtype DDP itself would not hand over."""
+
+    def __init__(self, buf: Any) -> None:
+        self.buf = buf
+
+    def buffer(self) -> Any:
+        return self.buf
+
+    def index(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("dtype", ["int32", "complex64"])
 def test_unsupported_dtype(one_rank: None, dtype: str) -> None:
+    state, hook = pt.comm_hook(permk.PermK(), seed=0)
     with pytest.raises(TypeError, match=f"torch.{dtype}"):
-        backward(permk.PermK(), getattr(torch, dtype))
+        hook(state, FakeBucket(torch.zeros(4, dtype=getattr(torch, dtype))))  # type: ignore[arg-type]
 
 
 def test_world_size_not_matching(one_rank: None) -> None:
