@@ -23,12 +23,13 @@ import permk.torch as pt  # noqa: E402
 from permk.torch.hook import bucket_seed  # noqa: E402
 
 WORKER = Path(__file__).with_name("ddp_hook_worker.py")
+FEATURES = Path(__file__).with_name("ddp_features_worker.py")
 
 
-def run_ranks(world: int, tmp: Path) -> list[list[dict[str, Any]]]:
-    """Run ddp_hook_worker.py on ``world`` processes; every rank's records."""
+def run_ranks(world: int, tmp: Path, worker: Path = WORKER) -> list[Any]:
+    """Run a worker script on ``world`` processes; every rank's records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp / "store"), str(r), str(world), str(tmp / f"r{r}.json")],
+    procs = [subprocess.Popen([sys.executable, str(worker), str(tmp / "store"), str(r), str(world), str(tmp / f"r{r}.json")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = []
     try:
@@ -45,6 +46,67 @@ def run_ranks(world: int, tmp: Path) -> list[list[dict[str, Any]]]:
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[list[dict[str, Any]]]]:
     return request.param, run_ranks(request.param, tmp_path_factory.mktemp(f"ddp{request.param}"))
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
+def features(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]]]:
+    """ddp_features_worker.py's records (dtypes, shifted, resume, sharded) of every rank."""
+    return request.param, run_ranks(request.param, tmp_path_factory.mktemp(f"features{request.param}"), FEATURES)
+
+
+def test_half_precision_is_the_recipe_rounded_to_the_dtype(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """bfloat16 and float16 buckets: each exchange is the compressor's recipe with every operation
+    rounded to the dtype (bit for bit), within (n + 2)/2 ulps of the magnitudes summed of
+    compressor.aggregate of the same values in float64, and sends half the bytes of float32."""
+    n, per_rank = features
+    for result in per_rank:
+        recs = result["dtypes"]
+        assert {(r["case"], r["dtype"]) for r in recs} == {(c, t) for c in ("PermK", f"BlockPermK({n})", "RandK(3)")
+                                                            for t in ("torch.bfloat16", "torch.float16")}
+        assert all(r["equal"] for r in recs), [r for r in recs if not r["equal"]][:3]
+        assert all(r["close"] for r in recs) and all(r["itemsize"] == 2 for r in recs)
+
+
+def test_shifted_hooks_are_the_simulators_exchanges(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """The DIANA-shifted and EF21 hooks (float64): every exchange's mean, the estimate h̄ + mean, this
+    rank's shift and the mirror equal permk.exchanges.shifted / error_feedback run by the simulator
+    on all ranks' gradients, bit for bit, step after step (DDP's rebuild resets both sides)."""
+    _, per_rank = features
+    for result in per_rank:
+        recs = [r for r in result["shifted"] if "mean" in r]
+        assert {r["case"] for r in recs} == {"diana PermK", "diana RandK(3)", "ef21 TopK(3)", "ef21 PermK"}
+        assert all(r["mean"] and r["estimate"] and r["h"] and r["hbar"] for r in recs), [r for r in recs if not r["mean"]][:3]
+        assert sum(r["nonzero"] for r in recs) > len(recs) // 2
+        for r in (r for r in result["shifted"] if "resets" in r):
+            assert r["resets"] == r["buckets"] + 1  # every bucket's first round, and the rebuilt bucket 0
+
+
+def test_a_checkpoint_resumes_at_the_right_round(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """A DIANA hook's state saved after two steps (state_dict through torch.save, and pickle) and
+    loaded into a new DDP model continues the run bit for bit: same rounds, same outputs."""
+    _, per_rank = features
+    for result in per_rank:
+        for r in result["resume"]:
+            assert r["rounds"] and r["count"] == [4, 4] and all(r["same_calls"]) and all(r["outputs"]), r
+
+
+def test_sharded_exchange(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """ShardedOptimizer: every rank's shard of the mean is compressor.aggregate restricted to the
+    shard (float32 and float64, bit for bit); a training run with SGD and momentum has DDP's
+    trajectory with the unsharded hook, bit for bit; the bytes of gradient values that leave a rank
+    are about 1/n of the reduce-scatter's ((n − 1)/n · d values)."""
+    n, per_rank = features
+    for rank, result in enumerate(per_rank):
+        recs = result["sharded"]
+        assert all(r["equal"] for r in recs if r["kind"] == "shard")
+        assert all(all(r["same"]) and r["moved"] for r in recs if r["kind"] == "trajectory")
+        for r in (r for r in recs if r["kind"] == "bytes"):
+            d, item, rs = r["d"], r["itemsize"], r["reduce_scatter"]
+            steps = rs // ((n - 1) * -(-d // n) * item)
+            assert rs == steps * (n - 1) * -(-d // n) * item  # (n − 1)/n · d values per step, padded shards
+            if r["case"] in ("PermK", f"BlockPermK({n})"):  # d/n values per rank, minus the part of its own shard
+                assert r["exchanged"] <= steps * -(-d // n) * item
+                assert r["exchanged"] <= rs / (n - 1) * 1.1
 
 
 def test_hook_equals_aggregate_bit_for_bit(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:

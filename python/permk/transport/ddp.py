@@ -95,6 +95,21 @@ class _Levels(NamedTuple):
     blocks: bool
 
 
+class _Shard(NamedTuple):
+    """A round on a sharded transport (rank ``s`` holds coordinates ``bounds[s]:bounds[s+1]``):
+    this rank sends ``send_splits[s]`` values to rank ``s`` (its values listed by destination:
+    :attr:`DeviceRound.mine` is in that order), and receives ``recv_splits[w]`` values from
+    worker ``w``, in worker order, at the shard's local coordinates ``coords`` (``covers``: every
+    coordinate of the shard is sent); ``levels`` sum them in worker order when the round is not
+    disjoint."""
+
+    send_splits: list[int]
+    recv_splits: list[int]
+    coords: Tensor
+    covers: bool
+    levels: _Levels
+
+
 class DeviceRound:
     """One round's shared plan on a device, as one rank uses it: the :class:`~permk.compressors.Round`
     protocol (``offsets``, ``scales``, ``coords``, ``rows``, ``ranges``, ``gather``, ``mean``,
@@ -108,19 +123,22 @@ class DeviceRound:
 
     def __init__(self, *, n: int, d: int, rank: int, disjoint: bool, offsets: np.ndarray, scales: np.ndarray,
                  ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None, mine: Tensor | slice, coords: Tensor | None,
-                 placement: str, place: Any, device: torch.device, event: Any = None) -> None:
+                 placement: str, place: Any, device: torch.device, event: Any = None, shard: Any = None) -> None:
         self.n, self.d, self.rank, self.disjoint, self.device = n, d, rank, disjoint, device
         self._offsets, self._scales, self._ranges = offsets, scales, ranges
         self.counts = np.diff(offsets)
         self.width = max(1, int(self.counts.max(initial=0)))
         self.mine, self._coords = mine, coords
-        #: ``"blocks"`` (disjoint equal aligned blocks: one ``index_copy_`` of rows), ``"padded"``
+        #: ``"blocks"`` (disjoint equal aligned blocks: one ``index_copy_`` of rows), ``"slices"``
+        #: (disjoint ranges: one concatenation of the slots' values into the mean), ``"padded"``
         #: (disjoint, every worker sends: one ``index_copy_`` of the padded coordinates, each
         #: worker's pad repeating its last coordinate and value), ``"compact"`` (disjoint, some
         #: worker sends nothing), ``"levels"`` (a worker-order sum, :class:`_Levels`)
         self.placement, self._place = placement, place
         self._event = event
         self.scale = float(scales[rank])
+        #: for a sharded transport, how the values travel to the shards' ranks (:class:`_Shard`)
+        self.shard: _Shard | None = shard
 
     # -- the Round protocol ------------------------------------------------------------------
     def offsets(self) -> np.ndarray:
@@ -208,6 +226,8 @@ class DeviceRound:
 
     def _device_tensors(self) -> list[Tensor]:
         out = [t for t in (self.mine, self._coords) if isinstance(t, Tensor)]
+        if self.shard is not None:
+            out += [self.shard.coords, *self.shard.levels.positions, *self.shard.levels.coords]
         if self.placement == "levels":
             out += self._place.positions + self._place.coords
         elif isinstance(self._place, tuple):
@@ -222,6 +242,14 @@ class DeviceRound:
         if self.placement == "blocks":
             (blocks,) = self._place
             out.view(-1, w).index_copy_(0, blocks, recv.view(n, w))
+        elif self.placement == "slices":
+            slices, tiles = self._place
+            if tiles:  # the ranges tile [0, d): one concatenation in place
+                torch.cat([recv[v * w : v * w + k] for v, _, k in slices], out=out)
+            else:
+                out.zero_()
+                for v, a, k in slices:
+                    out[a : a + k].copy_(recv[v * w : v * w + k])
         elif self.placement == "padded":
             (coords, covers) = self._place
             if not covers:
@@ -241,13 +269,31 @@ class DeviceRound:
             out.div_(n)
         return out
 
+    def place_shard(self, recv: Tensor, out: Tensor) -> Tensor:
+        """This rank's shard of the mean from the values the ``all_to_all`` brought (every worker's
+        values in the shard, in worker order): placed (a disjoint round) or summed in worker order
+        by levels, then divided by ``n``."""
+        sh = self.shard
+        assert sh is not None
+        if self.disjoint:
+            if not sh.covers:
+                out.zero_()
+            out.index_copy_(0, sh.coords, recv)
+            return out
+        out.zero_()
+        for pos, coords in zip(sh.levels.positions, sh.levels.coords):
+            out.index_add_(0, coords, recv.index_select(0, pos))
+        return out.div_(self.n)
 
-def device_round(r: Round, rank: int, device: torch.device, stream: Any = None) -> DeviceRound:
+
+def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None) -> DeviceRound:
     """``r`` (a native or Python round) as :class:`DeviceRound` for ``rank`` on ``device``: the
     plan's arrays formed on the CPU (numpy) and, for a CUDA device, copied from pinned memory
     without blocking on ``stream`` (an event the transport's stream waits for). Cost: ``O(n)``
     for a round of equal aligned blocks (BlockPermK(n) with ``n | d``); otherwise the round's
-    coordinates (``O(d)``), and for a summed round their levels (a stable sort)."""
+    coordinates (``O(d)``), and for a summed round their levels (a stable sort). ``bounds``
+    (``n + 1`` increasing coordinates from 0 to ``d``): the shards of a sharded transport, whose
+    routes are formed too (:class:`_Shard`, ``O(d)``)."""
     n, d = r.n, r.d
     offsets, scales = np.asarray(r.offsets(), dtype=np.int64), np.asarray(r.scales(), dtype=np.float64)
     counts = np.diff(offsets)
@@ -257,23 +303,30 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None) 
     if ranges is not None:
         ranges = tuple(np.asarray(a) for a in ranges)  # type: ignore[assignment]
     host: dict[str, Any] = {}
-    mine: Tensor | slice
+    mine: Tensor | slice = slice(0, 0)
     coords_np: np.ndarray | None = None
     blocks_aligned = False
     if ranges is not None:
         starts, stops = ranges[0].astype(np.int64), ranges[1].astype(np.int64)
         mine = slice(int(starts[rank]), int(stops[rank]))
         blocks_aligned = bool((counts == width).all() and (starts % width == 0).all() and d % width == 0)
-        if not blocks_aligned:
-            coords_np = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts, stops)])
-    else:
+    if ranges is None:
         coords_np = np.asarray(r.coords(0, n), dtype=np.int64)
         host["mine"] = True
+    elif bounds is not None or not (disjoint or blocks_aligned):
+        coords_np = np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in zip(starts, stops)])
     placement: str
     if disjoint and blocks_aligned:
         placement = "blocks"
-        host["blocks"] = (ranges[0] // width).astype(np.int64)  # type: ignore[index]
-    elif disjoint and counts.min(initial=0) >= 1:
+        host["blocks"] = (starts // width).astype(np.int64)
+    elif disjoint and ranges is not None:
+        placement = "slices"  # every worker's values are one contiguous range of the mean
+        order = np.argsort(starts, kind="stable")
+        order = order[counts[order] > 0]
+        tiles = bool(starts[order[0]] == 0 and (stops[order[:-1]] == starts[order[1:]]).all() and stops[order[-1]] == d) \
+            if order.size else False
+        host["slices"] = ([(int(w), int(starts[w]), int(counts[w])) for w in order], tiles)
+    elif disjoint and counts.size and int(counts.min()) >= 1:
         assert coords_np is not None
         placement = "padded"
         if (counts == width).all():
@@ -294,6 +347,11 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None) 
     else:
         placement = "levels"
         host["levels"] = _levels(offsets, width, coords_np, ranges, d)
+    shard_host = None
+    if bounds is not None:
+        assert coords_np is not None
+        coords_np, shard_host = _shard_routes(coords_np, offsets, rank, np.asarray(bounds, dtype=np.int64), disjoint)
+        host["mine"] = True
     if coords_np is not None:
         host["all"] = coords_np
 
@@ -312,6 +370,8 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None) 
         mine_t = all_t[int(offsets[rank]) : int(offsets[rank + 1])] if "mine" in host and all_t is not None else mine
         if placement == "blocks":
             place: Any = (up(host["blocks"]),)
+        elif placement == "slices":
+            place = host["slices"]
         elif placement == "padded":
             place = (all_t if host["padded"] is host["all"] else up(host["padded"]), host["covers"])
         elif placement == "compact":
@@ -319,11 +379,15 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None) 
         else:
             pos, co, blocks = host["levels"]
             place = _Levels([up(p) for p in pos], [up(c) for c in co], blocks)
+        shard = None
+        if shard_host is not None:
+            send_splits, recv_splits, local, covers, (lpos, lco) = shard_host
+            shard = _Shard(send_splits, recv_splits, up(local), covers, _Levels([up(p) for p in lpos], [up(c) for c in lco], False))
         if on_cuda:
             event = torch.cuda.Event()
             event.record(stream if stream is not None else torch.cuda.current_stream())
     return DeviceRound(n=n, d=d, rank=rank, disjoint=disjoint, offsets=offsets, scales=scales, ranges=ranges,  # type: ignore[arg-type]
-                       mine=mine_t, coords=all_t, placement=placement, place=place, device=device, event=event)
+                       mine=mine_t, coords=all_t, placement=placement, place=place, device=device, event=event, shard=shard)
 
 
 class _nullcontext:
@@ -334,6 +398,38 @@ class _nullcontext:
         return None
 
 
+def _shard_routes(coords: np.ndarray, offsets: np.ndarray, rank: int, bounds: np.ndarray,
+                  disjoint: bool) -> tuple[np.ndarray, tuple[Any, ...]]:
+    """A sharded round's routes (:class:`_Shard`, as numpy): the round's coordinates with this
+    rank's listed by destination shard (a stable sort: plan order within a destination), what
+    it sends to each rank, what it receives from each worker and at which local coordinates
+    (worker order, each worker's in the order it lists them), and the levels of a summed round."""
+    n = len(offsets) - 1
+    lo, hi = int(offsets[rank]), int(offsets[rank + 1])
+    mine = coords[lo:hi]
+    dest = np.searchsorted(bounds[1:-1], mine, side="right")
+    if dest.size > 1 and (np.diff(dest) < 0).any():  # not already grouped (sorted coordinates are)
+        order = np.argsort(dest, kind="stable")
+        coords = coords.copy()
+        coords[lo:hi] = mine[order]
+        dest = dest[order]
+    send_splits = np.bincount(dest, minlength=n).astype(np.int64)
+    a, b = int(bounds[rank]), int(bounds[rank + 1])
+    # what every worker sends to this rank: its coordinates in the shard, in the order its sender lists them
+    # (the sender's listing is grouped by destination with plan order kept, so this is plan order)
+    inside = (coords >= a) & (coords < b)
+    local = coords[inside] - a
+    cum = np.concatenate([[0], np.cumsum(inside, dtype=np.int64)])
+    recv_splits = cum[offsets[1:]] - cum[offsets[:-1]]
+    covers = disjoint and int(local.size) == b - a
+    levels: tuple[list[np.ndarray], list[np.ndarray]] = ([], [])
+    if not disjoint and local.size:
+        roff = np.concatenate([[0], np.cumsum(recv_splits)])
+        pos, co, _ = _levels(roff, 1, local, None, b - a, positions=np.arange(local.size, dtype=np.int64))
+        levels = (pos, co)
+    return coords, ([int(v) for v in send_splits], [int(v) for v in recv_splits], local, covers, levels)
+
+
 def _slot_positions(offsets: np.ndarray, width: int) -> np.ndarray:
     """The position of every value of the round (worker order) in the padded gather buffer."""
     counts = np.diff(offsets)
@@ -341,7 +437,8 @@ def _slot_positions(offsets: np.ndarray, width: int) -> np.ndarray:
     return rows * width + (np.arange(int(offsets[-1]), dtype=np.int64) - np.repeat(offsets[:-1], counts))
 
 
-def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: Any, d: int) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: Any, d: int,
+            positions: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
     """A summed round's levels (:class:`_Levels`, as numpy arrays): level ``j`` holds the
     ``j``-th sender of each coordinate in worker order. Equal aligned blocks (BlockPermK(m))
     in ``O(n)``: workers sharing a block are its levels; otherwise a stable sort of the
@@ -359,7 +456,8 @@ def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: 
             pos = [np.flatnonzero(level == j) for j in range(int(level.max(initial=-1)) + 1)]
             return pos, [starts[p] // width for p in pos], True
     assert coords is not None
-    positions = _slot_positions(offsets, width)
+    if positions is None:
+        positions = _slot_positions(offsets, width)
     order = np.argsort(coords, kind="stable")  # worker order kept among equal coordinates
     sc = coords[order]
     first = np.r_[True, sc[1:] != sc[:-1]] if sc.size else np.zeros(0, dtype=bool)
@@ -380,8 +478,8 @@ class Planner:
     communicates."""
 
     def __init__(self, compressor: Compressor, n: int, rank: int, d: int, seed: int, device: torch.device,
-                 executor: ThreadPoolExecutor | None, what: str) -> None:
-        self.compressor, self.n, self.rank, self.d, self.seed = compressor, n, rank, d, seed
+                 executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None) -> None:
+        self.compressor, self.n, self.rank, self.d, self.seed, self.bounds = compressor, n, rank, d, seed, bounds
         self.device, self.executor, self.what = device, executor, what
         self._ahead: tuple[int, _Pending[DeviceRound]] | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
@@ -394,8 +492,8 @@ class Planner:
                              f"{self.d} values: {exc}") from exc
         if self._stream is not None:
             with torch.cuda.device(self.device):
-                return device_round(rnd, self.rank, self.device, self._stream)
-        return device_round(rnd, self.rank, self.device)
+                return device_round(rnd, self.rank, self.device, self._stream, self.bounds)
+        return device_round(rnd, self.rank, self.device, bounds=self.bounds)
 
     def take(self, r: int) -> DeviceRound:
         ahead, self._ahead = self._ahead, None
@@ -424,7 +522,7 @@ class DDPTransport:
     where = " on torch.distributed"
 
     def __init__(self, group: Any, n: int, rank: int, d: int, dtype: torch.dtype, device: torch.device,
-                 planner: Planner | None, *, floats: int | None = None) -> None:
+                 planner: Planner | None, *, floats: int | None = None, bounds: np.ndarray | None = None) -> None:
         if dtype not in SUPPORTED_DTYPES:
             raise TypeError(f"gradient dtype {dtype} is not supported (float32, float64, bfloat16 or float16)")
         self.group, self.n, self.rank, self.d = group, n, rank, d
@@ -436,9 +534,15 @@ class DDPTransport:
         #: the send slot and the gathered slots, allocated once for the largest message
         self.send = torch.empty(width, dtype=dtype, device=device)
         self.recv = torch.empty(n * width, dtype=dtype, device=device)
-        self._mean = torch.empty(d, dtype=dtype, device=device)
+        #: the shards (``n + 1`` bounds) of a sharded transport, whose means are this rank's shard
+        #: of the mean (:meth:`mean_values`), else None
+        self.bounds = None if bounds is None else np.asarray(bounds, dtype=np.int64)
+        size = d if bounds is None else int(self.bounds[rank + 1] - self.bounds[rank])  # type: ignore[index]
+        self._mean = torch.empty(size, dtype=dtype, device=device)
         #: ``(sent, padded)`` bytes of the last exchange: this rank's values, and its slot
         self.last_bytes = (0, 0)
+        #: the bytes of the last sharded exchange that left this rank (to the other ranks)
+        self.last_wire = 0
         self._owned: list[int] = []
 
     # -- the held worker ------------------------------------------------------------------------
@@ -515,10 +619,10 @@ class DDPTransport:
         ``n`` for a disjoint round) written into its slot, one ``all_gather_into_tensor``, and a
         future of the mean (:meth:`DeviceRound.place`)."""
         k, w = int(r.counts[self.rank]), r.width
-        send, recv = self.send[:w], self.recv[: self.n * w]
         out = self._out()
-        if r.placement == "blocks" and not self.send.numel() >= w:
-            raise AssertionError("send buffer too small")
+        if self.bounds is not None:
+            return self._mean_shard(r, fill, k, out)
+        send, recv = self.send[:w], self.recv[: self.n * w]
         if k:
             fill(self.rank, self.rank + 1, self.n if r.disjoint else None, send[:k])
             if k < w:  # the pad repeats the last value (its coordinate is repeated in the plan)
@@ -530,6 +634,24 @@ class DDPTransport:
         work = dist.all_gather_into_tensor(recv, send, group=self.group, async_op=True)
         assert work is not None
         return work.get_future().then(lambda _: r.place(recv, out))
+
+    def _mean_shard(self, r: DeviceRound, fill: Callable[..., Tensor], k: int, out: Tensor) -> torch.futures.Future[Tensor]:
+        """A sharded transport's exchange: this rank's values (listed by destination) go straight
+        to the ranks holding their coordinates' shards in one ``all_to_all``, nothing summed on
+        the way; a future of this rank's shard of the mean (:meth:`DeviceRound.place_shard`)."""
+        sh = r.shard
+        assert sh is not None, "a sharded transport's planner forms the routes"
+        send = self.send[:k]
+        if k:
+            fill(self.rank, self.rank + 1, self.n if r.disjoint else None, send)
+        recv = self.recv[: sum(sh.recv_splits)]
+        item = send.element_size()
+        self.last_bytes = (k * item, k * item)
+        self.last_wire = (k - sh.send_splits[self.rank]) * item  # what leaves this rank (its own shard's part stays)
+        work = dist.all_to_all_single(recv, send, output_split_sizes=sh.recv_splits, input_split_sizes=sh.send_splits,
+                                      group=self.group, async_op=True)
+        assert work is not None
+        return work.get_future().then(lambda _: r.place_shard(recv, out))
 
     def mean_pairs(self, compressor: Compressor, msgs: Messages) -> torch.futures.Future[Tensor]:
         """Start the exchange of messages sent as ``(index, value)`` pairs of a fixed size (TopK):
