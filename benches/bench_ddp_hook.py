@@ -111,6 +111,45 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
+    """Where a PermK / BlockPermK(n) round's time goes on one rank (no communication): the native
+    plan, its arrays for the device (coordinates, padding), packing this rank's values and placing
+    all ranks' values, as ratios to a copy of the d float32 values measured alongside (medians)."""
+    import numpy as np
+    import torch
+
+    import permk
+    from permk.transport.ddp import device_round
+
+    torch.set_num_threads(1)
+    rows = []
+    for d in sizes:
+        x, y = torch.randn(d), torch.empty(d)
+        for comp in (permk.PermK(), permk.BlockPermK(n)):
+            t: dict[str, list[float]] = {k: [] for k in ("copy", "plan", "arrays", "pack", "place")}
+            for rep in range(reps):
+                t0 = time.perf_counter()
+                y.copy_(x)
+                t1 = time.perf_counter()
+                rnd = comp.round(n, d, seed=1, round=rep)
+                t2 = time.perf_counter()
+                dr = device_round(rnd, 0, torch.device("cpu"))
+                t3 = time.perf_counter()
+                send, recv = torch.empty(dr.width), torch.randn(n * dr.width)
+                t4 = time.perf_counter()
+                dr.gather(x.view(1, -1), 0, divide=n, out=send[: int(dr.counts[0])])
+                t5 = time.perf_counter()
+                dr.place(recv, y)
+                t6 = time.perf_counter()
+                for k, v in zip(t, (t1 - t0, t2 - t1, t3 - t2, t5 - t4, t6 - t5)):
+                    t[k].append(v)
+            copy = statistics.median(t["copy"])
+            for k in ("plan", "arrays", "pack", "place"):
+                med = statistics.median(t[k])
+                rows.append([d, comp.name, k, dr.placement, round(med * 1e3, 3), round(med / copy, 2)])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
@@ -121,6 +160,7 @@ def main() -> None:
     ap.add_argument("--shifted", action="store_true", help="also time the DIANA-shifted PermK hook")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and few steps (seconds); no table unless --json")
     ap.add_argument("--json", help="where to write the table (default benches/results/bench_ddp_hook.json)")
+    ap.add_argument("--phases-only", action="store_true", help="only the table of where a round's time goes (one process)")
     ap.add_argument("--inner", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
@@ -131,6 +171,12 @@ def main() -> None:
     if args.smoke:
         args.ranks, args.sizes, args.reps, args.warmup, args.batch = 2, [20_000], 2, 1, 8
     n = args.ranks
+    phase_rows = phases(args.sizes, n, max(3, args.reps))
+    print("| d | compressor | phase | placement | ms (median) | ratio to a copy of d float32 |\n|---|---|---|---|---|---|")
+    for r in phase_rows:
+        print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r) + " |")
+    if args.phases_only:
+        return
     methods = ["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)"] + (["DIANA-PermK"] if args.shifted else [])
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
@@ -172,6 +218,9 @@ def main() -> None:
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
                    "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False)."),
             path=args.json,
+            extra={"phases": {"columns": ["d", "compressor", "phase", "placement", "ms", "ratio_to_copy"], "rows": phase_rows,
+                              "reference": "a copy of the d float32 values (torch, one thread), median alongside"},
+                   "wall_seconds": round(wall, 1)},
         )
         print(f"wrote {path}")
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import os
 import pickle
 import sys
 from typing import Any
@@ -38,6 +39,19 @@ from permk.transport import Simulator
 
 SIZES = (13, 8, 6, 21)
 STEPS = 3
+#: where the models live and which backend moves the numbers (tests/gpu/gpu_checks.py sets cuda)
+DEVICE = torch.device(os.environ.get("PERMK_TEST_DEVICE", "cpu"))
+BACKEND = os.environ.get("PERMK_TEST_BACKEND", "gloo")
+
+
+def ddp(module: torch.nn.Module, **kw: Any) -> torch.nn.parallel.DistributedDataParallel:
+    module = module.to(DEVICE)
+    ids = [DEVICE.index or 0] if DEVICE.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, **kw)
+
+
+def host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
 
 
 class Model(torch.nn.Module):
@@ -53,13 +67,13 @@ class Model(torch.nn.Module):
 
 def grads(step: int, rank: int, dtype: torch.dtype, sizes: tuple[int, ...] = SIZES) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1000 * step + rank)
-    return [torch.randn(s, generator=gen, dtype=torch.float64).mul_(3.7).to(dtype) for s in sizes]
+    return [torch.randn(s, generator=gen, dtype=torch.float64).mul_(3.7).to(dtype).to(DEVICE) for s in sizes]
 
 
 def run_hook(state: Any, hook: Any, dtype: torch.dtype, world: int, rank: int, steps: range, model: Any = None,
              sizes: tuple[int, ...] = SIZES) -> tuple[Any, list[dict[str, Any]]]:
     """Train ``Model`` with the hook for ``steps``; every exchange's bucket, input and output."""
-    model = model or torch.nn.parallel.DistributedDataParallel(Model(dtype), bucket_cap_mb=1e-6)
+    model = model or ddp(Model(dtype), bucket_cap_mb=1e-6)
     seen: list[dict[str, Any]] = []
 
     def recording(st, bucket):  # type: ignore[no-untyped-def]  # DDP checks annotations against the classes
@@ -94,7 +108,7 @@ def run_hook(state: Any, hook: Any, dtype: torch.dtype, world: int, rank: int, s
 def gathered(t: torch.Tensor, world: int) -> np.ndarray:
     everyone = [torch.empty_like(t) for _ in range(world)]
     dist.all_gather(everyone, t.contiguous())
-    return torch.stack(everyone).to(torch.float64).numpy()
+    return host(torch.stack(everyone).to(torch.float64))
 
 
 def rounded(a: np.ndarray, dtype: torch.dtype) -> np.ndarray:
@@ -126,7 +140,7 @@ def section_dtypes(world: int, rank: int) -> list[dict[str, Any]]:
                 call = rec["call"]
                 X = gathered(rec["local"], world)
                 want = reference(comp, X, call.seed, call.round, dtype)
-                got = rec["out"].to(torch.float64).numpy()
+                got = host(rec["out"].to(torch.float64))
                 agg = comp.aggregate(X, seed=call.seed, round=call.round)
                 eps = float(torch.finfo(dtype).eps)  # each of at most n + 2 roundings errs by eps/2 of the magnitudes summed
                 scale = comp.aggregate(np.abs(X), seed=call.seed, round=call.round)
@@ -179,10 +193,10 @@ def section_shifted(world: int, rank: int) -> list[dict[str, Any]]:
             sims[call.bucket] = (H, hbar)
             records.append({
                 "case": f"{shift} {name}", "bucket": call.bucket, "round": call.round,
-                "mean": bool(np.array_equal(rec["mean"].numpy(), mean)),
-                "estimate": bool(np.array_equal(rec["out"].numpy(), est)),
-                "h": bool(np.array_equal(rec["h"].numpy(), H[rank])),
-                "hbar": bool(np.array_equal(rec["hbar"].numpy(), hbar)),
+                "mean": bool(np.array_equal(host(rec["mean"]), mean)),
+                "estimate": bool(np.array_equal(host(rec["out"]), est)),
+                "h": bool(np.array_equal(host(rec["h"]), H[rank])),
+                "hbar": bool(np.array_equal(host(rec["hbar"]), hbar)),
                 "nonzero": bool(np.any(mean != 0)),
             })
         records.append({"case": f"{shift} {name}", "resets": state.resets, "buckets": len(state.rounds)})
@@ -195,7 +209,7 @@ def section_resume(world: int, rank: int) -> list[dict[str, Any]]:
     comp = permk.PermK()
 
     def model() -> Any:
-        return torch.nn.parallel.DistributedDataParallel(Model(torch.float64, (48,)))
+        return ddp(Model(torch.float64, (48,)))
 
     def steps(st: Any, hk: Any, rng: range) -> list[dict[str, Any]]:
         m = model()
@@ -232,54 +246,56 @@ def section_sharded(world: int, rank: int) -> list[dict[str, Any]]:
     d = 1001
     for name, comp in (("PermK", permk.PermK()), (f"BlockPermK({world})", permk.BlockPermK(world)), ("RandK(40)", permk.RandK(40))):
         for dtype in (torch.float32, torch.float64):
-            p = torch.nn.Parameter(torch.zeros(d, dtype=dtype))
+            p = torch.nn.Parameter(torch.zeros(d, dtype=dtype, device=DEVICE))
             opt = pt.ShardedOptimizer([p], comp, functools.partial(torch.optim.SGD, lr=0.1), seed=5)
             lo, hi = int(opt.bounds[rank]), int(opt.bounds[rank + 1])
             for step in range(STEPS):
-                g = torch.randn(d, generator=torch.Generator().manual_seed(10 * step + rank), dtype=torch.float64).to(dtype)
+                g = torch.randn(d, generator=torch.Generator().manual_seed(10 * step + rank), dtype=torch.float64).to(dtype).to(DEVICE)
                 p.grad = g.clone()
                 r = opt.round
                 got = opt.shard_mean()
                 agg = comp.aggregate(gathered(g, world).astype(np.float32 if dtype == torch.float32 else np.float64),
                                      seed=bucket_seed(5, 0), round=r)
                 records.append({"case": name, "dtype": str(dtype), "kind": "shard",
-                                "equal": bool(np.array_equal(got.numpy(), agg[lo:hi])) and got.dtype == dtype})
+                                "equal": bool(np.array_equal(host(got), agg[lo:hi])) and got.dtype == dtype})
             records.append({"case": name, "dtype": str(dtype), "kind": "bytes", "exchanged": opt.bytes_exchanged,
                             "reduce_scatter": opt.reduce_scatter_bytes() * STEPS, "d": d, "itemsize": p.element_size()})
     # the trajectory: DDP with the unsharded hook against the sharded optimizer (SGD with momentum)
     for name, comp in (("PermK", permk.PermK()), ("RandK(40)", permk.RandK(40))):
         torch.manual_seed(0)
-        init = torch.randn(d, dtype=torch.float64)
-        X = torch.randn(8, d, generator=torch.Generator().manual_seed(rank), dtype=torch.float64)
+        init = torch.randn(d, dtype=torch.float64).to(DEVICE)
+        X = torch.randn(8, d, generator=torch.Generator().manual_seed(rank), dtype=torch.float64).to(DEVICE)
 
         def loss(w: torch.Tensor) -> torch.Tensor:
             return ((X @ w).tanh() ** 2).sum()
 
-        a = torch.nn.Linear(d, 1, bias=False, dtype=torch.float64)
+        a = torch.nn.Linear(d, 1, bias=False, dtype=torch.float64, device=DEVICE)
         with torch.no_grad():
             a.weight.copy_(init.view(1, -1))
-        ddp = torch.nn.parallel.DistributedDataParallel(a)
+        model = ddp(a)
         state, hook = pt.comm_hook(comp, seed=5)
-        ddp.register_comm_hook(state, hook)
-        sgd = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+        model.register_comm_hook(state, hook)
+        sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         w = torch.nn.Parameter(init.clone())
         sharded = pt.ShardedOptimizer([w], comp, functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9), seed=5)
         same = []
         for _ in range(4):
             sgd.zero_grad()
-            (ddp(X).tanh() ** 2).sum().backward()  # loss(weight), through DDP's forward
+            (model(X).tanh() ** 2).sum().backward()  # loss(weight), through DDP's forward
             sgd.step()
             sharded.zero_grad()
             loss(w).backward()
             sharded.step()
-            same.append(bool(torch.equal(ddp.module.weight.detach().view(-1), w.detach())))
+            same.append(bool(torch.equal(model.module.weight.detach().view(-1), w.detach())))
         records.append({"case": name, "kind": "trajectory", "same": same, "moved": bool(not torch.equal(w.detach(), init))})
     return records
 
 
 def main() -> None:
     store_file, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(BACKEND, store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     result = {name: fn(world, rank) for name, fn in (("dtypes", section_dtypes), ("shifted", section_shifted),
                                                      ("resume", section_resume), ("sharded", section_sharded))}
     with open(out, "w", encoding="utf-8") as f:
