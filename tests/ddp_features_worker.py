@@ -1,7 +1,7 @@
 """One rank of the DDP hook's feature tests (run by tests/test_torch_hook.py, one process per rank).
 
 ``python ddp_features_worker.py STORE_FILE RANK WORLD OUT_JSON``: joins a gloo group through the
-FileStore ``STORE_FILE`` and runs four sections, writing one JSON object of records per section:
+FileStore ``STORE_FILE`` and runs five sections, writing one JSON object of records per section:
 
 * ``dtypes`` — the plain hook on bfloat16 and float16 gradients: every exchange's output against
   a reference that applies the compressor's recipe with each operation rounded to the dtype
@@ -14,7 +14,12 @@ FileStore ``STORE_FILE`` and runs four sections, writing one JSON object of reco
   resumed in a new DDP model, against the run that went on;
 * ``sharded`` — :class:`permk.torch.ShardedOptimizer`: each rank's shard of the mean against
   ``compressor.aggregate`` restricted to the shard, the bytes it sent, and the parameters of a
-  training run against DDP with the unsharded hook, step by step.
+  training run against DDP with the unsharded hook, step by step;
+* ``marina`` — :class:`permk.torch.Marina`: each compressed round's mean against
+  ``compressor.aggregate`` of every rank's minibatch difference, the estimator's update, the coin.
+
+``PERMK_TEST_DEVICE`` (default ``cpu``) and ``PERMK_TEST_BACKEND`` (default ``gloo``) say where
+the models live and which backend moves the numbers (tests/gpu/gpu_checks.py sets ``cuda``).
 """
 
 from __future__ import annotations
@@ -291,13 +296,62 @@ def section_sharded(world: int, rank: int) -> list[dict[str, Any]]:
     return records
 
 
+def section_marina(world: int, rank: int) -> list[dict[str, Any]]:
+    """permk.torch.Marina: on tails the compressed mean of the minibatch differences is
+    compressor.aggregate of every rank's ∇f_B(x^{t+1}) − ∇f_B(x^t) (recomputed here), and
+    g^{t+1} = g^t + that mean; on heads the average gradient; the coin is MARINA's."""
+    from permk._core import coin
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2)).to(torch.float64).to(DEVICE)
+    gen = torch.Generator().manual_seed(rank)
+    X, Y = torch.randn(40, 6, generator=gen, dtype=torch.float64).to(DEVICE), torch.randn(40, 2, generator=gen, dtype=torch.float64).to(DEVICE)
+    comp = permk.PermK()
+    helper = pt.Marina(net.parameters(), comp, torch.optim.SGD(net.parameters(), lr=0.1), seed=4, p=0.3)
+    records = []
+    batch = {"i": 0}
+
+    def closure() -> torch.Tensor:
+        i = batch["i"]
+        loss = ((net(X[i : i + 8]) - Y[i : i + 8]) ** 2).mean()
+        loss.backward()
+        return loss
+
+    def flat_grad_at(x: torch.Tensor) -> torch.Tensor:
+        torch.nn.utils.vector_to_parameters(x, net.parameters())
+        net.zero_grad()
+        closure()
+        return torch.nn.utils.parameters_to_vector([q.grad for q in net.parameters()])
+
+    losses = []
+    for t in range(8):
+        batch["i"] = 8 * (t % 4)
+        g_before = None if helper.g is None else helper.g.clone()
+        x_prev = torch.nn.utils.parameters_to_vector(net.parameters()).detach().clone()
+        losses.append(float(helper.step(closure).detach()))
+        x_new = torch.nn.utils.parameters_to_vector(net.parameters()).detach().clone()
+        heads = bool(coin(4, t, 0.3))
+        rec = {"round": t, "heads": heads, "coin_count": helper.heads}
+        if not heads:
+            diff = flat_grad_at(x_new) - flat_grad_at(x_prev)
+            torch.nn.utils.vector_to_parameters(x_new, net.parameters())
+            agg = comp.aggregate(gathered(diff, world), seed=4, round=t)
+            rec["mean"] = bool(np.array_equal(host(helper.last_mean), agg))
+            if g_before is not None:  # (at round 0 g^0 is formed inside the step)
+                rec["g"] = bool(torch.equal(helper.g, g_before + helper.last_mean))
+        records.append(rec)
+    records.append({"losses": losses, "round": helper.round, "p": helper.p})
+    return records
+
+
 def main() -> None:
     store_file, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     if DEVICE.type == "cuda":
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(BACKEND, store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     result = {name: fn(world, rank) for name, fn in (("dtypes", section_dtypes), ("shifted", section_shifted),
-                                                     ("resume", section_resume), ("sharded", section_sharded))}
+                                                     ("resume", section_resume), ("sharded", section_sharded),
+                                                     ("marina", section_marina))}
     with open(out, "w", encoding="utf-8") as f:
         json.dump(result, f)
     dist.destroy_process_group()

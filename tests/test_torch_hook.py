@@ -4,6 +4,7 @@ with 2 and 4 localhost processes; the bytes each rank sends are the theory's; ar
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -107,6 +108,19 @@ def test_sharded_exchange(features: tuple[int, list[dict[str, Any]]]) -> None:
             if r["case"] in ("PermK", f"BlockPermK({n})"):  # d/n values per rank, minus the part of its own shard
                 assert r["exchanged"] <= steps * -(-d // n) * item
                 assert r["exchanged"] <= rs / (n - 1) * 1.1
+
+
+def test_marina_helper(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """permk.torch.Marina: the coin is MARINA's; on tails the compressed mean is compressor.aggregate
+    of every rank's ∇f_B(x^{t+1}) − ∇f_B(x^t), bit for bit, and g^{t+1} = g^t + that mean."""
+    _, per_rank = features
+    for result in per_rank:
+        *rounds, summary = result["marina"]
+        assert summary["round"] == len(rounds) and summary["p"] == 0.3
+        assert {r["heads"] for r in rounds} == {True, False}
+        assert rounds[-1]["coin_count"] == sum(r["heads"] for r in rounds)
+        assert all(r["mean"] and r.get("g", True) for r in rounds if not r["heads"])
+        assert all(map(math.isfinite, summary["losses"]))
 
 
 def test_hook_equals_aggregate_bit_for_bit(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
