@@ -43,6 +43,7 @@ recipe with each operation rounded to that dtype.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future as _Pending, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -60,6 +61,7 @@ Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
+@functools.lru_cache(maxsize=256)
 def scale_in_dtype(scale: float, dtype: torch.dtype) -> bool:
     """Whether ``scale · g`` may be computed in ``dtype`` and be the compressor's value (the
     float64 product rounded once): ``scale`` is exactly a number of ``dtype`` (then the product
@@ -168,6 +170,8 @@ class DeviceRound:
     def rows(self, start: int, stop: int) -> Tensor:
         """The worker of each of those entries (int64, on the device)."""
         c = self.coords(start, stop)
+        if stop == start + 1:  # one worker: no counts to send to the device
+            return torch.full((c.numel(),), start, dtype=torch.int64, device=c.device)
         counts = torch.as_tensor(self.counts[start:stop], device=c.device)
         return torch.repeat_interleave(torch.arange(start, stop, device=c.device), counts, output_size=c.numel())
 
@@ -537,8 +541,8 @@ class DDPTransport:
         #: the shards (``n + 1`` bounds) of a sharded transport, whose means are this rank's shard
         #: of the mean (:meth:`mean_values`), else None
         self.bounds = None if bounds is None else np.asarray(bounds, dtype=np.int64)
-        size = d if bounds is None else int(self.bounds[rank + 1] - self.bounds[rank])  # type: ignore[index]
-        self._mean = torch.empty(size, dtype=dtype, device=device)
+        self._size = d if bounds is None else int(self.bounds[rank + 1] - self.bounds[rank])  # type: ignore[index]
+        self._mean: Tensor | None = None  # allocated when a mean has no target (shifted exchanges)
         #: ``(sent, padded)`` bytes of the last exchange: this rank's values, and its slot
         self.last_bytes = (0, 0)
         #: the bytes of the last sharded exchange that left this rank (to the other ranks)
@@ -598,11 +602,12 @@ class DDPTransport:
         (non-finite values reach the mean, as with all-reduce)."""
         return True
 
-    @staticmethod
-    def add_at(H: Tensor, rows: Any, cols: Tensor, vals: Tensor) -> None:
-        """``H[rows, cols] += vals`` with distinct ``(row, col)`` pairs."""
-        r = torch.as_tensor(rows, device=H.device)
-        H.index_put_((r, cols), vals, accumulate=True)
+    def add_at(self, H: Tensor, rows: Any, cols: Tensor, vals: Tensor) -> None:
+        """``H[rows, cols] += vals`` with distinct ``(row, col)`` pairs (the held worker's row)."""
+        if H.shape[0] == 1:  # one held worker: its row, without sending the row numbers to the device
+            H[0].index_put_((cols,), vals, accumulate=True)
+        else:
+            H.index_put_((torch.as_tensor(rows, device=H.device), cols), vals, accumulate=True)
 
     # -- moving numbers ---------------------------------------------------------------------------
     def plan(self, compressor: Compressor, seed: int, round: int) -> DeviceRound:
@@ -612,7 +617,11 @@ class DDPTransport:
 
     def _out(self) -> Tensor:
         t, self.target = self.target, None
-        return self._mean if t is None else t
+        if t is not None:
+            return t
+        if self._mean is None:
+            self._mean = torch.empty(self._size, dtype=self.dtype, device=self.device)
+        return self._mean
 
     def mean_values(self, compressor: Compressor, r: DeviceRound, fill: Callable[..., Tensor]) -> torch.futures.Future[Tensor]:
         """Start the exchange of a shared plan's round: this rank's values (``fill``, divided by
@@ -658,10 +667,12 @@ class DDPTransport:
         both gathered, summed in worker order from zero (one scatter-add per worker), divided by
         ``n``; a future of the mean."""
         k = int(msgs.offsets[-1])
-        idx, vals = msgs.indices.reshape(-1), msgs.values.reshape(-1).to(self.dtype)
+        wide = self.d >= 2**31
+        idx = msgs.indices.reshape(-1).to(torch.int64 if wide else torch.int32)
+        vals = msgs.values.reshape(-1).to(self.dtype)
         all_idx = torch.empty(self.n * k, dtype=idx.dtype, device=idx.device)
         all_vals = torch.empty(self.n * k, dtype=self.dtype, device=vals.device)
-        self.last_bytes = (k * (vals.element_size() + 4), k * (vals.element_size() + 4))
+        self.last_bytes = (k * (vals.element_size() + idx.element_size()),) * 2  # type: ignore[assignment]
         w1 = dist.all_gather_into_tensor(all_idx, idx.contiguous(), group=self.group, async_op=True)
         w2 = dist.all_gather_into_tensor(all_vals, vals.contiguous(), group=self.group, async_op=True)
         assert w1 is not None and w2 is not None
@@ -670,8 +681,9 @@ class DDPTransport:
         def done(_: Any) -> Tensor:
             w1.wait()
             out.zero_()
+            coords = all_idx.to(torch.int64)
             for w in range(self.n):  # one scatter-add per worker: distinct coordinates within each
-                out.index_add_(0, all_idx[w * k : (w + 1) * k], all_vals[w * k : (w + 1) * k])
+                out.index_add_(0, coords[w * k : (w + 1) * k], all_vals[w * k : (w + 1) * k])
             return out.div_(self.n)
 
         return w2.get_future().then(done)
