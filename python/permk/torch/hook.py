@@ -44,7 +44,7 @@ import torch.distributed as dist
 from .. import exchanges as ex
 from .._validate import check_real, check_seed
 from ..compressors import Compressor
-from ..transport.ddp import SUPPORTED_DTYPES, DDPTransport, Planner
+from ..transport.ddp import SUPPORTED_DTYPES, DDPTransport, Planner, run
 
 __all__ = ["BucketCall", "BucketShift", "HookState", "bucket_seed", "comm_hook", "SHIFTS"]
 
@@ -331,16 +331,16 @@ def _hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[tor
     t, c, row = b.transport, state.compressor, buf.view(1, -1)
     if state.shift is None:
         t.target = buf
-        fut = ex.compressed_mean_rows(t, c, row, seed=seed, round=r)
+        fut = run(ex.compressed_mean_rows, t, c, row, seed=seed, round=r)
     else:
         layout = (d, str(buf.dtype), tuple(tuple(p.shape) for p in bucket.parameters()))
         sh = state._shift_of(index, layout, buf)
         alpha = state._alpha(d)
         H = t.hand_over(sh.h).view(1, -1)
         if state.shift == "ef21":
-            mean, _ = ex.error_feedback(t, c, H, row, seed=seed, round=r)
+            mean, _ = run(ex.error_feedback, t, c, H, row, seed=seed, round=r)
         else:
-            mean, _ = ex.shifted(t, c, H, row, alpha=alpha, seed=seed, round=r)
+            mean, _ = run(ex.shifted, t, c, H, row, alpha=alpha, seed=seed, round=r)
 
         def estimate(f: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
             m = f.value()

@@ -25,7 +25,7 @@ from .. import exchanges as ex
 from .._core import coin
 from .._validate import check_seed
 from ..compressors import Compressor
-from ..transport.ddp import DDPTransport, Planner
+from ..transport.ddp import DDPTransport, Planner, run
 
 __all__ = ["Marina"]
 
@@ -130,7 +130,7 @@ class Marina:
             self._set(x_prev, grads=False)
             _, gy = self._grad_at_current(closure)
             self._set(x_new, grads=False)
-            fut = ex.compressed_mean_rows(self.transport, self.compressor, (gx - gy).view(1, -1), seed=self.seed, round=t)
+            fut = run(ex.compressed_mean_rows, self.transport, self.compressor, (gx - gy).view(1, -1), seed=self.seed, round=t)
             self.bytes_sent += self.transport.last_bytes[0]
             self.last_mean = fut.wait().clone()
             self.g = self.g + self.last_mean

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from .. import exchanges as ex
 from .._validate import check_seed
 from ..compressors import Compressor
-from ..transport.ddp import DDPTransport, Planner
+from ..transport.ddp import DDPTransport, Planner, run
 from .hook import bucket_seed
 
 __all__ = ["ShardedOptimizer", "shard_bounds"]
@@ -130,7 +130,7 @@ class ShardedOptimizer:
         g = self._flatten(grads=True)
         grad = torch.empty_like(self.shard) if self.shard.grad is None else self.shard.grad
         self.transport.target = grad
-        fut = ex.compressed_mean_rows(self.transport, self.compressor, g.view(1, -1), seed=self._planner.seed, round=self.round)
+        fut = run(ex.compressed_mean_rows, self.transport, self.compressor, g.view(1, -1), seed=self._planner.seed, round=self.round)
         self.round += 1
         self.bytes_exchanged += self.transport.last_wire
         out = fut.wait()

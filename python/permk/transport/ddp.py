@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 from concurrent.futures import Future as _Pending, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, cast
 
 import numpy as np
 import torch
@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from ..compressors import Compressor, Messages, Round
 
-__all__ = ["DDPTransport", "DeviceRound", "Planner", "SUPPORTED_DTYPES", "device_round", "scale_in_dtype"]
+__all__ = ["DDPTransport", "DeviceRound", "Planner", "SUPPORTED_DTYPES", "device_round", "run", "scale_in_dtype", "topk_indices"]
 
 Tensor = torch.Tensor
 #: The bucket dtypes the transport computes with (the compressors' kernels define float32 and
@@ -84,6 +84,13 @@ def _divide_(v: Tensor, divide: int) -> Tensor:
     """``(v + 0)/divide`` in place: the worker-order sum's one term divided by ``n`` (``+ 0``
     turns −0 into +0, as the sum from zero does)."""
     return v.add_(0.0).div_(divide)
+
+
+def run(exchange: Any, transport: DDPTransport, *args: Any, **kwargs: Any) -> Any:
+    """``exchange(transport, *args, **kwargs)``: one of :mod:`permk.exchanges` run over the DDP
+    transport, whose arrays are tensors and whose means are futures (the exchanges are typed for
+    the numpy transports; the arithmetic is theirs either way)."""
+    return exchange(transport, *args, **kwargs)
 
 
 class _Levels(NamedTuple):
@@ -574,7 +581,7 @@ class DDPTransport:
         else:
             raise TypeError(f"{compressor.name} has no shared plan and no device kernel in the DDP transport (TopK, Identity)")
         offsets = np.array([0, idx.numel()], dtype=np.int64)
-        return iter([(0, 1, Messages(offsets, idx, v[0].index_select(0, idx)))])
+        return iter([(0, 1, Messages(offsets, cast(np.ndarray, idx), cast(np.ndarray, v[0].index_select(0, idx))))])
 
     # -- the array operations the exchanges ask of a transport of tensors -----------------------
     def rows_of(self, a: Any, what: str) -> Tensor:
@@ -668,8 +675,8 @@ class DDPTransport:
         ``n``; a future of the mean."""
         k = int(msgs.offsets[-1])
         wide = self.d >= 2**31
-        idx = msgs.indices.reshape(-1).to(torch.int64 if wide else torch.int32)
-        vals = msgs.values.reshape(-1).to(self.dtype)
+        idx = cast(Tensor, msgs.indices).reshape(-1).to(torch.int64 if wide else torch.int32)
+        vals = cast(Tensor, msgs.values).reshape(-1).to(self.dtype)
         all_idx = torch.empty(self.n * k, dtype=idx.dtype, device=idx.device)
         all_vals = torch.empty(self.n * k, dtype=self.dtype, device=vals.device)
         self.last_bytes = (k * (vals.element_size() + idx.element_size()),) * 2  # type: ignore[assignment]
