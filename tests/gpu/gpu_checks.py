@@ -136,14 +136,20 @@ class FakeGroup:
         return cm()
 
 
+_EXECUTOR: Any = None  # one planner thread for every check, as a hook has
+
+
 def transports(group: FakeGroup, comp: Any, d: int, seed: int, dtype: torch.dtype, device: torch.device,
                bounds: Any = None) -> list[Any]:
     """One DDP transport per rank of ``group`` (planners computing one round ahead on a thread)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from permk.transport.ddp import DDPTransport, Planner
 
-    ex = ThreadPoolExecutor(max_workers=1)
+    global _EXECUTOR
+    if _EXECUTOR is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="permk-plan")
+    ex = _EXECUTOR
     out = []
     for r in range(group.n):
         planner = Planner(comp, group.n, r, d, seed, device, ex, "the check's bucket", bounds=bounds)
