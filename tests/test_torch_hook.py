@@ -258,6 +258,45 @@ def test_argument_errors() -> None:
             pt.comm_hook(permk.PermK(), seed=0)
 
 
+def test_shift_arguments(one_rank: None) -> None:
+    with pytest.raises(ValueError, match="shift"):
+        pt.comm_hook(permk.PermK(), seed=0, shift="ef22")
+    with pytest.raises(ValueError, match="alpha"):
+        pt.comm_hook(permk.PermK(), seed=0, alpha=0.5)
+    with pytest.raises(ValueError, match="alpha"):
+        pt.comm_hook(permk.PermK(), seed=0, shift="diana", alpha=1.5)
+    with pytest.raises(ValueError, match="no shared plan"):
+        pt.comm_hook(permk.TopK(2), seed=0, shift="diana")
+    state, _ = pt.comm_hook(permk.TopK(2), seed=0, shift="ef21")
+    assert state.shift == "ef21" and state._alpha(10) == 1.0
+    assert pt.comm_hook(permk.PermK(), seed=0, shift="diana")[0]._alpha(10) == 1.0  # ω = n − 1 = 0: α = 1/(ω + 1)
+
+
+def test_state_dict_round_trip_and_mismatches(one_rank: None) -> None:
+    """state_dict holds plain numbers and CPU tensors; load_state_dict refuses another compressor,
+    seed or shift, naming the field; a pickled state drops its process group and buffers."""
+    import pickle
+
+    state, hook = pt.comm_hook(permk.PermK(), seed=3, shift="diana")
+    state.rounds, state.totals = {0: 5, 2: 4}, {0: [10, 12]}
+    layout = (4, "torch.float32", ((4,),))
+    state.shifts = {0: {layout: pt.hook.BucketShift(layout, torch.arange(4.0), torch.ones(4))}}
+    sd = state.state_dict()
+    assert sd["rounds"] == {0: 5, 2: 4} and sd["compressor"] == permk.PermK().fingerprint()
+    other, _ = pt.comm_hook(permk.PermK(), seed=3, shift="diana")
+    other.load_state_dict(sd)
+    assert other.rounds == state.rounds and other.totals == state.totals
+    assert torch.equal(other.shifts[0][layout].h, torch.arange(4.0)) and other.shifts[0][layout].fresh
+    for kw, field in (({"compressor": permk.RandK(2)}, "compressor"), ({"seed": 4}, "seed"), ({"shift": None}, "shift")):
+        args = {"compressor": permk.PermK(), "seed": 3, "shift": "diana", **kw}
+        wrong, _ = pt.comm_hook(args.pop("compressor"), **args)
+        with pytest.raises(ValueError, match=field):
+            wrong.load_state_dict(sd)
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.process_group is None and copy._buckets == {} and copy.rounds == state.rounds
+    assert torch.equal(copy.shifts[0][layout].hbar, torch.ones(4))
+
+
 @pytest.mark.slow
 def test_the_example_trains(tmp_path: Path) -> None:
     """examples/ddp_fashion_mnist.py --quick end to end on 2 ranks: the figure, and sane numbers."""
