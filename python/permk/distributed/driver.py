@@ -126,6 +126,7 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
 
         res = drive(method, backend, sent, params, first, rounds=rounds, record_every=record_every,
                     progress=progress and rank == 0, on_round=count)
+        backend.close()
         return _finish(backend, res, per_round)
 
     return guarded(comm, abort_on_error, go)  # type: ignore[no-any-return]
