@@ -163,6 +163,11 @@ def main() -> None:
     ap.add_argument("--phases-only", action="store_true", help="only the table of where a round's time goes (one process)")
     ap.add_argument("--inner", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("bench_ddp_hook needs PyTorch (pip install 'permk[torch]'): skipped")
+        return
     if args.inner:
         spec_path, rank, store = args.inner
         spec = json.loads(Path(spec_path).read_text())
