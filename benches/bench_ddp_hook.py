@@ -150,6 +150,12 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
     return rows
 
 
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", type=int, default=4)
@@ -221,7 +227,9 @@ def main() -> None:
             notes=(f"{n} gloo ranks on this machine (loopback), one torch thread each; MLP "
                    f"Linear(1024,h)-ReLU-Linear(h,h)-ReLU-Linear(h,10), batch {args.batch} per rank, SGD; "
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
-                   "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False)."),
+                   "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False); "
+                   "'DIANA-PermK': the hook with shift='diana'. The buckets column: the layout asked for and, in "
+                   f"parentheses, the bucket indices DDP used. torch {torch_version()}."),
             path=args.json,
             extra={"phases": {"columns": ["d", "compressor", "phase", "placement", "ms", "ratio_to_copy"], "rows": phase_rows,
                               "reference": "a copy of the d float32 values (torch, one thread), median alongside"},
