@@ -18,10 +18,10 @@ such as ``TopK(k)`` (sent as index–value pairs) or any shared-plan one gives E
 
 Rounds and seeds, the same on every rank and in every run:
 
-* a bucket's round is the number of times that bucket (by :meth:`GradBucket.index`) was
+* a bucket's round is the number of times that bucket (by ``GradBucket.index()``) was
   communicated before: 0, 1, 2 … (DDP communicates every bucket once per backward pass, so after
   ``t`` optimizer steps every bucket is at round ``t``);
-* bucket ``b`` of a hook with ``seed`` uses the seed :func:`bucket_seed` ``(seed, b)``, a pure
+* bucket ``b`` of a hook with ``seed`` uses the seed :func:`~permk.torch.hook.bucket_seed` ``(seed, b)``, a pure
   function of both, so different buckets draw independent plans.
 
 The ranks are the workers in process-group rank order (``n`` = the group's size). Bucket sizes
@@ -48,11 +48,11 @@ from ..transport.ddp import SUPPORTED_DTYPES, DDPTransport, Planner, run
 
 __all__ = ["BucketCall", "BucketShift", "HookState", "bucket_seed", "comm_hook", "SHIFTS"]
 
-#: How many of the latest exchanges :attr:`HookState.calls` keeps (the totals count them all).
+#: How many of the latest exchanges ``HookState.calls`` keeps (the totals count them all).
 CALLS_KEPT = 1024
 #: The shifts a hook can keep (``comm_hook(..., shift=)``).
 SHIFTS = ("diana", "ef21")
-#: The version of :meth:`HookState.state_dict`'s format.
+#: The version of :meth:`~permk.torch.hook.HookState.state_dict`'s format.
 STATE_VERSION = 1
 
 
@@ -103,12 +103,12 @@ class HookState:
     default group) and its size ``n`` and this rank's ``rank``, the shift (None, ``"diana"`` or
     ``"ef21"``) and its ``alpha`` (None: ``1/(ω + 1)`` of the compressor at each bucket's size;
     1 for EF21), the next round of every bucket (``rounds``), each bucket's shift (``shifts``:
-    :class:`BucketShift`) and how many times a shift was reset (``resets``), and the bytes this
+    :class:`~permk.torch.hook.BucketShift`) and how many times a shift was reset (``resets``), and the bytes this
     rank sent: running totals per bucket, and ``calls``, the last ``CALLS_KEPT`` exchanges (one
-    :class:`BucketCall` each, in order).
+    :class:`~permk.torch.hook.BucketCall` each, in order).
 
     It pickles (without the process group, which an unpickled state takes as the default group,
-    and without its buffers) and has :meth:`state_dict`/:meth:`load_state_dict`."""
+    and without its buffers) and has :meth:`~permk.torch.hook.HookState.state_dict`/:meth:`~permk.torch.hook.HookState.load_state_dict`."""
 
     compressor: Compressor
     seed: int
@@ -122,14 +122,14 @@ class HookState:
     calls: deque[BucketCall] = field(default_factory=lambda: deque(maxlen=CALLS_KEPT))
     #: per bucket index, ``[sent, padded]`` bytes over all its exchanges
     totals: dict[int, list[int]] = field(default_factory=dict)
-    #: per bucket index, its shifts by layout (at most one in use; see :meth:`_shift_of`)
+    #: per bucket index, its shifts by layout (at most one in use; see ``_shift_of``)
     shifts: dict[int, dict[tuple[Any, ...], BucketShift]] = field(default_factory=dict)
     resets: int = 0
     _buckets: dict[int, _Bucket] = field(default_factory=dict, repr=False)
     _executor: ThreadPoolExecutor | None = field(default=None, repr=False)
 
     def bucket_seed(self, index: int) -> int:
-        """The seed bucket ``index`` uses (:func:`bucket_seed`)."""
+        """The seed bucket ``index`` uses (:func:`~permk.torch.hook.bucket_seed`)."""
         return bucket_seed(self.seed, index)
 
     @property
@@ -173,7 +173,7 @@ class HookState:
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the same compressor, seed, world size and shift
+        """Resume from :meth:`~permk.torch.hook.HookState.state_dict`: the same compressor, seed, world size and shift
         (ValueError naming the field otherwise). The shifts are moved to each bucket's device when
         it is next communicated; the first bucket layout after a restart may differ from the
         saved one (DDP builds its buckets anew, then rebuilds them after the first iteration): a
@@ -274,7 +274,7 @@ def comm_hook(compressor: Compressor, *, seed: int, process_group: Any = None, s
     bucket), on any device the group's backend takes (gloo: CPU tensors; NCCL: CUDA tensors);
     they are not checked for NaN or inf, which reach the average as with all-reduce. A world of
     one rank returns each bucket as it is (nothing travels, nothing is compressed). ``state``
-    records the rounds and the bytes each exchange sent (:class:`HookState`).
+    records the rounds and the bytes each exchange sent (:class:`~permk.torch.hook.HookState`).
 
     >>> import torch.distributed as dist, permk, permk.torch
     >>> dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -314,7 +314,7 @@ def _done(buf: torch.Tensor) -> torch.futures.Future[torch.Tensor]:
 
 
 def _hook(state: HookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """One bucket's exchange (see :func:`comm_hook`). DDP checks the annotations of ``bucket`` and
+    """One bucket's exchange (see :func:`~permk.torch.hook.comm_hook`). DDP checks the annotations of ``bucket`` and
     of the result against the classes themselves, so this module does not postpone annotations."""
     buf = bucket.buffer()
     if buf.dtype not in SUPPORTED_DTYPES:

@@ -3,7 +3,7 @@ and a shared coin, which a DDP communication hook cannot give (it sees one gradi
 
 ``x^{t+1} = x^t − γ g^t`` (here: the wrapped optimizer's step with ``g^t`` as the gradient; plain
 SGD with ``lr = γ`` is MARINA itself); on heads of the shared coin ``θ_t ~ Be(p)`` (a pure function
-of ``(seed, t)``: :func:`permk._core.coin`, MARINA's in :mod:`permk.methods.marina`)
+of ``(seed, t)``: ``permk._core.coin``, MARINA's in :mod:`permk.methods.marina`)
 ``g^{t+1}`` is the average of the ranks' gradients at ``x^{t+1}`` (an all-reduce); on tails each
 rank evaluates its loss on one minibatch at both points and sends
 ``C_i(∇f_{iB}(x^{t+1}) − ∇f_{iB}(x^t))``, and ``g^{t+1} = g^t + (1/n) Σ_i C_i(·)`` — the exchange
@@ -40,7 +40,7 @@ class Marina:
     ``seed``: the run's shared seed (the coin's and the plans'); ``process_group``: the ranks
     (``None``: the default group). The model must not be wrapped in DDP (the helper averages).
 
-    :meth:`step` ``(closure, full_closure=None)`` runs one round: ``closure()`` computes this
+    :meth:`~permk.torch.marina.Marina.step` ``(closure, full_closure=None)`` runs one round: ``closure()`` computes this
     rank's loss on this step's minibatch and calls ``backward()`` — the helper clears the
     gradients before each call and calls it at the new and, on tails, at the previous parameters
     (the same minibatch: the closure must not draw a new one between the two calls).
@@ -139,12 +139,14 @@ class Marina:
 
     def state_dict(self) -> dict[str, Any]:
         """The round, the estimator ``g`` and the wrapped optimizer's state (resume with
-        :meth:`load_state_dict`; the parameters are the model's)."""
+        :meth:`~permk.torch.marina.Marina.load_state_dict`; the parameters are the model's)."""
         return {"round": self.round, "g": None if self.g is None else self.g.detach().cpu(), "heads": self.heads,
                 "bytes_sent": self.bytes_sent, "optimizer": self.optimizer.state_dict(), "seed": self.seed, "p": self.p,
                 "compressor": self.compressor.fingerprint(), "n": self.n}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume from :meth:`~permk.torch.marina.Marina.state_dict` (the same compressor, seed,
+        coin and world size: ValueError naming the field otherwise)."""
         for name, mine in (("compressor", self.compressor.fingerprint()), ("seed", self.seed), ("p", self.p), ("n", self.n)):
             if sd[name] != mine:
                 raise ValueError(f"state_dict: {name} {sd[name]!r} differs from this helper's {mine!r}")

@@ -10,8 +10,8 @@ rank holding that coordinate's shard: one ``all_to_all`` in which each rank send
 ``(n − 1)/n · d/n`` values to the others and receives as many, nothing summed on the way — about
 ``n`` times fewer bytes than the reduce-scatter, with the paper's unbiasedness and variance.
 
-:class:`ShardedOptimizer` does it for a module trained without DDP: after ``loss.backward()``,
-:meth:`~ShardedOptimizer.step` flattens the gradients, runs the exchange
+:class:`~permk.torch.sharded.ShardedOptimizer` does it for a module trained without DDP: after ``loss.backward()``,
+:meth:`~permk.torch.sharded.ShardedOptimizer.step` flattens the gradients, runs the exchange
 (:data:`permk.exchanges.compressed_mean_rows` over a sharded :class:`permk.transport.ddp.DDPTransport`,
 whose mean is this rank's shard of the mean), steps this rank's shard with its own optimizer
 (whose state covers the shard only) and all-gathers the parameters, as a sharded optimizer does.
@@ -57,10 +57,10 @@ class ShardedOptimizer:
     ``(seed, 0)``, so a module of one parameter tensor gets the plans of
     :func:`permk.torch.comm_hook`'s bucket 0 and the same trajectory).
 
-    Rank ``s`` holds coordinates ``bounds[s]:bounds[s+1]`` (:func:`shard_bounds`). Every call of
-    :meth:`step` is one round. :attr:`bytes_exchanged` counts the bytes of gradient values that
-    left this rank (to the other ranks), :attr:`bytes_gathered` those the parameters' all-gather
-    sent; :meth:`reduce_scatter_bytes` is what a reduce-scatter would have sent.
+    Rank ``s`` holds coordinates ``bounds[s]:bounds[s+1]`` (:func:`~permk.torch.sharded.shard_bounds`). Every call of
+    :meth:`step` is one round. ``bytes_exchanged`` counts the bytes of gradient values that
+    left this rank (to the other ranks), ``bytes_gathered`` those the parameters' all-gather
+    sent; :meth:`~permk.torch.sharded.ShardedOptimizer.reduce_scatter_bytes` is what a reduce-scatter would have sent.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], compressor: Compressor,
@@ -138,7 +138,7 @@ class ShardedOptimizer:
         return out
 
     def step(self) -> None:
-        """One round: :meth:`shard_mean`, this rank's optimizer step on its shard, and the
+        """One round: :meth:`~permk.torch.sharded.ShardedOptimizer.shard_mean`, this rank's optimizer step on its shard, and the
         parameters all-gathered into the module."""
         self.shard_mean()
         self.optimizer.step()
@@ -163,6 +163,8 @@ class ShardedOptimizer:
                 "compressor": self.compressor.fingerprint(), "seed": self.seed, "n": self.n, "rank": self.rank}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Resume from :meth:`~permk.torch.sharded.ShardedOptimizer.state_dict` on the same rank of
+        the same world (ValueError naming the field otherwise)."""
         for name, mine in (("compressor", self.compressor.fingerprint()), ("seed", self.seed), ("n", self.n), ("rank", self.rank)):
             if sd[name] != mine:
                 raise ValueError(f"state_dict: {name} {sd[name]!r} differs from this optimizer's {mine!r}")

@@ -4,7 +4,7 @@
 ``DistributedDataParallel`` model (or any flat tensor every rank of a process group holds): the
 rank is one held worker (``workers = range(rank, rank + 1)``), its row is the bucket
 (``local_grads(x)`` is ``x``, the bucket as a ``(1, d)`` view), the round's plan is a
-:class:`DeviceRound` on the bucket's device, and the numbers move with ``torch.distributed``
+:class:`~permk.transport.ddp.DeviceRound` on the bucket's device, and the numbers move with ``torch.distributed``
 collectives on device tensors (``all_gather_into_tensor``: NCCL-ready). The arithmetic is the
 exchanges' (:data:`permk.exchanges.compressed_mean_rows`, :data:`~permk.exchanges.shifted`,
 :data:`~permk.exchanges.error_feedback`), written once for the simulator, MPI and DDP;
@@ -12,21 +12,21 @@ exchanges' (:data:`permk.exchanges.compressed_mean_rows`, :data:`~permk.exchange
 
 What differs from the numpy transports:
 
-* **Asynchronous means.** :meth:`DDPTransport.mean_values` and :meth:`DDPTransport.mean_pairs`
+* **Asynchronous means.** :meth:`~permk.transport.ddp.DDPTransport.mean_values` and :meth:`~permk.transport.ddp.DDPTransport.mean_pairs`
   start the collective and return a ``torch.futures.Future`` of the mean (written into
-  :attr:`DDPTransport.target` when set, else into a buffer of the transport); the exchanges pass
+  ``DDPTransport.target`` when set, else into a buffer of the transport); the exchanges pass
   it through untouched, and a DDP hook returns it.
 * **Arrays are tensors.** The held rows, the plan's coordinates and the values are tensors of the
-  bucket's dtype on its device (float32, float64, bfloat16, float16); :meth:`rows_of`,
-  :meth:`add_at` and :meth:`all_finite` are the three array operations the exchanges ask of a
+  bucket's dtype on its device (float32, float64, bfloat16, float16); :meth:`~permk.transport.ddp.DDPTransport.rows_of`,
+  :meth:`~permk.transport.ddp.DDPTransport.add_at` and :meth:`~permk.transport.ddp.DDPTransport.all_finite` are the three array operations the exchanges ask of a
   transport whose arrays are not numpy's. No value is checked for NaN or inf (that would wait for
   the device every bucket): they reach the mean as with an all-reduce.
 * **Buffers.** The send and receive buffers of a (bucket, size) are allocated once, on the
-  bucket's device; each round's plan is computed ahead by a :class:`Planner` (on a thread, while
+  bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` (on a thread, while
   the bucket communicates) and, on CUDA, copied to the device from pinned memory without
   blocking, on a side stream the bucket's work waits for.
 
-The values a rank sends (:meth:`DeviceRound.gather`) are the compressor's: ``scale_i · g_j``
+The values a rank sends (:meth:`~permk.transport.ddp.DeviceRound.gather`) are the compressor's: ``scale_i · g_j``
 computed in float64 and rounded once to the bucket's dtype (:func:`permk.compressors.messages.scaled`),
 computed in the bucket's dtype where that is the same number — wherever the scale is exactly a
 number of the bucket's dtype (PermK's ``n``, BlockPermK's ``m``: then ``g_j · scale`` is exact in
@@ -53,7 +53,8 @@ import torch.distributed as dist
 
 from ..compressors import Compressor, Messages, Round
 
-__all__ = ["DDPTransport", "DeviceRound", "Planner", "SUPPORTED_DTYPES", "device_round", "run", "scale_in_dtype", "topk_indices"]
+__all__ = ["DDPTransport", "DeviceRound", "Levels", "Planner", "SUPPORTED_DTYPES", "ShardRoutes", "device_round", "run", "scale_in_dtype",
+           "topk_indices"]
 
 Tensor = torch.Tensor
 #: The bucket dtypes the transport computes with (the compressors' kernels define float32 and
@@ -72,7 +73,7 @@ def scale_in_dtype(scale: float, dtype: torch.dtype) -> bool:
 
 
 def _scale_(v: Tensor, scale: float) -> Tensor:
-    """``v`` times ``scale`` in place, as the compressors compute it (see :func:`scale_in_dtype`)."""
+    """``v`` times ``scale`` in place, as the compressors compute it (see :func:`~permk.transport.ddp.scale_in_dtype`)."""
     if scale == 1.0:
         return v
     if scale_in_dtype(scale, v.dtype):
@@ -93,7 +94,7 @@ def run(exchange: Any, transport: DDPTransport, *args: Any, **kwargs: Any) -> An
     return exchange(transport, *args, **kwargs)
 
 
-class _Levels(NamedTuple):
+class Levels(NamedTuple):
     """A non-disjoint round's worker-order sum: per level ``j`` (the ``j``-th worker, in worker
     order, to send a coordinate), the positions of those values in the padded receive buffer and
     their coordinates; ``blocks``: the same for equal aligned blocks (BlockPermK(m)), as block
@@ -104,10 +105,10 @@ class _Levels(NamedTuple):
     blocks: bool
 
 
-class _Shard(NamedTuple):
+class ShardRoutes(NamedTuple):
     """A round on a sharded transport (rank ``s`` holds coordinates ``bounds[s]:bounds[s+1]``):
     this rank sends ``send_splits[s]`` values to rank ``s`` (its values listed by destination:
-    :attr:`DeviceRound.mine` is in that order), and receives ``recv_splits[w]`` values from
+    ``DeviceRound.mine`` is in that order), and receives ``recv_splits[w]`` values from
     worker ``w``, in worker order, at the shard's local coordinates ``coords`` (``covers``: every
     coordinate of the shard is sent); ``levels`` sum them in worker order when the round is not
     disjoint."""
@@ -116,18 +117,18 @@ class _Shard(NamedTuple):
     recv_splits: list[int]
     coords: Tensor
     covers: bool
-    levels: _Levels
+    levels: Levels
 
 
 class DeviceRound:
     """One round's shared plan on a device, as one rank uses it: the :class:`~permk.compressors.Round`
     protocol (``offsets``, ``scales``, ``coords``, ``rows``, ``ranges``, ``gather``, ``mean``,
     ``disjoint``) with tensors on ``device``, and what the transport's fast path needs: this
-    rank's coordinates (:attr:`mine`, a slice for a round of ranges), the slot ``width`` of the
+    rank's coordinates (``mine``, a slice for a round of ranges), the slot ``width`` of the
     ``all_gather`` (the round's largest message), and how the gathered values land
-    (:attr:`placement`).
+    (``placement``).
 
-    Built by :func:`device_round` from a computed round; ``ready()`` makes the current CUDA
+    Built by :func:`~permk.transport.ddp.device_round` from a computed round; ``ready()`` makes the current CUDA
     stream wait for its upload."""
 
     def __init__(self, *, n: int, d: int, rank: int, disjoint: bool, offsets: np.ndarray, scales: np.ndarray,
@@ -142,12 +143,12 @@ class DeviceRound:
         #: (disjoint ranges: one concatenation of the slots' values into the mean), ``"padded"``
         #: (disjoint, every worker sends: one ``index_copy_`` of the padded coordinates, each
         #: worker's pad repeating its last coordinate and value), ``"compact"`` (disjoint, some
-        #: worker sends nothing), ``"levels"`` (a worker-order sum, :class:`_Levels`)
+        #: worker sends nothing), ``"levels"`` (a worker-order sum, ``Levels``)
         self.placement, self._place = placement, place
         self._event = event
         self.scale = float(scales[rank])
-        #: for a sharded transport, how the values travel to the shards' ranks (:class:`_Shard`)
-        self.shard: _Shard | None = shard
+        #: for a sharded transport, how the values travel to the shards' ranks (``ShardRoutes``)
+        self.shard: ShardRoutes | None = shard
 
     # -- the Round protocol ------------------------------------------------------------------
     def offsets(self) -> np.ndarray:
@@ -271,7 +272,7 @@ class DeviceRound:
             out.zero_()
             out.index_copy_(0, coords, recv.index_select(0, positions))
         else:
-            levels: _Levels = self._place
+            levels: Levels = self._place
             out.zero_()
             target = out.view(-1, w) if levels.blocks else out
             source = recv.view(n, w) if levels.blocks else recv
@@ -298,13 +299,13 @@ class DeviceRound:
 
 
 def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None) -> DeviceRound:
-    """``r`` (a native or Python round) as :class:`DeviceRound` for ``rank`` on ``device``: the
+    """``r`` (a native or Python round) as :class:`~permk.transport.ddp.DeviceRound` for ``rank`` on ``device``: the
     plan's arrays formed on the CPU (numpy) and, for a CUDA device, copied from pinned memory
     without blocking on ``stream`` (an event the transport's stream waits for). Cost: ``O(n)``
     for a round of equal aligned blocks (BlockPermK(n) with ``n | d``); otherwise the round's
     coordinates (``O(d)``), and for a summed round their levels (a stable sort). ``bounds``
     (``n + 1`` increasing coordinates from 0 to ``d``): the shards of a sharded transport, whose
-    routes are formed too (:class:`_Shard`, ``O(d)``)."""
+    routes are formed too (``ShardRoutes``, ``O(d)``)."""
     n, d = r.n, r.d
     offsets, scales = np.asarray(r.offsets(), dtype=np.int64), np.asarray(r.scales(), dtype=np.float64)
     counts = np.diff(offsets)
@@ -389,11 +390,11 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, 
             place = (up(host["positions"]), all_t)
         else:
             pos, co, blocks = host["levels"]
-            place = _Levels([up(p) for p in pos], [up(c) for c in co], blocks)
+            place = Levels([up(p) for p in pos], [up(c) for c in co], blocks)
         shard = None
         if shard_host is not None:
             send_splits, recv_splits, local, covers, (lpos, lco) = shard_host
-            shard = _Shard(send_splits, recv_splits, up(local), covers, _Levels([up(p) for p in lpos], [up(c) for c in lco], False))
+            shard = ShardRoutes(send_splits, recv_splits, up(local), covers, Levels([up(p) for p in lpos], [up(c) for c in lco], False))
         if on_cuda:
             event = torch.cuda.Event()
             event.record(stream if stream is not None else torch.cuda.current_stream())
@@ -411,7 +412,7 @@ class _nullcontext:
 
 def _shard_routes(coords: np.ndarray, offsets: np.ndarray, rank: int, bounds: np.ndarray,
                   disjoint: bool) -> tuple[np.ndarray, tuple[Any, ...]]:
-    """A sharded round's routes (:class:`_Shard`, as numpy): the round's coordinates with this
+    """A sharded round's routes (``ShardRoutes``, as numpy): the round's coordinates with this
     rank's listed by destination shard (a stable sort: plan order within a destination), what
     it sends to each rank, what it receives from each worker and at which local coordinates
     (worker order, each worker's in the order it lists them), and the levels of a summed round."""
@@ -450,7 +451,7 @@ def _slot_positions(offsets: np.ndarray, width: int) -> np.ndarray:
 
 def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: Any, d: int,
             positions: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
-    """A summed round's levels (:class:`_Levels`, as numpy arrays): level ``j`` holds the
+    """A summed round's levels (``Levels``, as numpy arrays): level ``j`` holds the
     ``j``-th sender of each coordinate in worker order. Equal aligned blocks (BlockPermK(m))
     in ``O(n)``: workers sharing a block are its levels; otherwise a stable sort of the
     coordinates."""
@@ -481,7 +482,7 @@ def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: 
 
 
 class Planner:
-    """The rounds of one bucket, computed ahead: :meth:`take` returns round ``r`` (the one
+    """The rounds of one bucket, computed ahead: :meth:`~permk.transport.ddp.Planner.take` returns round ``r`` (the one
     computed ahead when it is that round, else computed now) and starts round ``r + 1`` on the
     planner's thread (shared by every bucket of a hook, one job at a time, in order), so that the
     next round's plan — the native round (computed with the GIL released), its coordinates and,
@@ -507,6 +508,8 @@ class Planner:
         return device_round(rnd, self.rank, self.device, bounds=self.bounds)
 
     def take(self, r: int) -> DeviceRound:
+        """Round ``r`` on the device (the one computed ahead when it is that round, else computed
+        now), ready for the current stream; round ``r + 1`` starts on the planner's thread."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead[0] == r:
             out = ahead[1].result()
@@ -523,7 +526,7 @@ class Planner:
 class DDPTransport:
     """One bucket of ``d`` values of ``dtype`` on ``device``, on one rank of ``group`` (see the
     module docstring): the transport of :mod:`permk.exchanges` whose one held worker is this
-    rank. ``planner`` gives the rounds (:class:`Planner`); :attr:`target` is where the next mean
+    rank. ``planner`` gives the rounds (:class:`~permk.transport.ddp.Planner`); ``target`` is where the next mean
     is written (the bucket itself, for a DDP hook), else a buffer of the transport."""
 
     forced = "auto"
@@ -546,7 +549,7 @@ class DDPTransport:
         self.send = torch.empty(width, dtype=dtype, device=device)
         self.recv = torch.empty(n * width, dtype=dtype, device=device)
         #: the shards (``n + 1`` bounds) of a sharded transport, whose means are this rank's shard
-        #: of the mean (:meth:`mean_values`), else None
+        #: of the mean (:meth:`~permk.transport.ddp.DDPTransport.mean_values`), else None
         self.bounds = None if bounds is None else np.asarray(bounds, dtype=np.int64)
         self._size = d if bounds is None else int(self.bounds[rank + 1] - self.bounds[rank])  # type: ignore[index]
         self._mean: Tensor | None = None  # allocated when a mean has no target (shifted exchanges)
@@ -594,7 +597,7 @@ class DDPTransport:
         return a
 
     def own(self, H: Tensor) -> Tensor:
-        """``H`` when the caller handed it over to be updated in place (:meth:`hand_over`), else a copy."""
+        """``H`` when the caller handed it over to be updated in place (:meth:`~permk.transport.ddp.DDPTransport.hand_over`), else a copy."""
         return H if H.data_ptr() in self._owned else H.clone()
 
     def hand_over(self, H: Tensor) -> Tensor:
@@ -633,7 +636,7 @@ class DDPTransport:
     def mean_values(self, compressor: Compressor, r: DeviceRound, fill: Callable[..., Tensor]) -> torch.futures.Future[Tensor]:
         """Start the exchange of a shared plan's round: this rank's values (``fill``, divided by
         ``n`` for a disjoint round) written into its slot, one ``all_gather_into_tensor``, and a
-        future of the mean (:meth:`DeviceRound.place`)."""
+        future of the mean (:meth:`~permk.transport.ddp.DeviceRound.place`)."""
         k, w = int(r.counts[self.rank]), r.width
         out = self._out()
         if self.bounds is not None:
@@ -654,7 +657,7 @@ class DDPTransport:
     def _mean_shard(self, r: DeviceRound, fill: Callable[..., Tensor], k: int, out: Tensor) -> torch.futures.Future[Tensor]:
         """A sharded transport's exchange: this rank's values (listed by destination) go straight
         to the ranks holding their coordinates' shards in one ``all_to_all``, nothing summed on
-        the way; a future of this rank's shard of the mean (:meth:`DeviceRound.place_shard`)."""
+        the way; a future of this rank's shard of the mean (:meth:`~permk.transport.ddp.DeviceRound.place_shard`)."""
         sh = r.shard
         assert sh is not None, "a sharded transport's planner forms the routes"
         send = self.send[:k]
