@@ -303,7 +303,7 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, 
     plan's arrays formed on the CPU (numpy) and, for a CUDA device, copied from pinned memory
     without blocking on ``stream`` (an event the transport's stream waits for). Cost: ``O(n)``
     for a round of equal aligned blocks (BlockPermK(n) with ``n | d``); otherwise the round's
-    coordinates (``O(d)``), and for a summed round their levels (a stable sort). ``bounds``
+    coordinates (``O(d)``), and for a summed round their levels (``O(values + d)``). ``bounds``
     (``n + 1`` increasing coordinates from 0 to ``d``): the shards of a sharded transport, whose
     routes are formed too (``ShardRoutes``, ``O(d)``)."""
     n, d = r.n, r.d
@@ -453,8 +453,8 @@ def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: 
             positions: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
     """A summed round's levels (``Levels``, as numpy arrays): level ``j`` holds the
     ``j``-th sender of each coordinate in worker order. Equal aligned blocks (BlockPermK(m))
-    in ``O(n)``: workers sharing a block are its levels; otherwise a stable sort of the
-    coordinates."""
+    in ``O(n)``: workers sharing a block are its levels; otherwise each entry's count of earlier
+    senders of its coordinate (``O(values + d)``)."""
     n = len(offsets) - 1
     counts = np.diff(offsets)
     if ranges is not None:
@@ -470,21 +470,24 @@ def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: 
     assert coords is not None
     if positions is None:
         positions = _slot_positions(offsets, width)
-    order = np.argsort(coords, kind="stable")  # worker order kept among equal coordinates
-    sc = coords[order]
-    first = np.r_[True, sc[1:] != sc[:-1]] if sc.size else np.zeros(0, dtype=bool)
-    start_of_run = np.maximum.accumulate(np.where(first, np.arange(sc.size), 0)) if sc.size else sc
-    occ = np.empty(sc.size, dtype=np.int64)
-    occ[order] = np.arange(sc.size) - start_of_run
-    levels = int(occ.max(initial=-1)) + 1
-    sel = [np.flatnonzero(occ == j) for j in range(levels)]
+    # each entry's level: how many earlier workers sent its coordinate (a worker's coordinates are
+    # distinct, so one vectorised count per worker is exact), in O(values + d)
+    seen = np.zeros(d, dtype=np.int16 if n < 2**15 else np.int64)
+    occ = np.empty(coords.size, dtype=seen.dtype)
+    for w in range(n):
+        c = coords[offsets[w] : offsets[w + 1]]
+        occ[offsets[w] : offsets[w + 1]] = seen[c]
+        seen[c] += 1
+    sizes = np.bincount(occ, minlength=1) if occ.size else np.zeros(0, dtype=np.int64)
+    order = np.argsort(occ, kind="stable")  # by level, worker and plan order kept within one (a radix sort)
+    sel = np.split(order, np.cumsum(sizes)[:-1]) if occ.size else []
     return [positions[s] for s in sel], [coords[s] for s in sel], False
 
 
 class Planner:
-    """The rounds of one bucket, computed ahead: :meth:`~permk.transport.ddp.Planner.take` returns round ``r`` (the one
-    computed ahead when it is that round, else computed now) and starts round ``r + 1`` on the
-    planner's thread (shared by every bucket of a hook, one job at a time, in order), so that the
+    """The rounds of one bucket, computed ahead: :meth:`~permk.transport.ddp.Planner.take` returns
+    round ``r`` (the one computed ahead when it is that round, else computed now) and starts round
+    ``r + 1`` on the planner's thread (shared by every bucket of a hook, one job at a time, in order), so that the
     next round's plan — the native round (computed with the GIL released), its coordinates and,
     on CUDA, their upload from pinned memory on a side stream — is ready when the bucket next
     communicates."""
