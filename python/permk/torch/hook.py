@@ -125,8 +125,8 @@ class HookState:
     #: per bucket index, its shifts by layout (at most one in use; see ``_shift_of``)
     shifts: dict[int, dict[tuple[Any, ...], BucketShift]] = field(default_factory=dict)
     resets: int = 0
-    _buckets: dict[int, _Bucket] = field(default_factory=dict, repr=False)
-    _executor: ThreadPoolExecutor | None = field(default=None, repr=False)
+    _buckets: dict[int, _Bucket] = field(default_factory=dict, repr=False, init=False, compare=False)
+    _executor: ThreadPoolExecutor | None = field(default=None, repr=False, init=False, compare=False)
 
     def bucket_seed(self, index: int) -> int:
         """The seed bucket ``index`` uses (:func:`~permk.torch.hook.bucket_seed`)."""
