@@ -242,11 +242,14 @@ def run_method(method: str, problem: Any, *, n: int, d: int, rounds: int, gamma:
     import permk
 
     mod: Any = permk
+    opts: dict[str, Any] = {"rounds": rounds, "seed": 1, "record_every": record_every}
     if distributed:
         import permk.distributed as pd
 
         mod = pd
-    opts: dict[str, Any] = {"rounds": rounds, "seed": 1, "record_every": record_every}
+        # every value crosses the limited loopback: no shared-memory window between the ranks
+        # (on one node permk would otherwise place PermK's values through shared memory)
+        opts["window"] = False
     if gamma is not None:
         opts["gamma"] = gamma
     if state is not None:
