@@ -150,15 +150,16 @@ def test_smoothness_bounds_hold_at_random_points(name: str) -> None:
 
 def test_sigmoid_bound_is_attained() -> None:
     """At ``y aᵀx = logit(s₊)`` the Hessian of a one-sample sigmoid loss is ``c a aᵀ``: its norm
-    equals ``L_ij``, so the constant cannot be lowered."""
-    a = np.array([[0.6, -1.2]])
-    p = NonconvexSigmoid(a, [1], n=1)
+    equals ``L_ij``, so the constant cannot be lowered (a second sample ``0`` without bias, of
+    the other label, adds no curvature: ``L_i = c‖a‖²/2``)."""
+    a = np.array([[0.6, -1.2], [0.0, 0.0]])
+    p = NonconvexSigmoid(a, [1, -1], n=1, bias=False)
     s_plus = (9 + math.sqrt(33)) / 24
-    A = np.array([0.6, -1.2, 1.0])
+    A = np.array([0.6, -1.2])
     x = A / (A @ A) * math.log(s_plus / (1 - s_plus))
     H = _fd_hessian(p.grad, x, h=1e-5)
     assert np.abs(np.linalg.eigvalsh(H)).max() == pytest.approx(p.L_i[0], rel=1e-6)
-    assert p.L_i[0] == pytest.approx(SIGMOID_CURVATURE * (A @ A), rel=1e-12)
+    assert p.L_i[0] == pytest.approx(SIGMOID_CURVATURE * (A @ A) / 2, rel=1e-12)
 
 
 def test_minibatch_indices_are_a_function_of_seed_round_worker() -> None:
@@ -304,7 +305,7 @@ def test_bad_input() -> None:
     X, y = _data(N=10)
     with pytest.raises(ValueError, match="y must have shape"):
         NonconvexSigmoid(X, y[:-1], n=2)
-    with pytest.raises(ValueError, match="at most two label values"):
+    with pytest.raises(ValueError, match="needs two label values, got 10"):
         NonconvexSigmoid(X, np.arange(10), n=2)
     with pytest.raises(ValueError, match="dtype"):
         NonconvexSigmoid(X, y, n=2, dtype=np.int64)

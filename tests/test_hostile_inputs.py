@@ -99,3 +99,126 @@ def test_a_well_formed_minibatch_problem_runs_as_the_plain_one() -> None:
     plain = permk.NonconvexSigmoid(np.random.default_rng(0).standard_normal((48, 5)), np.tile([-1.0, 1.0], 24), n=4, seed=0)
     for run in (*_PAIR_METHODS.values(), lambda q: permk.sgd(q, rounds=20, seed=1, batch_size=2)):
         assert np.array_equal(run(p).x, run(plain).x)
+
+
+# -- cause 3: labels must be finite ------------------------------------------------------------
+_PROBLEMS = {
+    "sigmoid": lambda X, y, **kw: permk.NonconvexSigmoid(X, y, n=2, **kw),
+    "multiclass": lambda X, y, **kw: permk.NonconvexMultiClass(X, y, n=2, **kw),
+    "logistic": lambda X, y, **kw: permk.NonconvexLogistic(X, y, n=2, **kw),
+}
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("problem", sorted(_PROBLEMS))
+def test_non_finite_labels_are_refused(problem: str, bad: float) -> None:
+    X = np.random.default_rng(0).standard_normal((6, 3))
+    y = np.array([0.0, 1.0, 0.0, 1.0, bad, 1.0])
+    with pytest.raises(ValueError, match=r"^labels must be finite, got (nan|inf|-inf) at index 4 \(1 non-finite\)$"):
+        _PROBLEMS[problem](X, y)
+    if problem != "sigmoid":  # classes= given: the labels are still checked
+        with pytest.raises(ValueError, match="labels must be finite"):
+            _PROBLEMS[problem](X, y, classes=2)
+
+
+def test_the_label_encoders_refuse_non_finite_labels() -> None:
+    from permk.problems.datasets import binary_labels, class_labels
+
+    for enc in (binary_labels, class_labels):
+        with pytest.raises(ValueError, match="labels must be finite, got nan at index 1"):
+            enc(np.array([1.0, np.nan, -1.0]))
+        with pytest.raises(ValueError, match="non-empty 1-D real array"):
+            enc(np.array(["a", "b"]))
+
+
+# -- cause 4: a binary task needs two label values; a classification task at least two ---------
+@pytest.mark.parametrize("labels", [[1, 1, 1, 1, 1, 1], [-1.0] * 6, [0] * 6, [7.5] * 6])
+def test_a_single_label_value_is_refused(labels: list[float]) -> None:
+    from permk.problems.datasets import binary_labels
+
+    X = np.random.default_rng(0).standard_normal((6, 3))
+    with pytest.raises(ValueError, match=r"a binary task needs two label values, got 1"):
+        binary_labels(labels)
+    with pytest.raises(ValueError, match=r"a binary task needs two label values, got 1"):
+        permk.NonconvexSigmoid(X, labels, n=2)
+    for cls in (permk.NonconvexMultiClass, permk.NonconvexLogistic):
+        with pytest.raises(ValueError, match=r"a classification task needs at least two label values, got 1"):
+            cls(X, labels, n=2)
+
+
+def test_classes_given_still_allows_a_class_without_samples() -> None:
+    X = np.random.default_rng(0).standard_normal((6, 3))
+    p = permk.NonconvexMultiClass(X, [0, 0, 0, 0, 0, 0], n=2, classes=3)
+    assert p.classes == 3 and p.d == 12
+
+
+# -- cause 5: the LibSVM reader: a huge index, a value beyond the dtype --------------------------
+@pytest.mark.parametrize("index", ["99999999999999999999", str(2**62 + 1), "1" + "0" * 400])
+def test_a_huge_index_is_a_file_line_error(tmp_path: Any, index: str) -> None:
+    from permk.problems.datasets import read_libsvm
+
+    f = tmp_path / "big.svm"
+    f.write_text(f"1 1:0.5\n-1 {index}:1\n")
+    with pytest.raises(ValueError, match=rf"^{f}:2: the index {index} in '{index}:1' is too large \(at most 2\*\*62\)$"):
+        read_libsvm(f)
+
+
+def test_the_largest_index_is_read(tmp_path: Any) -> None:
+    from permk.problems.datasets import read_libsvm
+
+    f = tmp_path / "wide.svm"
+    f.write_text(f"1 1:0.5\n-1 {2**62}:1\n")
+    assert read_libsvm(f).X.shape == (2, 2**62)
+
+
+@pytest.mark.parametrize("value", ["1e300", "-3.5e38", "1e39"])  # float32 tops at 3.4028235e38
+def test_a_value_beyond_float32_is_a_file_line_error(tmp_path: Any, value: str) -> None:
+    from permk.problems.datasets import read_libsvm
+
+    f = tmp_path / "big.svm"
+    f.write_text(f"1 1:0.5\n-1 1:1 2:{value}\n")
+    with pytest.raises(ValueError, match=rf"^{f}:2: the value '{value}' in '2:{value}' overflows dtype=float32 \(largest 3.402823e\+38\)$"):
+        read_libsvm(f, dtype=np.float32)
+    assert read_libsvm(f).X[1, 1] == float(value)  # float64 holds it
+
+
+# -- cause 6: huge but finite features: refused by name, never a LinAlgError or NaN constants ----
+@pytest.mark.parametrize("scale", [1e61, 1e100, 1e200, 1e307])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_huge_features_are_refused_by_name(scale: float, sparse: bool) -> None:
+    import scipy.sparse as sp
+
+    X = np.random.default_rng(0).standard_normal((8, 3)) * scale
+    y = np.tile([-1.0, 1.0], 4)
+    for make in _PROBLEMS.values():
+        with pytest.raises(ValueError, match=r"^X's samples are too large for the smoothness constants: the largest squared norm"):
+            make(sp.csr_array(X) if sparse else X, y)
+
+
+def test_large_features_below_the_limit_give_finite_constants_and_a_run() -> None:
+    X = np.random.default_rng(0).standard_normal((8, 3)) * 1e50
+    p = permk.NonconvexSigmoid(X, np.tile([-1.0, 1.0], 4), n=2)
+    consts = [p.L_minus, p.L_plus, p.L_pm, p.L_max, *p.L_i, *p.L_sample_rms]
+    assert all(np.isfinite(consts)) and all(c > 1e99 for c in consts)
+    for run in (lambda: permk.marina(p, permk.PermK(), rounds=5, seed=0), lambda: permk.vr_marina(p, permk.PermK(), rounds=5, seed=0, batch_size=2),
+                lambda: permk.dasha(p, permk.PermK(), rounds=5, seed=0), lambda: permk.diana(p, permk.RandK(2), rounds=5, seed=0)):
+        res = run()
+        assert res.params.gamma > 0 and np.isfinite(res.x).all() and res.diverged_at is None
+
+
+def test_float32_data_beyond_float32_and_a_huge_lam_are_refused() -> None:
+    X = np.random.default_rng(0).standard_normal((8, 3))
+    y = np.tile([0, 1], 4)
+    with pytest.raises(ValueError, match=r"X has values beyond float32 \(largest \|x\| = [0-9.]+e\+39\): use dtype=np.float64"):
+        permk.NonconvexSigmoid(X * 2e39, y, n=2, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"the regulariser's curvature 1e\+300 is too large"):
+        permk.NonconvexMultiClass(X, y, n=2, lam=1e300)
+
+
+def test_a_value_within_float32_is_read(tmp_path: Any) -> None:
+    from permk.problems.datasets import read_libsvm
+
+    f = tmp_path / "ok.svm"
+    f.write_text("1 1:3.4e38\n-1 1:-1e-50\n")
+    X = read_libsvm(f, dtype=np.float32).X
+    assert X.dtype == np.float32 and np.isfinite(X.data).all() and X[0, 0] == np.float32(3.4e38)

@@ -55,7 +55,7 @@ import numpy as np
 from .._validate import as_vector, check_int, check_seed, index_array, start_point
 from .datasets import shard_indices
 
-__all__ = ["LinearFiniteSum", "HeldShards", "HELD_CONSTANTS", "minibatch_indices", "MINIBATCH_TAG"]
+__all__ = ["LinearFiniteSum", "HeldShards", "HELD_CONSTANTS", "CONSTANT_LIMIT", "minibatch_indices", "MINIBATCH_TAG", "row_sq_norms"]
 
 #: The fourth word of every minibatch seed ``[seed, round, worker, MINIBATCH_TAG]`` ("mb"): keeps
 #: the minibatch streams apart from any other stream seeded with ``(seed, round, worker)``.
@@ -77,6 +77,29 @@ def minibatch_indices(sample_counts: Any, batch_size: int, *, seed: int, round: 
     for k, w in enumerate(workers):
         out[k] = np.random.default_rng([seed, rnd, int(w), MINIBATCH_TAG]).integers(int(counts[w]), size=b)
     return out
+
+
+#: The largest squared sample norm and smoothness constant a problem accepts (about 2.6e120):
+#: the step sizes square the constants and multiply the squares by ``n``, ``d`` or ``ω``, which
+#: must stay far from float64's largest number.
+CONSTANT_LIMIT = 2.0**400
+
+
+def row_sq_norms(X: Any) -> np.ndarray:
+    """``‖x_j‖²`` of every row of ``X`` (dense or scipy.sparse), summed in float64, ``inf`` where
+    it overflows; a dense ``X`` is converted a block of rows at a time."""
+    import scipy.sparse as sp
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        if sp.issparse(X):
+            B = sp.csr_array(X, dtype=np.float64)
+            return np.asarray(B.multiply(B).sum(axis=1), dtype=np.float64).ravel()
+        X = np.asarray(X)
+        out = np.empty(X.shape[0])
+        for s in range(0, X.shape[0], 4096):
+            B = X[s : s + 4096].astype(np.float64)
+            out[s : s + 4096] = np.einsum("kj,kj->k", B, B)
+        return out
 
 
 class _DenseBlock:
@@ -232,6 +255,9 @@ class LinearFiniteSum:
             raise ValueError(f"X must be a non-empty real (N, features) matrix, got shape {X.shape} and dtype {values.dtype}")
         if not np.isfinite(values).all():
             raise ValueError("X must be finite")
+        if self.dtype == np.float32 and values.size and float(np.abs(values).max()) > float(np.finfo(np.float32).max):
+            raise ValueError(f"X has values beyond float32 (largest |x| = {float(np.abs(values).max()):.3g}): "
+                             "use dtype=np.float64, or rescale the features")
         N = X.shape[0]
         labels = np.asarray(y)
         if labels.shape != (N,):
@@ -255,7 +281,7 @@ class LinearFiniteSum:
             A = sp.csr_array(X[rows], dtype=self.dtype)
             A.sort_indices()
             self._data: _DenseBlock | _SparseBlock = _SparseBlock(A, Y[rows], wt, self.offsets)
-            sq = np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel()
+            sq = row_sq_norms(A)
         else:
             m = int(self.sample_counts.max())
             A3 = np.zeros((self.n, m, self.D), dtype=self.dtype)
@@ -264,8 +290,17 @@ class LinearFiniteSum:
             for i, s in enumerate(self.shards):
                 A3[i, : s.size], Y3[i, : s.size], W3[i, : s.size] = X[s], Y[s], 1.0 / s.size
             self._data = _DenseBlock(A3, Y3, W3)
-            sq = np.einsum("kj,kj->k", *(2 * [A3.reshape(-1, self.D).astype(np.float64)])).reshape(self.n, m)
+            sq = row_sq_norms(A3.reshape(-1, self.D)).reshape(self.n, m)
             sq = np.concatenate([sq[i, : c] for i, c in enumerate(self.sample_counts)])
+        top = float(sq.max())
+        if not top <= CONSTANT_LIMIT:
+            raise ValueError(f"X's samples are too large for the smoothness constants: the largest squared norm of a sample "
+                             f"(with its bias) is {top:.3g}, beyond 2**400 (the step sizes square the constants); rescale the features")
+        with np.errstate(over="ignore"):
+            L_top = self._c * top + self._rho
+        if not L_top <= CONSTANT_LIMIT:
+            raise ValueError(f"the regulariser's curvature {self._rho:.3g} is too large for the smoothness constants "
+                             "(beyond 2**400: the step sizes square the constants); choose a smaller lam")
         #: ``‖a_j‖²`` of every held sample, shard by shard (worker ``i``'s at ``offsets[i] …``).
         self.sample_sq_norms = sq
         self.x0 = np.zeros(self.d) if x0 is None else start_point(x0, self.d)
