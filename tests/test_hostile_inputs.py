@@ -222,3 +222,58 @@ def test_a_value_within_float32_is_read(tmp_path: Any) -> None:
     f.write_text("1 1:3.4e38\n-1 1:-1e-50\n")
     X = read_libsvm(f, dtype=np.float32).X
     assert X.dtype == np.float32 and np.isfinite(X.data).all() and X[0, 0] == np.float32(3.4e38)
+
+
+# -- cause 7: the MPI launch check sees the data the ranks hold ----------------------------------
+def test_held_shards_fingerprints_cover_the_whole_data() -> None:
+    """Every block of workers of one problem has the same fingerprint (the ranks agree), and it
+    differs for other labels, another shard seed, scaled or float32 data, another lam, or one
+    changed sample; the whole problem's fingerprint too."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    X, y = rng.standard_normal((40, 5)), np.tile([-1.0, 1.0], 20)
+    changed = X.copy()
+    changed[7, 2] += 1e-9
+
+    def prints(p: Any) -> set[str]:
+        smooth = p.smoothness()
+        return {p.held(ws, constants=smooth).fingerprint() for ws in (range(0, 2), range(2, 4), range(1, 4))}
+
+    base = permk.NonconvexSigmoid(X, y, n=4, seed=0)
+    assert len(prints(base)) == 1 and prints(base) == prints(permk.NonconvexSigmoid(X.copy(), y.copy(), n=4, seed=0))
+    seen = {next(iter(prints(base))), base.fingerprint()}
+    for other in (permk.NonconvexSigmoid(X, -y, n=4, seed=0), permk.NonconvexSigmoid(X, y, n=4, seed=1),
+                  permk.NonconvexSigmoid(2 * X, y, n=4, seed=0), permk.NonconvexSigmoid(changed, y, n=4, seed=0),
+                  permk.NonconvexSigmoid(X, y, n=4, seed=0, dtype=np.float32), permk.NonconvexSigmoid(sp.csr_array(X), y, n=4, seed=0),
+                  permk.NonconvexSigmoid(X, y, n=4, seed=0, bias=False), permk.NonconvexLogistic(X, y, n=4, seed=0),
+                  permk.NonconvexMultiClass(X, y, n=4, seed=0), permk.NonconvexMultiClass(X, y, n=4, seed=0, lam=2e-4)):
+        (held,) = prints(other)
+        assert held not in seen and other.fingerprint() not in seen
+        seen |= {held, other.fingerprint()}
+
+
+def test_the_fingerprint_follows_x0_and_survives_pickling() -> None:
+    import pickle
+
+    p = _sigmoid()
+    before = p.fingerprint()
+    assert pickle.loads(pickle.dumps(p)).fingerprint() == before
+    p.x0 = p.x0 + 1.0
+    assert p.fingerprint() != before
+
+
+@pytest.mark.mpi
+def test_on_mpi_ranks_with_different_data_are_refused() -> None:
+    """``mpiexec -n 2``: held shards (constants sent from rank 0, as ``permk classify --mpi``) or
+    whole problems built from other labels, shard seed, scaled X, one changed sample, lam or
+    dtype on rank 1 raise LaunchError on every rank; the same data run as the simulator."""
+    import subprocess
+    import sys
+
+    from conftest import MPI_DIR, MPIEXEC
+
+    out = subprocess.run([str(MPIEXEC), "-n", "2", sys.executable, str(MPI_DIR / "held_mismatch.py")],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip() == "ok", out.stdout

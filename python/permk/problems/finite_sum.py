@@ -472,6 +472,32 @@ class LinearFiniteSum:
         """A bound on ``L_±`` (Definition "Hessian variance"): ``L_± ≤ L_+ ≤ sqrt((1/n) Σ L_i²)``."""
         return self.L_plus
 
+    def _data_digest(self) -> str:
+        """A digest of the samples and labels as the workers hold them (the shards, in order),
+        the problem's kind and curvature bounds (computed once: the data do not change)."""
+        got = self.__dict__.get("_digest")
+        if got is None:
+            h = hashlib.sha256()  # hashes the data buffers in place (several hundred MB/s)
+            h.update(f"{type(self).__qualname__} {self.n} {self.d} {self.D} {self.classes} {self.dtype.name} "
+                     f"{float(self._c).hex()} {float(self._rho).hex()} {self._data.kind}".encode())
+            data = self._data
+            parts = ([data.A.data, data.A.indices, data.A.indptr, data.offsets] if isinstance(data, _SparseBlock) else [data.A])
+            for a in (*parts, data.Y, data.wt, self.sample_counts):
+                h.update(str(a.dtype).encode() + str(a.shape).encode())
+                h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+            got = self.__dict__["_digest"] = h.hexdigest()[:32]
+        return got
+
+    def fingerprint(self) -> str:
+        """What every process running this problem must share (the launch check of
+        :func:`permk.distributed.run` compares it): the kind, sizes and curvature bounds, the
+        samples and labels of every worker's shard (a digest of the data, computed once) and the
+        start ``x0``."""
+        h = hashlib.blake2b(digest_size=12)
+        h.update(self._data_digest().encode())
+        h.update(np.ascontiguousarray(self.x0, dtype=np.float64).tobytes())
+        return h.hexdigest()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, d={self.d}, samples={int(self.offsets[-1])}, {self._data.kind}, {self.dtype.name})"
 
@@ -517,9 +543,11 @@ class HeldShards:
         self.L_i = np.array(c["L_i"], dtype=np.float64)
         self.L_sample_rms = np.array(c["L_sample_rms"], dtype=np.float64)
         self._kind = type(problem).__name__
+        #: the whole problem's data (every worker's samples): ranks built from other data differ
+        self._data_digest = problem._data_digest()
         held = copy.copy(problem)
-        held.__dict__.pop("L_i", None)
-        held.__dict__.pop("L_minus", None)
+        for cached in ("L_i", "L_minus", "_digest"):
+            held.__dict__.pop(cached, None)
         held._data = problem._data.take(np.arange(self.workers.start, self.workers.stop))
         held._points = []
         self._held = held
@@ -560,9 +588,13 @@ class HeldShards:
 
     def fingerprint(self) -> str:
         """What every process's part shares: the problem's kind, sizes, start, sample counts and
-        constants (the launch check of :func:`permk.distributed.run` compares it)."""
+        constants, and a digest of the whole problem's data it was built from (every worker's
+        samples and labels, the shards, the curvature bounds: taken before the other workers'
+        samples were dropped), so that processes that read other data, split it with another
+        seed or scaled it differ (the launch check of :func:`permk.distributed.run` compares
+        it)."""
         h = hashlib.blake2b(digest_size=12)
-        h.update(f"{self._kind} {self.n} {self.d} {self.dtype.name}".encode())
+        h.update(f"{self._kind} {self.n} {self.d} {self.dtype.name} {self._data_digest}".encode())
         for a in (self.x0, self.sample_counts.astype(np.float64), self.L_i, self.L_sample_rms,
                   np.array([self.L_minus, self.L_plus, self.L_pm, self.L_max])):
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
