@@ -4,6 +4,7 @@ plugins, partial participation and ``estimate_ab``'s bias test (one section per 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import numpy as np
@@ -277,3 +278,37 @@ def test_on_mpi_ranks_with_different_data_are_refused() -> None:
                          capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "ok", out.stdout
+
+
+# -- cause 8: --resume refuses a grid whose data changed ------------------------------------------
+def test_data_digest_follows_the_values_and_their_layout() -> None:
+    import scipy.sparse as sp
+
+    from permk.experiments.grid import data_digest
+
+    X, y = np.arange(12.0).reshape(4, 3), np.array([0.0, 1.0, 0.0, 1.0])
+    ref = data_digest(X, y)
+    assert data_digest(X.copy(), y.copy()) == ref
+    others = [data_digest(2 * X, y), data_digest(X, -y), data_digest(X.reshape(3, 4), y), data_digest(X.astype(np.float32), y),
+              data_digest(sp.csr_array(X), y), data_digest(X), data_digest(X[:3], y[:3])]
+    assert len({ref, *others}) == 1 + len(others)
+
+
+def test_run_grid_names_what_differs_on_resume(tmp_path: Any) -> None:
+    from permk.experiments.grid import run_grid
+
+    def cell(c: dict[str, Any], cfg: dict[str, Any], path: str, resume: bool) -> None:
+        with open(path, "a") as fh:
+            fh.write("{}\n")
+
+    cfg = {"name": "g", "n": 3, "data_digest": "aaa"}
+    run_grid("g", cfg, cell, [{"id": "c"}], tmp_path, jobs=1, resume=False, progress=False)
+    run_grid("g", cfg, cell, [{"id": "c"}], tmp_path, jobs=1, resume=True, progress=False)  # the same grid goes on
+    with pytest.raises(ValueError, match=r"the data \(a digest of the samples it read\) changed since the grid started\)"):
+        run_grid("g", {**cfg, "data_digest": "bbb"}, cell, [{"id": "c"}], tmp_path, jobs=1, resume=True, progress=False)
+    with pytest.raises(ValueError, match=r"\(n: 3 there, 4 now\)"):
+        run_grid("g", {**cfg, "n": 4}, cell, [{"id": "c"}], tmp_path, jobs=1, resume=True, progress=False)
+    old = {k: v for k, v in cfg.items() if k != "data_digest"}
+    (tmp_path / "g" / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"the stored grid has no digest of its data \(written by an older permk\)"):
+        run_grid("g", cfg, cell, [{"id": "c"}], tmp_path, jobs=1, resume=True, progress=False)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .grid import mpi_comm, run_grid
+from .grid import data_digest, mpi_comm, run_grid
 from .protocols import SearchOptions, options_from_args, search_from_args
 from .search import Search, search_cell
 from .specs import Spec, step_exponents, theory_gamma
@@ -198,8 +198,13 @@ def run_classify(grid: ClassifyGrid, out: str | os.PathLike[str], *, jobs: int =
                  progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/classify/`` (see the module docstring) and draw its figures.
     Returns the experiment directory. With ``mpi`` (launched by ``mpiexec``) every run is
-    distributed over the ranks, each holding its block of workers' samples; rank 0 writes."""
-    root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+    distributed over the ranks, each holding its block of workers' samples; rank 0 writes. The
+    grid's ``config.json`` holds a digest of the samples and labels read
+    (:func:`.grid.data_digest`): ``resume`` refuses data that changed."""
+    X, y, _ = load_task(grid.data, grid.task, grid.classes, grid.samples)
+    cfg = {**grid.to_json(), "data_digest": data_digest(X, y)}  # --resume refuses changed data
+    del X, y
+    root = run_grid(grid.name, cfg, classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
     from .plotting import plot_grid
 
