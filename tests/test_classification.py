@@ -292,13 +292,53 @@ def test_full_gradient_methods_run_unchanged(method: str) -> None:
     assert res.params.constants["L_minus"] == pytest.approx(p.L_minus)
 
 
-def test_marina_fused_path_equals_dense_path() -> None:
+@pytest.mark.parametrize("sparse", [False, True])
+def test_marina_fused_path_equals_dense_path(sparse: bool) -> None:
     X, y = _data(N=60, f=7)
-    p = NonconvexSigmoid(sp.csr_array(X), y, n=4, seed=0)
+    p = NonconvexSigmoid(sp.csr_array(X) if sparse else X, y, n=4, seed=0)
     fused = permk.marina(p, permk.PermK(), rounds=120, seed=2)
     dense = permk.marina(p, permk.PermK(), rounds=120, seed=2, path="dense")
     assert fused.params.path == "fused"
-    np.testing.assert_allclose(fused.x, dense.x, rtol=1e-9, atol=1e-12)
+    assert fused.x.tobytes() == dense.x.tobytes()  # bit for bit (issue 33, item 9)
+
+
+_FUSED_METHODS = {
+    "marina": (permk.marina, {"p": 0.2}),
+    "diana": (permk.diana, {}),
+    "dasha": (permk.dasha, {}),
+    "pp-marina": (permk.marina, {"p": 0.2, "participation": 3}),
+    "dasha-pp": (permk.dasha, {"participation": 3}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(_FUSED_METHODS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_fused_and_dense_paths_give_the_same_iterates_bit_for_bit(name: str, sparse: bool, dtype: type, method: str) -> None:
+    """Issue 33, item 9: the coordinate oracle's values are the entries of local_grads bit for
+    bit (dense data: read from the same batched products; sparse data: summed in the sparse
+    product's order, in the data's dtype), so the fused path's iterates are the dense path's."""
+    run, options = _FUSED_METHODS[method]
+    p = _make(name, n=5, sparse=sparse, dtype=dtype)
+    comp = permk.PermK() if "participation" not in options else permk.RandK(2)
+    fused = run(p, comp, rounds=40, seed=2, path="fused", gamma=0.05, **options)
+    dense = run(p, comp, rounds=40, seed=2, path="dense", gamma=0.05, **options)
+    assert fused.params.path == "fused" and fused.x.tobytes() == dense.x.tobytes(), np.abs(fused.x - dense.x).max()
+    assert fused.grad_norm_sq.tobytes() == dense.grad_norm_sq.tobytes()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_local_grad_coords_are_the_entries_of_local_grads(name: str, sparse: bool) -> None:
+    p = _make(name, n=4, sparse=sparse, dtype=np.float32)
+    rng = np.random.default_rng(1)
+    for x in (rng.standard_normal(p.d), rng.standard_normal(p.d), p.x0):
+        rows, cols = rng.integers(0, p.n, 50), rng.integers(0, p.d, 50)
+        assert p.local_grad_coords(x, rows, cols).tobytes() == p.local_grads(x)[rows, cols].tobytes()
+        held = p.held(range(1, 3))
+        r = rng.integers(1, 3, 20)
+        assert held.local_grad_coords(x, r, cols[:20]).tobytes() == held.local_grads(x)[r - 1, cols[:20]].tobytes()
 
 
 def test_bad_input() -> None:

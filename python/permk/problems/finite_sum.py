@@ -38,8 +38,12 @@ padded with zero rows, which carry zero weight): every oracle is a batched matri
 matrix of the stacked shards; the per-worker sums are one sparse product with an ``(n·C, M)``
 assignment matrix. ``dtype=np.float32`` keeps the data and the products in float32 (as the
 authors' PyTorch code did); the oracles return float64. The coordinate oracle
-``local_grad_coords`` needs one forward product (kept for the last two points, MARINA asks
-``x^{t+1}`` then ``x^t``) and ``O(m_i)`` per coordinate, instead of the second product.
+``local_grad_coords`` gives the entries of ``local_grads`` bit for bit (the fused and dense
+paths of a method give the same iterates): on dense data it computes the workers' gradients as
+``local_grads`` does (BLAS's batched products, whose sums no per-coordinate loop reproduces),
+on sparse data one forward product and ``O(nnz)`` per coordinate's column, summed in the
+sparse product's order; both keep the last three points (MARINA asks ``x^{t+1}`` then
+``x^t``: one new point a round).
 """
 
 from __future__ import annotations
@@ -146,14 +150,6 @@ class _DenseBlock:
     def per_worker(self, v: np.ndarray) -> np.ndarray:
         return v.sum(axis=1)
 
-    def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
-        out = np.empty(w.size, dtype=np.float64)
-        step = max(1, (1 << 21) // max(1, self.A.shape[1]))
-        for s in range(0, w.size, step):
-            ws, fs, cs = w[s : s + step], f[s : s + step], c[s : s + step]
-            out[s : s + step] = np.einsum("km,km->k", self.A[ws, :, fs], G[ws, :, cs])
-        return out
-
 
 class _SparseBlock:
     """Samples of ``k`` workers as one CSR matrix ``(M, D)`` of the stacked shards (worker ``g``'s
@@ -210,6 +206,10 @@ class _SparseBlock:
         return np.bincount(self.group, weights=v, minlength=self.k)
 
     def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
+        """``Σ_j G[j, c[k]]·A[j, f[k]]`` over worker ``w[k]``'s samples, for every ``k``, float64:
+        each product and sum as :meth:`backward` computes it (in ``G``'s dtype, the data's,
+        summed from 0 in the order of the samples: scipy's sparse product), so bit for bit its
+        entries, at ``O(nnz)`` of the coordinates' columns."""
         if self._csc is None:
             csc = self.A.tocsc()
             csc.sort_indices()
@@ -223,8 +223,12 @@ class _SparseBlock:
         lens = hi - lo
         seg = np.repeat(np.arange(w.size), lens)
         pos = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(lo, lens)
-        vals = csc.data[pos].astype(np.float64) * G[csc.indices[pos], c[seg]]
-        return np.bincount(seg, weights=vals, minlength=w.size)
+        vals = G[csc.indices[pos], c[seg]] * csc.data[pos]
+        if vals.dtype == np.float64:
+            return np.bincount(seg, weights=vals, minlength=w.size)
+        out = np.zeros(w.size, dtype=vals.dtype)
+        np.add.at(out, seg, vals)  # in order, in the data's dtype (float32)
+        return out.astype(np.float64)
 
 
 class LinearFiniteSum:
@@ -396,8 +400,13 @@ class LinearFiniteSum:
         return gx, gy
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
-        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``: one forward product at ``x`` (kept for the
-        last two points) and ``O(m_i)`` per coordinate."""
+        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``, bit for bit the entries of
+        :meth:`local_grads` (so the fused and dense paths give the same iterates): dense data
+        compute every worker's gradient as :meth:`local_grads` does (one batched product each
+        way) and read the coordinates; sparse data one forward product and ``O(nnz)`` of each
+        coordinate's column, summed in the sparse product's order. The products are kept for the
+        last three points: MARINA asks ``x^{t+1}`` then ``x^t`` in round ``t``, and ``x^t`` was
+        the first of the previous round's two, so each round computes one point."""
         x = as_vector(x, self.d)
         r, c = index_array(rows, "rows"), index_array(cols, "cols")
         if r.shape != c.shape:
@@ -405,12 +414,17 @@ class LinearFiniteSum:
         if r.size and (r.min() < 0 or r.max() >= self.n or c.min() < 0 or c.max() >= self.d):
             raise ValueError(f"rows must be in range({self.n}) and cols in range({self.d})")
         key = x.tobytes()
-        G = next((g for k, g in self._points if k == key), None)
-        if G is None:
-            G = self._dz(self._data, self._data.forward(self._weights(x))).astype(np.float64)
-            self._points = [(key, G)] + self._points[:1]
+        kept = next((g for k, g in self._points if k == key), None)
+        if kept is None:
+            if isinstance(self._data, _DenseBlock):
+                kept = self._grads(self._data, [x])[0]  # (n, d), as local_grads(x)
+            else:
+                kept = self._dz(self._data, self._data.forward(self._weights(x))).astype(self.dtype, copy=False)
+            self._points = [(key, kept)] + self._points[:2]
+        if isinstance(self._data, _DenseBlock):
+            return kept[r, c]
         C = self._columns
-        return self._data.coords(r, c // C, c % C, G) + self._reg(x)[1][c]
+        return self._data.coords(r, c // C, c % C, kept) + self._reg(x)[1][c]
 
     # -- the smoothness constants (module docstring) -----------------------------------------------
     def smoothness(self) -> dict[str, Any]:
