@@ -312,3 +312,54 @@ def test_run_grid_names_what_differs_on_resume(tmp_path: Any) -> None:
     (tmp_path / "g" / "config.json").write_text(json.dumps(old))
     with pytest.raises(ValueError, match=r"the stored grid has no digest of its data \(written by an older permk\)"):
         run_grid("g", cfg, cell, [{"id": "c"}], tmp_path, jobs=1, resume=True, progress=False)
+
+
+# -- cause 11: participation's range, whole sample counts ----------------------------------------
+@pytest.mark.parametrize("s", [2**70, 2**64, np.uint64(2**64 - 1), 2**63, 5, 0, -1, -(2**70)])
+@pytest.mark.parametrize("method", ["marina", "dasha"])
+def test_participation_out_of_range_says_1_to_n(method: str, s: int) -> None:
+    q = permk.Quadratic.synthetic(4, 8, 1e-3, 0.1)
+    with pytest.raises(ValueError, match=rf"^participation must be in 1\.\.n = 1\.\.4, got {int(s)}$"):
+        getattr(permk, method)(q, permk.PermK(), rounds=2, seed=0, participation=s)
+
+
+def test_participation_checks() -> None:
+    from permk.compressors.participation import Participation, check_participation, participants
+
+    with pytest.raises(ValueError, match=r"^participation must be in 1\.\.n = 1\.\.4, got 1180591620717411303424$"):
+        participants(4, 2**70, seed=0, round=0)
+    with pytest.raises(ValueError, match=r"^participation must be a positive number of workers \(1\.\.n\), got 0$"):
+        Participation(permk.PermK(), 0)
+    with pytest.raises(ValueError, match=r"participation must be in 1\.\.n = 1\.\.4, got 1180591620717411303424$"):
+        permk.marina(permk.Quadratic.synthetic(4, 8, 1e-3, 0.1), Participation(permk.PermK(), 2**70), rounds=2, seed=0)
+    for bad in (2.0, True, np.bool_(True), "2", None):
+        with pytest.raises(TypeError, match="participation must be an integer"):
+            check_participation(bad, 4)
+    assert check_participation(np.int8(3), 4) == 3 and type(check_participation(np.int8(3), 4)) is int
+
+
+def _stating(counts: Any) -> permk.NonconvexSigmoid:
+    """A finite-sum problem stating other sample counts than its shards'."""
+    p = permk.NonconvexSigmoid(np.random.default_rng(0).standard_normal((48, 5)), np.tile([-1.0, 1.0], 24), n=4, seed=0)
+    p.sample_counts = counts
+    return p
+
+
+@pytest.mark.parametrize("counts", [[10.5, 12, 12, 12], [12, 12, np.nan, 12], [12, 12, 12, np.inf], [True, True, True, True],
+                                    ["12"] * 4, [12, 12, 12], [0, 12, 12, 12], [2.0**70] * 4])
+@pytest.mark.parametrize("method", ["vr_marina", "sgd", "dasha_page", "marina"])
+def test_fractional_or_bad_sample_counts_are_refused(method: str, counts: list[Any]) -> None:
+    p = _stating(np.array(counts, dtype=object if isinstance(counts[0], str) else None))
+    runs = {"vr_marina": lambda: permk.vr_marina(p, permk.PermK(), rounds=2, seed=0, batch_size=2),
+            "sgd": lambda: permk.sgd(p, rounds=2, seed=0, batch_size=2),
+            "dasha_page": lambda: permk.dasha_page(p, permk.PermK(), rounds=2, seed=0, batch_size=2),
+            "marina": lambda: permk.marina(p, permk.PermK(), rounds=2, seed=0)}
+    with pytest.raises(ValueError, match=r"^problem\.sample_counts must be 4 whole numbers from 1 to 2\*\*62"):
+        runs[method]()
+
+
+def test_integral_float_sample_counts_are_accepted() -> None:
+    p = _stating(np.full(4, 12.0))
+    res = permk.vr_marina(p, permk.PermK(), rounds=3, seed=0, batch_size=2)
+    plain = permk.vr_marina(_sigmoid(), permk.PermK(), rounds=3, seed=0, batch_size=2)
+    assert res.oracle_calls.tolist() == plain.oracle_calls.tolist()

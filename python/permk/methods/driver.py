@@ -79,8 +79,10 @@ class RunResult:
 def full_gradient_calls(problem: Any) -> float:
     """The oracle calls of one full local gradient (:class:`RoundInfo`): the largest ``m_i`` of a
     finite-sum problem (``sample_counts``), else 1."""
+    from .base import check_sample_counts
+
     counts = getattr(problem, "sample_counts", None)
-    return 1.0 if counts is None else float(np.max(counts))
+    return 1.0 if counts is None else float(np.max(check_sample_counts(counts, int(problem.n))))
 
 
 def _check_method(method: Any) -> None:
