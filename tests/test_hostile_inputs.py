@@ -439,3 +439,29 @@ def test_estimate_ab_intervals_at_a_few_trials_rarely_refute_true_constants() ->
     for c in (permk.PermK(), permk.RandK(2)):
         refuted = sum(estimate_ab(c, n=4, d=8, trials=2, seed=s).consistent is False for s in range(100))
         assert refuted <= 12, (c.name, refuted)
+
+
+@pytest.mark.parametrize(("scale", "lam", "message"), [
+    (1.0, 1e150, r"^lam = 1e\+150 is too large for the smoothness constants"),
+    (1.0, 1e300, r"^lam = 1e\+300 is too large"),
+    (1e61, 0.1, r"^X's images are too large for the smoothness constants"),
+    (1e200, 0.1, r"^X's images are too large for the smoothness constants: the largest squared norm of an image is inf"),
+    (np.nan, 0.1, r"^X must be finite$"),
+])
+def test_the_autoencoder_refuses_what_its_constants_cannot_hold(scale: float, lam: float, message: str) -> None:
+    """The linear autoencoder's siblings of cause 6: a huge λ or huge pixels gave "the metrics
+    at the starting point are not finite" (or NaN runs), naming neither."""
+    from permk.problems.autoencoder import LinearAutoencoder
+
+    X = np.random.default_rng(0).random((20, 16)) * scale
+    with pytest.raises(ValueError, match=message):
+        LinearAutoencoder(X, 2, 1.0, lam, d_e=2, seed=0)
+
+
+def test_the_autoencoder_below_the_limits_runs() -> None:
+    from permk.problems.autoencoder import LinearAutoencoder, estimate_constants
+
+    ae = LinearAutoencoder(np.random.default_rng(0).random((20, 16)) * 1e55, 2, 1.0, 1e100, d_e=2, seed=0)
+    c = estimate_constants(ae, seed=0)
+    res = permk.marina(ae, permk.PermK(), rounds=3, seed=0, gamma=1 / c["L_minus"])
+    assert np.isfinite(res.grad_norm_sq).all() and res.diverged_at is None
