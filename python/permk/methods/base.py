@@ -9,14 +9,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validate import check_int
+from .._validate import check_int, check_sample_counts
 from ..compressors import Compressor
 from ..compressors.participation import Participation
 from ..registry import Catalog
 from ..theory.method import MethodTheory
 from .contract import MethodParams, RoundInfo, RunParams, State
 
-__all__ = ["Method", "METHODS", "participating", "batch_size_option", "sample_counts", "check_sample_counts", "sample_smoothness_sq"]
+__all__ = ["Method", "METHODS", "participating", "batch_size_option", "sample_counts", "sample_smoothness_sq"]
 
 Array = np.ndarray
 
@@ -141,19 +141,3 @@ def sample_counts(problem: Any, label: str, n: int) -> Array:
     if counts is None or not hasattr(problem, "minibatch_grads_pair"):
         raise TypeError(f"{label} needs a finite-sum problem with minibatch oracles (permk.FiniteSumProblem)")
     return check_sample_counts(counts, n)
-
-
-def check_sample_counts(counts: Any, n: int) -> Array:
-    """A problem's ``sample_counts`` as ``n`` int64 counts ``m_i``: whole numbers from 1 to
-    2**62 (an integral float such as 10.0 is accepted; 10.5, NaN, bools and strings are a
-    ValueError naming ``problem.sample_counts``)."""
-    arr = np.asarray(counts)
-    ok = arr.shape == (n,) and arr.dtype.kind in "iuf"
-    if ok and arr.size:
-        with np.errstate(invalid="ignore"):
-            ok = bool(np.isfinite(arr).all() and (np.floor(arr) == arr).all() and arr.min() >= 1 and arr.max() <= 2**62)
-    if not ok:
-        shown = arr.ravel()[:10].tolist() if arr.ndim else arr.tolist()
-        raise ValueError(f"problem.sample_counts must be {n} whole numbers from 1 to 2**62 (each worker's samples), "
-                         f"got shape {arr.shape}, dtype {arr.dtype}: {shown}")
-    return arr.astype(np.int64)
