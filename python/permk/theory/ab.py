@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from scipy.stats import t as student_t
 from typing import Any, Callable
 
 import numpy as np
@@ -207,6 +206,8 @@ def estimate_ab(
     seed = int(np.random.default_rng().integers(2**63)) if seed is None else check_seed(seed)
     sets = _input_sets(inputs, n, d, np.random.default_rng(seed))
     level = (1 - confidence) / len(sets)  # Bonferroni over the inputs
+    from scipy.stats import t as student_t  # imported here: `import permk` stays light
+
     z = float(student_t.ppf(1 - level / 2, trials - 1))
     stated_raw = compressor.ab_constants(n, d)
     stated = None if stated_raw is None else (float(stated_raw[0]), float(stated_raw[1]))
