@@ -32,7 +32,7 @@ def data_digest(*arrays: Any) -> str:
         for part in parts:
             part = np.ascontiguousarray(part)
             h.update(f"{part.dtype} {part.shape}".encode())
-            h.update(part.reshape(-1).view(np.uint8))
+            h.update(part.reshape(-1).view(np.uint8).data)
     return h.hexdigest()[:32]
 
 

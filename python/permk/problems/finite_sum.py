@@ -498,7 +498,7 @@ class LinearFiniteSum:
             parts = ([data.A.data, data.A.indices, data.A.indptr, data.offsets] if isinstance(data, _SparseBlock) else [data.A])
             for a in (*parts, data.Y, data.wt, self.sample_counts):
                 h.update(str(a.dtype).encode() + str(a.shape).encode())
-                h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+                h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
             got = self.__dict__["_digest"] = h.hexdigest()[:32]
         return got
 
