@@ -69,7 +69,7 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
         X, Y = torch.randn(batch, din, generator=gen), torch.randint(0, dout, (batch,), generator=gen)
         for layout in spec["layouts"]:
             cap = 4 * d / 2**20 * (1.1 if layout == "1 bucket" else 0.25)
-            methods: dict[str, Any] = {}
+            methods = {}
             for name in spec["methods"]:
                 ddp = torch.nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=cap)
                 state = None
@@ -105,7 +105,7 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
             buckets = {name: (len(st.rounds) if st is not None else None) for name, (_, _, st) in methods.items()}
             nb = next((b for b in buckets.values() if b), None)
             results.append({"d": d, "layout": layout, "buckets": nb, "times": times})
-            del methods
+            methods.clear()  # the models and their hooks go before the next layout
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()
@@ -115,7 +115,6 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
     """Where a PermK / BlockPermK(n) round's time goes on one rank (no communication): the native
     plan, its arrays for the device (coordinates, padding), packing this rank's values and placing
     all ranks' values, as ratios to a copy of the d float32 values measured alongside (medians)."""
-    import numpy as np
     import torch
 
     import permk
@@ -205,7 +204,7 @@ def main() -> None:
         results = json.loads(Path(out).read_text())
         wall = time.perf_counter() - t0
     rows = []
-    print(f"| d | buckets | method | step ms (median) | ratio to all-reduce |\n|---|---|---|---|---|")
+    print("| d | buckets | method | step ms (median) | ratio to all-reduce |\n|---|---|---|---|---|")
     for res in results:
         ref = statistics.median(res["times"]["all-reduce"])
         for name in methods:

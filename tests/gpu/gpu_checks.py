@@ -229,7 +229,7 @@ def check_in_process(device: torch.device, quick: bool) -> dict[str, Any]:
                 d = 1000
                 ts = transports(group, comp, d, 9, torch.float64, device)
                 H = [torch.zeros(1, d, dtype=torch.float64, device=device) for _ in range(n)]
-                Hs, hbar_s = np.zeros((n, d)), np.zeros(d)
+                Hs = np.zeros((n, d))
                 alpha = 1.0 if shift == "ef21" else 1.0 / (comp.omega(n, d) + 1.0)
                 for rnd in range(3):
                     G = rng.standard_normal((n, d))
