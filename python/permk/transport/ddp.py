@@ -460,11 +460,11 @@ def _levels(offsets: np.ndarray, width: int, coords: np.ndarray | None, ranges: 
     if ranges is not None:
         starts = np.asarray(ranges[0], dtype=np.int64)
         if (counts == width).all() and (starts % width == 0).all() and d % width == 0:
-            seen: dict[int, int] = {}
+            taken: dict[int, int] = {}
             level = np.empty(n, dtype=np.int64)
             for w in range(n):
-                level[w] = seen.get(int(starts[w]), 0)
-                seen[int(starts[w])] = level[w] + 1
+                level[w] = taken.get(int(starts[w]), 0)
+                taken[int(starts[w])] = int(level[w]) + 1
             pos = [np.flatnonzero(level == j) for j in range(int(level.max(initial=-1)) + 1)]
             return pos, [starts[p] // width for p in pos], True
     assert coords is not None
