@@ -139,7 +139,8 @@ def _signature(app, what, name, obj, options, signature, return_annotation):  # 
     """Three rewrites of the signatures autodoc writes, so that they say what the reader passes
     and Sphinx can parse them:
 
-    * ``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name;
+    * ``Array`` and ``Tensor``, the modules' aliases of ``numpy.ndarray`` and ``torch.Tensor`` in
+      their annotations, as the classes' names (``_ALIASES``);
     * a dataclass field's ``default_factory``, which autodoc writes ``<factory>`` (not Python:
       Sphinx then falls back to splitting the signature at its commas and reads the pieces of
       ``tuple[int, int]`` as class names), as the value the factory makes;
@@ -157,23 +158,44 @@ def _signature(app, what, name, obj, options, signature, return_annotation):  # 
         parts = signature.split("<factory>")
         if len(parts) == len(made) + 1:
             signature = "".join(p + m for p, m in zip(parts, made)) + parts[-1]
-    sub = (lambda s: None if s is None else re.sub(r"\bArray\b", "numpy.ndarray", s))
+    def sub(text: str | None) -> str | None:
+        if text is None:
+            return None
+        for alias, full in _ALIASES.items():
+            text = re.sub(rf"(?<![\w.]){alias}\b", full, text)
+        return text
+
     return sub(signature), sub(return_annotation)
 
 
+#: The modules' short aliases of outside classes in their annotations (``Array = np.ndarray``,
+#: ``Tensor = torch.Tensor``), which autodoc writes as the alias: written as the class's name.
+_ALIASES = {"Array": "numpy.ndarray", "Tensor": "torch.Tensor"}
+
+
 def _python_object_of_another_type(app, env, node, contnode):  # noqa: ANN001, ANN201
-    """A reference to a class that Python's inventory lists under another type: the types of
-    :func:`functools.singledispatch` registrations (``types.LambdaType``, ``functools.partial``)
+    """A reference to a class that Python's inventory lists under another type or name: the types
+    of :func:`functools.singledispatch` registrations (``types.LambdaType``, ``functools.partial``)
     are classes at run time, but the standard library's documentation declares them as data or
-    functions, so a ``py:class`` reference to them misses. Looked up again as any Python object,
-    in the inventories only (a name of permk's must resolve as what it is)."""
+    functions, so a ``py:class`` reference to them misses; and a class defined in a submodule is
+    documented under its package's name. Looked up again as any Python object, then under the
+    parent package, in the inventories only (a name of permk's must resolve as what it is)."""
     if node.get("refdomain") != "py" or node.get("reftype") != "class" or node["reftarget"].startswith("permk"):
         return None
     from sphinx.ext.intersphinx import resolve_reference_any_inventory
 
     anything = node.deepcopy()
     anything["reftype"] = "obj"
-    return resolve_reference_any_inventory(env, True, anything, contnode)
+    found = resolve_reference_any_inventory(env, True, anything, contnode)
+    if found is None:
+        # a class the standard library documents under its package's name, which annotations
+        # write under the module that defines it (concurrent.futures.thread.ThreadPoolExecutor is
+        # concurrent.futures.ThreadPoolExecutor in Python's documentation)
+        *module, name = node["reftarget"].split(".")
+        if len(module) >= 2:
+            anything["reftarget"] = ".".join([*module[:-1], name])
+            found = resolve_reference_any_inventory(env, True, anything, contnode)
+    return found
 
 
 def _numpy_docstring(app, what, name, obj, options, lines):  # noqa: ANN001, ANN201

@@ -71,6 +71,7 @@ from .transport.base import PATHS, Transport
 
 __all__ = [
     "PATHS",
+    "CHUNK_BYTES",
     "Exchange",
     "MeanGrad",
     "CompressedMean",
@@ -78,7 +79,12 @@ __all__ = [
     "Shifted",
     "CompressedMeanRows",
     "ShiftedRows",
+    "CompressedExchange",
+    "Inputs",
     "Path",
+    "Rust",
+    "Fused",
+    "Dense",
     "mean_grad",
     "compressed_mean",
     "compressed_mean_diff",
@@ -225,7 +231,7 @@ class Path(abc.ABC):
         """Workers ``start..stop``'s values of round ``r`` in plan order: ``scale_i`` times their
         inputs at their coordinates."""
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         """The held workers' messages of a round without a shared plan, and whether ``H`` was
         updated with them already: the dense path's (see :class:`Dense`)."""
@@ -251,7 +257,7 @@ class Rust(Path):
     def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
         return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop)  # type: ignore[union-attr]
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         b = inputs.backend
         assert inputs.H is not None  # EF21's exchange: the estimators
@@ -298,7 +304,7 @@ class Dense(Path):
             return np.full(int(r.offsets()[stop] - r.offsets()[start]), np.nan)
         return r.gather(rows, start)
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         # each worker's message depends on its own input only: the inputs are formed and
         # compressed one block of workers at a time (from the problem's blocks of gradients when
@@ -403,7 +409,7 @@ class MeanGrad(Exchange):
         return backend.mean_grad(x)
 
 
-class _Compressed(Exchange):
+class CompressedExchange(Exchange):
     """The arithmetic of the compressed exchanges: worker ``i``'s input
     ``v_i = (∇f_i(x) − coef·∇f_i(y)) − β h_i`` (the terms present; given rows ``v_i`` for an
     exchange of rows), compressed, averaged; with ``alpha`` the rows ``h_i + α m_i`` too."""
@@ -451,7 +457,7 @@ class _Compressed(Exchange):
         return backend.mean_pairs(compressor, msgs), H
 
 
-class CompressedMean(_Compressed):
+class CompressedMean(CompressedExchange):
     """``(1/n) Σ_i C_i(∇f_i(x))`` (DCGD)."""
 
     name = "compressed_mean"
@@ -460,7 +466,7 @@ class CompressedMean(_Compressed):
         return self._mean(backend, compressor, x, None, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class CompressedMeanDiff(_Compressed):
+class CompressedMeanDiff(CompressedExchange):
     """``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))`` (MARINA's compressed rounds)."""
 
     name = "compressed_mean_diff"
@@ -469,7 +475,7 @@ class CompressedMeanDiff(_Compressed):
         return self._mean(backend, compressor, x, y, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class Shifted(_Compressed):
+class Shifted(CompressedExchange):
     """The shifted exchange: worker ``i`` sends ``m_i = C_i(v_i − β h_i)``,
     ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
     the server mirrors it. Returns ``((1/n) Σ_i m_i, H + α M)`` for the held rows ``H``.
@@ -502,7 +508,7 @@ class ErrorFeedback(Shifted):
         return super().__call__(backend, compressor, H, x, seed=seed, round=round)
 
 
-class CompressedMeanRows(_Compressed):
+class CompressedMeanRows(CompressedExchange):
     """``(1/n) Σ_i C_i(v_i)`` of the rows ``v_i`` the method computed for the held workers
     (VR-MARINA's ``∇f_{iB}(x⁺) − ∇f_{iB}(x)``). The inputs are given whole: the dense path."""
 
@@ -513,7 +519,7 @@ class CompressedMeanRows(_Compressed):
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class ShiftedRows(_Compressed):
+class ShiftedRows(CompressedExchange):
     """The shifted exchange of given rows: worker ``i`` sends ``m_i = C_i(v_i − β h_i)`` for the
     row ``v_i`` the method computed (DASHA-PAGE's and DASHA-MVR's ``h_i^{t+1} − (1 − a)h_i^t``)
     and keeps ``h_i + α m_i``; returns ``((1/n) Σ_i m_i, H + α M)``. The dense path."""

@@ -33,6 +33,7 @@ __all__ = [
     "Bits",
     "MethodParams",
     "RunParams",
+    "P",
     "Algorithm",
     "message_bits",
 ]

@@ -184,7 +184,7 @@ class Dasha(Method):
     ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
 
     ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
-    :class:`DashaPage` or :class:`DashaMVR`, the same run as ``permk.dasha_page`` or
+    :class:`~permk.methods.DashaPage` or :class:`~permk.methods.DashaMVR`, the same run as ``permk.dasha_page`` or
     ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself (:meth:`resolve`).
     """
 
@@ -352,13 +352,13 @@ class DashaMVR(DashaPage):
     (MVR/STORM) estimators, ``h_i^{t+1} = ∇f_{iB}(x^{t+1}) + (1 − β)(h_i^t − ∇f_{iB}(x^t))``
     (the same ``b`` samples from ``(seed, t, i)`` at both points, ``2b`` calls), with
     ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)`` (the authors start from a megabatch; the start is not counted);
-    the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
+    the message and ``a = 1/(2ω + 1)`` as in :class:`~permk.methods.DashaPage`. ``momentum`` (``β`` in
     ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code (their LibSVM
     experiments set ``min(1/B, 1/(ω sqrt(B)))`` from a megabatch size ``B``,
     mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81). The
     step is permk's derivation (docs/dasha_steps.md,
     :func:`~permk.theory.steps.dasha_mvr_stepsize`): ``1/(L_− + sqrt K)``,
-    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)`` with :class:`DashaPage`'s
+    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)`` with :class:`~permk.methods.DashaPage`'s
     ``W``, ``A`` and ``ℒ²``; it gives ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT) + 2N``,
     ``N = 4AW(1 + 2β)β²σ²/b + 2βσ²/(n b)`` (:func:`~permk.theory.steps.dasha_mvr_noise`; ``σ²``
     the mean over workers of a sample gradient's variance, which the problems do not state).

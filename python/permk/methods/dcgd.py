@@ -110,7 +110,7 @@ class DCGD(Method):
 
 
 class ShiftedDCGD(DCGD):
-    """:class:`DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
+    """:class:`~permk.methods.DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
     ``METHOD-COMPRESSOR`` (``dcgd_shifted-permk``) selects it. ``permk.dcgd_shifted(...)`` is
     ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
 

@@ -93,7 +93,7 @@ class GDTheory(MarinaTheory):
 
 
 class VRMarinaTheory(MarinaTheory):
-    """VR-MARINA's finite-sum step: MARINA's with ``L̂² + (A + 1/n) ℒ²/b`` (see :class:`VRMarina`)."""
+    """VR-MARINA's finite-sum step: MARINA's with ``L̂² + (A + 1/n) ℒ²/b`` (see :class:`~permk.methods.VRMarina`)."""
 
     table_rows = {}
     label = "VR-MARINA"
@@ -271,7 +271,7 @@ class VRMarina(Marina):
 
 class StochasticMarina(VRMarina):
     """Online stochastic MARINA (Gorbunov et al. 2021, "MARINA: faster non-convex distributed
-    learning with compression", the online case): :class:`VRMarina` whose heads rounds send a
+    learning with compression", the online case): :class:`~permk.methods.VRMarina` whose heads rounds send a
     megabatch gradient ``(1/n) Σ ∇f_{iB'_i}(x^{t+1})`` of ``b'`` samples (``megabatch_size``,
     ``b'`` oracle calls) instead of the full gradient. The samples are drawn uniformly with
     replacement from the finite sum (the stochastic oracle). ``p`` defaults to
