@@ -30,8 +30,10 @@ class DistributedRunResult(RunResult):
 
     Attributes
     ----------
-    mode, reduce
-        How the run communicated (:func:`run`'s arguments of these names).
+    mode
+        How the run communicated: :func:`run`'s ``mode``.
+    reduce
+        How its full gradients were summed: :func:`run`'s ``reduce``.
     n_procs
         The number of MPI processes.
     workers

@@ -184,8 +184,9 @@ class Dasha(Method):
     ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
 
     ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
-    :class:`~permk.methods.DashaPage` or :class:`~permk.methods.DashaMVR`, the same run as ``permk.dasha_page`` or
-    ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself (:meth:`resolve`).
+    :class:`~permk.methods.DashaPage` or :class:`~permk.methods.DashaMVR`, the same run as
+    ``permk.dasha_page`` or ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself
+    (:meth:`~permk.methods.Dasha.resolve`).
     """
 
     name = "dasha"
@@ -389,7 +390,7 @@ class DashaMVR(DashaPage):
             return gx + (1 - params.own.momentum) * (state.H - gy), None, 2.0 * b
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 dasha = Dasha()
 dasha_page = DashaPage()
 dasha_mvr = DashaMVR()

@@ -122,6 +122,6 @@ class ShiftedDCGD(DCGD):
         return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 dcgd = DCGD()
 dcgd_shifted = ShiftedDCGD()

@@ -209,6 +209,6 @@ class RandDiana(Method):
                               bits=state.bits + bits), RoundInfo(bits, heads)
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 diana = Diana()
 rand_diana = RandDiana()

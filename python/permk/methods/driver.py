@@ -57,9 +57,10 @@ class RunResult:
         as :class:`~permk.methods.RoundInfo` counts them; the start's gradients are not counted.
     coins
         MARINA's coin of every round run (True: full gradients); None for methods without one.
-    x, x_hat
-        The last iterate and ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the
-        theorems bound).
+    x
+        The last iterate.
+    x_hat
+        ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the theorems bound).
     params
         The run's :class:`~permk.methods.RunParams` (the step and where it came from, the method's
         own parameters in ``params.own``, the constants, the path); ``params.record()`` as a dict.
@@ -316,8 +317,11 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
     ----------
     method
         A method object (``permk.marina``, ``permk.ef21``, ...).
-    problem, compressor
-        The problem (see :class:`permk.problems.Problem`) and the compressor.
+    problem
+        The problem (see :class:`permk.problems.Problem`).
+    compressor
+        The compressor (see :class:`permk.compressors.Compressor`); ``permk.Identity()`` for
+        uncompressed messages.
     rounds
         The number of rounds ``T``.
     seed

@@ -108,5 +108,5 @@ class EF21(Method):
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
 
-#: The method definition (callable: it runs in the simulator).
+# The method definition (callable: it runs in the simulator).
 ef21 = EF21()

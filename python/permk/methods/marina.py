@@ -301,7 +301,7 @@ class StochasticMarina(VRMarina):
         return ex.mean_rows(backend, rows), float(big)
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 marina = Marina()
 gd = GD()
 vr_marina = VRMarina()
