@@ -473,6 +473,17 @@ impl PyRound {
         }
     }
 
+    /// This round restricted to `workers` (strictly increasing), their scales times `factor`;
+    /// the other workers send nothing (partial participation's round).
+    fn restricted(&self, py: Python<'_>, workers: PyReadonlyArray1<'_, i64>, factor: f64) -> PyResult<PyRound> {
+        let w = workers.as_array();
+        let ws: Vec<usize> = w
+            .iter()
+            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("workers: worker {i} is outside [0, {})", self.0.n()))))
+            .collect::<PyResult<_>>()?;
+        Ok(PyRound(py.detach(|| self.0.restricted(&ws, factor))?))
+    }
+
     /// The average of all workers' values (`out`: written there and returned).
     #[pyo3(signature = (values, *, out=None))]
     fn mean<'py>(&self, py: Python<'py>, values: PyReadonlyArray1<'py, f64>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyArray1<f64>>> {
@@ -743,6 +754,17 @@ impl PyTridiagonal {
         Ok(py.detach(|| self.0.local_grads(x, start, stop))?.into_pyarray(py))
     }
 
+    /// The local gradients of the workers `rows`, one row each in that order.
+    fn local_grads_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let x = x.as_array();
+        let rows: Vec<usize> = rows
+            .as_array()
+            .iter()
+            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("rows: worker {i} is outside [0, {})", self.0.n()))))
+            .collect::<PyResult<_>>()?;
+        Ok(py.detach(|| self.0.local_grads_rows(x, &rows))?.into_pyarray(py))
+    }
+
     fn local_grad_coords<'py>(
         &self,
         py: Python<'py>,
@@ -789,10 +811,11 @@ impl PyTridiagonal {
     }
 
     /// The values of workers `start..stop` of `round` in plan order:
-    /// `scale_i * (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i * ∇f_i(x)_j` when `y` is None);
-    /// `divide`: each `(v + 0) / k`; `out`: written there and returned.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (round, x, y, start, stop, *, divide=None, out=None))]
+    /// `scale_i * ((∇f_i(x)_j − coef·∇f_i(y)_j) − beta·H[i − row0, j])` (the terms present);
+    /// `alpha`: `H[i − row0, j] += alpha·v` in place (H writeable); `divide`: each
+    /// `(v + 0) / k`; `out`: written there and returned.
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    #[pyo3(signature = (round, x, y, start, stop, *, coef=1.0, H=None, row0=0, beta=1.0, alpha=None, divide=None, out=None))]
     fn round_values<'py>(
         &self,
         py: Python<'py>,
@@ -801,22 +824,99 @@ impl PyTridiagonal {
         y: Option<PyReadonlyArray1<'py, f64>>,
         start: usize,
         stop: usize,
+        coef: f64,
+        H: Option<&Bound<'py, PyAny>>,
+        row0: usize,
+        beta: f64,
+        alpha: Option<f64>,
         divide: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let divide = divisor(divide)?;
         let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
-        let Some(out) = out else {
-            return Ok(py.detach(|| self.0.round_values_div(&round.0, x, y, start, stop, divide))?.into_pyarray(py));
-        };
         let mut inputs = vec![("x", extent(&x))];
         if let Some(y) = &y {
             inputs.push(("y", extent(y)));
         }
+        let Some(H) = H else {
+            if coef != 1.0 || beta != 1.0 || alpha.is_some() || row0 != 0 {
+                return Err(PyValueError::new_err("coef, beta, alpha and row0 are the shift's options: pass H with them (coef needs y)"));
+            }
+            let Some(out) = out else {
+                return Ok(py.detach(|| self.0.round_values_div(&round.0, x, y, start, stop, divide))?.into_pyarray(py));
+            };
+            let mut w = out_array::<f64>(out, "float64", &inputs)?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| self.0.round_values_into(&round.0, x, y, start, stop, divide, o))?;
+            return Ok(out.cast::<PyArray1<f64>>()?.clone());
+        };
+        if let Some(alpha) = alpha {
+            // updated in place: a writeable float64 (m, d) array
+            let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
+                PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
+            })?;
+            let hm = hw.as_array_mut();
+            inputs.push(("H", extent(&hm.view())));
+            let Some(out) = out else {
+                return Ok(py.detach(|| self.0.round_values_update(&round.0, x, y, coef, hm, row0, beta, alpha, start, stop, divide, None))?.into_pyarray(py));
+            };
+            let mut w = out_array::<f64>(out, "float64", &inputs)?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| self.0.round_values_update(&round.0, x, y, coef, hm, row0, beta, alpha, start, stop, divide, Some(o)))?;
+            return Ok(out.cast::<PyArray1<f64>>()?.clone());
+        }
+        let hr = H
+            .extract::<PyReadonlyArray2<'py, f64>>()
+            .map_err(|_| PyTypeError::new_err(format!("H: must be a float64 numpy array of 2 dimensions, got {}", type_name(H))))?;
+        let hv = hr.as_array();
+        inputs.push(("H", extent(&hv)));
+        let Some(out) = out else {
+            return Ok(py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, hv, row0, beta, start, stop, divide, None))?.into_pyarray(py));
+        };
         let mut w = out_array::<f64>(out, "float64", &inputs)?;
         let o = out_slice(&mut w)?;
-        py.detach(|| self.0.round_values_into(&round.0, x, y, start, stop, divide, o))?;
+        py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, hv, row0, beta, start, stop, divide, Some(o)))?;
         Ok(out.cast::<PyArray1<f64>>()?.clone())
+    }
+
+    /// `(1/n) Σ_i C_i(·)` of the whole round `round` from the values of
+    /// [`PyTridiagonal::round_values`] for every worker (`H` with `alpha`: updated in place).
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    #[pyo3(signature = (round, x, y, *, coef=1.0, H=None, row0=0, beta=1.0, alpha=None))]
+    fn round_mean<'py>(
+        &self,
+        py: Python<'py>,
+        round: &PyRound,
+        x: PyReadonlyArray1<'py, f64>,
+        y: Option<PyReadonlyArray1<'py, f64>>,
+        coef: f64,
+        H: Option<&Bound<'py, PyAny>>,
+        row0: usize,
+        beta: f64,
+        alpha: Option<f64>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
+        let Some(H) = H else {
+            if coef != 1.0 || beta != 1.0 || alpha.is_some() || row0 != 0 {
+                return Err(PyValueError::new_err("coef, beta, alpha and row0 are the shift's options: pass H with them (coef needs y)"));
+            }
+            return Ok(py.detach(|| self.0.round_mean(&round.0, x, y, 1.0, None))?.into_pyarray(py));
+        };
+        if alpha.is_none() {
+            let hr = H
+                .extract::<PyReadonlyArray2<'py, f64>>()
+                .map_err(|_| PyTypeError::new_err(format!("H: must be a float64 numpy array of 2 dimensions, got {}", type_name(H))))?;
+            let h = hr.as_array();
+            let n = round.0.n();
+            let mean = py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, h, row0, beta, 0, n, None, None).and_then(|v| round.0.mean(&v)))?;
+            return Ok(mean.into_pyarray(py));
+        }
+        let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
+            PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
+        })?;
+        let h = hw.as_array_mut();
+        let shift = quadratic::MeanShift { h, row0, beta, alpha };
+        Ok(py.detach(|| self.0.round_mean(&round.0, x, y, coef, Some(shift)))?.into_pyarray(py))
     }
 
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.

@@ -49,7 +49,7 @@ import numpy as np
 from .._validate import as_float_array, check_int, check_seed
 from ..testing import magnitude_bound
 from .base import COMPRESSORS, Capabilities, Compressor, VarianceBound
-from .messages import Message, Plan
+from .messages import Message, PendingRound, Plan, ReadyRound, Round
 
 __all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
@@ -207,6 +207,28 @@ class Participation(Compressor):
     def participants(self, n: int, *, seed: int, round: int) -> np.ndarray:
         """The round's participants (:func:`participants`)."""
         return participants(n, self.s, seed=seed, round=round)
+
+    @property
+    def native_rounds(self) -> bool:
+        """Whether :meth:`round` gives the core's rounds (``permk._core.Round``): an inner
+        compressor with a native kernel and a shared plan (the exchanges' Rust path reads them)."""
+        return self.inner.kernel is not None and self.inner.capabilities.shared_plan
+
+    def round(self, n: int, d: int, *, seed: int, round: int) -> Round:
+        """The round's shared plan: the inner round restricted to the participants, scales
+        times ``n/s`` — natively (``Round.restricted``, the same plan as :meth:`plan`) when
+        the inner round is native, else over :meth:`plan`."""
+        if not self.native_rounds:
+            return super().round(n, d, seed=seed, round=round)
+        self.check(n, d)
+        inner = self.inner.round(n, d, seed=seed, round=round)
+        return inner.restricted(self.participants(n, seed=seed, round=round), self.scale(n))  # type: ignore[attr-defined,no-any-return]
+
+    def round_ahead(self, n: int, d: int, *, seed: int, round: int) -> PendingRound:
+        """:meth:`round`, computed at once."""
+        if not self.native_rounds:
+            return super().round_ahead(n, d, seed=seed, round=round)
+        return ReadyRound(self.round(n, d, seed=seed, round=round))
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         """The inner plan restricted to the round's participants, scales times ``n/s`` (the

@@ -164,13 +164,24 @@ class CountedState(State):
 # ---------------------------------------------------------------------------------------------
 class RoundInfo(NamedTuple):
     """What an update reports of its round: the bits one worker sent (its largest message),
-    MARINA's coin (True: full gradients; None for methods without one), and the gradient-oracle
-    calls of one worker (``oracle_calls``: sample gradients computed — ``b`` per minibatch
-    gradient; the largest worker's count when the workers differ). ``None`` (the default, for
-    full-gradient methods) is one full local gradient: ``params.oracle_full`` calls, i.e.
-    ``max_i m_i`` on a finite-sum problem (``sample_counts``), else 1. A full-gradient method is
-    counted one full gradient per round, at the new point: the gradients at earlier points
-    (MARINA's ``∇f_i(x^t)``, the shifts' points) can be kept from the round that computed them."""
+    MARINA's coin (True: full gradients; None for methods without one), and the round's
+    gradient-oracle calls (``oracle_calls``), the algorithm's count for its busiest worker:
+
+    * a full local gradient counts ``params.oracle_full`` calls (``max_i m_i`` on a finite-sum
+      problem, ``sample_counts``; else 1), whether a path evaluates it whole or only at the
+      coordinates a worker sends; a minibatch gradient counts its ``b`` samples;
+    * a gradient the algorithm kept from an earlier round is not counted again: a full-gradient
+      method keeps ``∇f_i(x^t)`` for its next round's difference (MARINA, DASHA, a RandDIANA
+      refresh at ``x^t``, as the authors' code does), stores its shifts (DIANA, RandDIANA, shifted
+      DCGD); a transport that did not keep it (a resumed run, a coordinate path) recomputes it
+      uncounted;
+    * under partial participation a participant computes ``∇f_i`` at both points (it kept
+      nothing from the rounds it sat out: 2 full gradients), a non-participant nothing.
+
+    ``None`` (the default) is one full local gradient. The counting problem wrapper of the
+    tests (tests/counting.py) checks every method's rounds against these counts, on every path
+    and on MPI: each worker evaluates only the points its update reads (the sent coordinates
+    alone on the coordinate paths)."""
 
     bits: float
     coin: bool | None = None

@@ -12,7 +12,7 @@ from .._core import coin
 from .. import exchanges as ex
 from .._validate import check_probability, check_real
 from ..compressors import Compressor
-from ..compressors.participation import check_participation, participation_mask
+from ..compressors.participation import check_participation, participants
 from ..theory.method import MethodTheory
 from ..theory.steps import (
     Constants,
@@ -202,8 +202,10 @@ class Dasha(Method):
             return super().resolve(options)
         rest = dict(options)
         estimator = rest.pop("estimator", "gradient")
-        if estimator == "gradient":
-            method: Method = self  # this object, whatever its class: a subclass runs its own overrides
+        if estimator == "gradient" and rest.get("participation") is not None and type(self) is Dasha:
+            method: Method = dasha_pp  # DASHA-PP's round (the same method, its own update)
+        elif estimator == "gradient":
+            method = self  # this object, whatever its class: a subclass runs its own overrides
         elif isinstance(estimator, str) and estimator in self.estimator_methods:
             method = METHODS.builtins()[self.estimator_methods[estimator]]
         else:
@@ -247,29 +249,66 @@ class Dasha(Method):
         w = params.own.h_weight
         return DashaPPState(x=x0, g=g, G=grads + w * grads, H=grads, h_weight=w, round=0, seed=seed)
 
-    def update(self, state: DashaState, backend: Any, compressor: Compressor,
-               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
-        s, a, t = params.own.participation, params.own.a, state.round
+    def _check_state(self, state: DashaState, params: RunParams[DashaParams]) -> None:
         pp = isinstance(state, DashaPPState)
-        if pp != (s is not None) or (pp and cast(DashaPPState, state).h_weight != params.own.h_weight):
+        if pp != (params.own.participation is not None) or (pp and cast(DashaPPState, state).h_weight != params.own.h_weight):
             raise ValueError("the state does not fit the run: a DashaState continues a run without participation, "
                              "a DashaPPState one with the same participation and a")
+
+    def update(self, state: DashaState, backend: Any, compressor: Compressor,
+               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
+        if params.own.participation is not None:
+            return dasha_pp.update(state, backend, compressor, params)
+        self._check_state(state, params)
+        a, t = params.own.a, state.round
         x = state.x - params.gamma * state.g
         bits = params.bits.compressed
-        if s is None:
-            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
-            return DashaState(x=x, g=state.g + mean, G=G, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+        mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
+        return DashaState(x=x, g=state.g + mean, G=G, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+
+class DashaPP(Dasha):
+    """DASHA-PP's round (:class:`Dasha` with ``participation=s``; ``permk.dasha(…,
+    participation=s)`` runs it): only the round's participants evaluate their gradients, whole,
+    at ``x^{t+1}`` and ``x^t`` (their estimators ``h_i`` need both; a participant kept nothing
+    from the rounds it sat out: two full gradients, the round's ``oracle_calls``), form their
+    messages from them (the shifted exchange of given rows, the dense path: the rows are
+    whole anyway) and update ``h_i`` and the rows ``G``; the others compute nothing."""
+
+    exchange = ex.shifted_rows
+
+    def update(self, state: DashaState, backend: Any, compressor: Compressor,
+               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
+        self._check_state(state, params)
         prev = cast(DashaPPState, state)
+        s, a, t = cast(int, params.own.participation), params.own.a, prev.round
         b, n, ws, w = cast(float, params.own.b), backend.n, backend.workers, prev.h_weight
-        mean, G = ex.shifted(backend, compressor, prev.G, x, prev.x, c=1 - b, beta=a, seed=prev.seed, round=t)
-        new, old = ex.local_grads(backend, x), ex.local_grads(backend, prev.x)
-        held = participation_mask(n, s, seed=prev.seed, round=t)[ws.start : ws.stop, None]
+        x = prev.x - params.gamma * prev.g
+        bits = params.bits.compressed
+        who = participants(n, s, seed=prev.seed, round=t)
+        P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
+        new, old = ex.local_grads_of(backend, x, P), ex.local_grads_of(backend, prev.x, P)
         with np.errstate(invalid="ignore", over="ignore"):
-            dh = np.where(held, (new - old - b * (prev.H - old)) / (s / n), 0.0)
-            H = prev.H + dh
-            G += w * dh
-        return DashaPPState(x=x, g=state.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=state.seed,
-                            bits=state.bits + bits), RoundInfo(bits)
+            v = new - (1 - b) * old
+        mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
+        H = backend.own(prev.H)
+        with np.errstate(invalid="ignore", over="ignore"):
+            # dh = ((new − old) − b·(h − old)) / (s/n), in place (the participants' rows)
+            hp = H[P]
+            bh = hp - old
+            bh *= b
+            dh = new - old  # (new may be the transport's kept array: not written)
+            dh -= bh
+            dh /= s / n
+            hp += dh
+            H[P] = hp
+            dh *= w
+            gp = G[P]
+            gp += dh
+            G[P] = gp
+        calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
+        return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
+                            bits=prev.bits + bits), RoundInfo(bits, None, calls)
 
 
 class DashaPage(Dasha):
@@ -391,5 +430,8 @@ class DashaMVR(DashaPage):
 
 #: The method definitions (callable: they run in the simulator).
 dasha = Dasha()
+#: DASHA-PP's round: what ``dasha`` resolves to with ``participation`` (not in the catalog:
+#: the run is ``dasha``'s).
+dasha_pp = DashaPP()
 dasha_page = DashaPage()
 dasha_mvr = DashaMVR()

@@ -48,8 +48,10 @@ class RunResult:
     bits_per_worker : bits one worker has sent after round t (cumulative, actual: the largest
         message of the round; the initial exchange of ``∇f_i(x^0)`` is not counted, as in the paper).
     expected_bits_per_worker : the same in expectation over the coins.
-    oracle_calls : gradient-oracle calls (sample gradients) one worker has made after round t
-        (cumulative, as :class:`RoundInfo` counts them; the start's gradients are not counted).
+    oracle_calls : gradient-oracle calls (sample gradients) after round t: each round's count for
+        its busiest worker, summed (cumulative; :class:`RoundInfo` defines a round's count: a
+        full local gradient is ``max_i m_i`` calls, a minibatch gradient ``b``, a gradient kept
+        from an earlier round is not counted again; the start's gradients are not counted).
     coins : MARINA's coin of every round run (True = full gradients); None for methods without one.
     x, x_hat : the last iterate and ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the
         theorems bound).

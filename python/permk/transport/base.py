@@ -5,9 +5,10 @@ A transport evaluates the oracles of the workers it holds and moves numbers betw
 it does no method's arithmetic (that is :mod:`permk.exchanges`, written once for every
 transport):
 
-* ``local_grads(x)``, ``grad_blocks(x)``, ``coords(x, rows, cols)``, ``message_blocks(...)`` —
-  the held workers' gradients, whole, in blocks of workers (``problem.local_grad_blocks``), at
-  some coordinates (``problem.local_grad_coords``), or compressed by the problem itself
+* ``local_grads(x)``, ``local_grads_rows(x, rows)``, ``grad_blocks(x)``, ``coords(x, rows,
+  cols)``, ``message_blocks(...)`` — the held workers' gradients, whole, of some of them (a
+  round's participants), in blocks of workers (``problem.local_grad_blocks``), at some
+  coordinates (``problem.local_grad_coords``), or compressed by the problem itself
   (``problem.local_message_blocks``); ``kernel`` — the problem's :class:`NativeKernel`;
 * ``mean_grad(x)``, ``mean_rows(V)`` — the mean of whole per-worker vectors;
 * ``plan(c, seed, round)`` — a round's shared plan (:meth:`permk.Compressor.round`);
@@ -77,6 +78,7 @@ class Transport(Protocol):
     @property
     def has_coords(self) -> bool: ...
     def local_grads(self, x: Array) -> Array: ...
+    def local_grads_rows(self, x: Array, rows: Array) -> Array: ...
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
     def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
                        round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
@@ -164,6 +166,28 @@ class HeldWorkers:
         rows = self._evaluate(x)
         self._rows = [(x, rows)] + self._rows[:1]
         return rows
+
+    def local_grads_rows(self, x: Array, rows: Array) -> Array:
+        """The gradients at ``x`` of the held workers ``rows`` (indices counted from the first
+        held worker, increasing), one row each, evaluating only theirs: the native kernel's
+        ``local_grads_rows`` when the problem has one, else ``local_grad(i, x)`` of each, else
+        the rows of :meth:`local_grads` (all held workers evaluated). Partial participation
+        evaluates only the round's participants this way; nothing is kept."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == len(self.workers):
+            return self.local_grads(x)
+        start = self.workers.start
+        kernel = self.kernel
+        if kernel is not None and hasattr(kernel, "local_grads_rows"):
+            got = kernel.local_grads_rows(np.ascontiguousarray(x, dtype=np.float64), rows + start)
+        elif hasattr(self.problem, "local_grad"):
+            got = np.empty((len(rows), self.d))
+            for k, r in enumerate(rows.tolist()):
+                got[k] = check_output(self.problem.local_grad(start + r, x), (self.d,), f"problem.local_grad({start + r}, x)")
+            return got
+        else:
+            return self.local_grads(x)[rows]
+        return check_output(got, (len(rows), self.d), "kernel.local_grads_rows(x, rows)")
 
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
         """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``
