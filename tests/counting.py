@@ -203,7 +203,8 @@ def counted_rounds(method: Any, problem: CountingProblem, compressor: Any, backe
     return params, out
 
 
-def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, n: int, seed: int) -> tuple[dict[int, dict[str, str]], dict[int, set[str]], float, bool]:
+def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, n: int, seed: int,
+              prev_coin: bool | None = None) -> tuple[dict[int, dict[str, str]], dict[int, set[str]], float, bool]:
     """Method ``name``'s round ``t`` as the algorithm states it: per worker, the points its
     update reads (``"new"``: ``x^{t+1}``, ``"old"``: ``x^t``) with the mode each is needed in
     (``"whole"``, ``"minibatch"``, or ``"message"``: the sent coordinates, whole gradients on the
@@ -212,6 +213,10 @@ def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, 
     s = options.get("participation")
     everyone = set(range(n))
     who = everyone if s is None else set(participants(n, s, seed=seed, round=t).tolist())
+    # under partial participation a participant computes both points (the authors' nodes); one
+    # that evaluated ∇f_i(x^t) in the round before (a participant then, a full round, the start)
+    # may find it kept by its transport
+    before = everyone if s is None or t == 0 or prev_coin else set(participants(n, s, seed=seed, round=t - 1).tolist())
     b = options.get("batch_size")
 
     def each(points: dict[str, str], kept: set[str] = set(), workers: set[int] = everyone) -> tuple[dict[int, dict[str, str]], dict[int, set[str]]]:
@@ -224,7 +229,7 @@ def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, 
         if coin:
             return (*each({"new": W}), 1.0, False)
         if s is not None and s < n:  # a participant kept nothing from the rounds it sat out
-            return (*each({"new": M, "old": M}, workers=who), 2.0, False)
+            return each({"new": M, "old": M}, workers=who)[0], {i: {"old"} if i in who & before else set() for i in range(n)}, 2.0, False
         return (*each({"new": M, "old": M}, {"old"}), 1.0, False)
     if name == "ef21":  # TopK selects from the whole residual
         return (*each({"new": W}), 1.0, False)
@@ -239,7 +244,7 @@ def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, 
         return (*each({"new": M, "old": W}, {"old"}), 1.0, False) if coin else (*each({"new": M}), 1.0, False)
     if name == "dasha":
         if s is not None and s < n:
-            return (*each({"new": W, "old": W}, workers=who), 2.0, False)
+            return each({"new": W, "old": W}, workers=who)[0], {i: {"old"} if i in who & before else set() for i in range(n)}, 2.0, False
         return (*each({"new": M, "old": M}, {"old"}), 1.0, False)
     if name == "vr_marina":
         return (*each({"new": W}), 1.0, False) if coin else (*each({"new": B, "old": B}), 2.0 * b, True)
@@ -255,16 +260,18 @@ def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, 
 
 
 def check_round(name: str, options: dict[str, Any], path: str, rnd: dict[str, Any], *, n: int, seed: int, held: range,
-                oracle_full: float, message_sizes: Callable[[int], np.ndarray] | None = None) -> None:
-    """Round ``rnd`` of :func:`counted_rounds` against :func:`algorithm`, for the ``held``
-    workers: (a) every evaluation is at a point the worker's update reads; (b) every point it
+                oracle_full: float, message_sizes: Callable[[int], np.ndarray] | None = None,
+                prev: dict[str, Any] | None = None) -> None:
+    """Round ``rnd`` of :func:`counted_rounds` (after ``prev``, the round before) against
+    :func:`algorithm`, for the ``held`` workers: (a) every evaluation is at a point the worker's update reads; (b) every point it
     reads and did not keep is evaluated; (c) no worker evaluates a point twice in the round
     (whole or at coordinates: one call each); (d) the mode: whole gradients where the algorithm
     needs them, minibatches of the method's size, on the coordinate paths the sent coordinates
     only (as many as the worker sends: ``message_sizes(t)``); (e) the reported count is the
     algorithm's."""
     info = rnd["info"]
-    reads, kept, count, samples = algorithm(name, options, t=rnd["t"], coin=info.coin, n=n, seed=seed)
+    reads, kept, count, samples = algorithm(name, options, t=rnd["t"], coin=info.coin, n=n, seed=seed,
+                                            prev_coin=None if prev is None else prev["info"].coin)
     where = f"{name} {options} path={path} round {rnd['t']}"
     reported = oracle_full if info.oracle_calls is None else float(info.oracle_calls)
     want = count if samples else count * oracle_full

@@ -10,10 +10,15 @@ The same checks run on MPI in tests/test_distributed.py (tests/mpi/oracle_calls.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import permk
+from conftest import MPI_DIR, MPIEXEC
 from counting import CountingProblem, check_round, counted_rounds
 from permk.transport import Simulator
 
@@ -61,8 +66,9 @@ def test_rounds_evaluate_what_the_algorithm_reads(name: str, comp: permk.Compres
         return
     sent = method.resolve(dict(opts))[0].sent_compressor(comp, params.own)
     sizes = _sizes(sent, n, d) if sent.capabilities.shared_plan else None
-    for rnd in rounds:
-        check_round(name, opts, params.path, rnd, n=n, seed=SEED, held=range(n), oracle_full=params.oracle_full, message_sizes=sizes)
+    for prev, rnd in zip([None, *rounds], rounds):
+        check_round(name, opts, params.path, rnd, n=n, seed=SEED, held=range(n), oracle_full=params.oracle_full, message_sizes=sizes,
+                    prev=prev)
 
 
 def _sigmoid(n: int = 4, m: int = 12, features: int = 6) -> permk.NonconvexSigmoid:
@@ -96,8 +102,8 @@ def test_finite_sum_rounds_evaluate_what_the_algorithm_reads(name: str, comp: pe
         assert "path" in str(e) and path != "dense"
         return
     assert params.oracle_full == 12.0
-    for rnd in rounds:
-        check_round(name, opts, params.path, rnd, n=p.n, seed=SEED, held=range(p.n), oracle_full=params.oracle_full)
+    for prev, rnd in zip([None, *rounds], rounds):
+        check_round(name, opts, params.path, rnd, n=p.n, seed=SEED, held=range(p.n), oracle_full=params.oracle_full, prev=prev)
 
 
 def test_the_counts_are_the_results_and_partial_participation_counts_two_gradients() -> None:
@@ -111,3 +117,14 @@ def test_the_counts_are_the_results_and_partial_participation_counts_two_gradien
     assert np.array_equal(np.diff(permk.dasha(q, permk.PermK(), rounds=5, seed=1, participation=8).oracle_calls), [1.0] * 5)
     for m in (permk.rand_diana, permk.dcgd_shifted, permk.diana, permk.dasha):
         assert np.array_equal(np.diff(m(q, permk.PermK(), rounds=6, seed=1, gamma=0.01).oracle_calls), [1.0] * 6), m
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_rounds_on_mpi_evaluate_what_the_algorithm_reads(nprocs: int) -> None:
+    """The same checks on MPI (each rank its held workers; tests/mpi/oracle_calls.py): every
+    method, every path, ``reduce="ordered"``, the workers spread evenly or not."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, str(MPI_DIR / "oracle_calls.py")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=MPI_DIR, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0 and "oracle-calls|OK|54" in proc.stdout, proc.stdout + proc.stderr

@@ -175,8 +175,10 @@ class RoundInfo(NamedTuple):
       refresh at ``x^t``, as the authors' code does), stores its shifts (DIANA, RandDIANA, shifted
       DCGD); a transport that did not keep it (a resumed run, a coordinate path) recomputes it
       uncounted;
-    * under partial participation a participant computes ``∇f_i`` at both points (it kept
-      nothing from the rounds it sat out: 2 full gradients), a non-participant nothing.
+    * under partial participation a participant computes ``∇f_i`` at both points, as the
+      authors' nodes do (it kept nothing from the rounds it sat out: 2 full gradients; a
+      transport that still holds ``∇f_i(x^t)`` from the round before reuses it), a
+      non-participant nothing.
 
     ``None`` (the default) is one full local gradient. The counting problem wrapper of the
     tests (tests/counting.py) checks every method's rounds against these counts, on every path
