@@ -86,8 +86,9 @@ class Spec:
         rows: npt.NDArray[np.int64] | None = None,
     ) -> _Messages | None:
         """The messages of workers ``start .. start + m`` whose inputs are ``G − beta·H`` (``G``
-        without ``H``; both ``(m, d)``, one dtype; ``G − H`` when ``beta == 1``, else
-        ``G − H·beta``, in that dtype), each formed in a buffer, checked and compressed in one
+        without ``H``; both ``(m, d)``, one dtype — or ``G`` float64 and ``H`` float32, a float32
+        problem's estimators, ``H·beta`` then rounded to float32 first as numpy does; ``G − H``
+        when ``beta == 1``, else ``G − H·beta``, in ``G``'s dtype), each formed in a buffer, checked and compressed in one
         pass on the core's threads: bit for bit :meth:`compress_rows` of that array, which is
         never formed. None when an input (or a message) is not finite. With ``rows`` (int64,
         ``m`` values) worker ``r``'s row of ``G`` is ``G[rows[r]]`` (``H`` one row per worker):
@@ -252,7 +253,7 @@ def autoencoder_shifted_messages(
     reg_e: npt.NDArray[np.float64],
     cs: npt.NDArray[np.float64],
     rs: npt.NDArray[np.float64],
-    H: npt.NDArray[np.float64] | None,
+    H: npt.NDArray[np.floating] | None,
     beta: float,
     start: int,
     n_workers: int,
@@ -263,7 +264,8 @@ def autoencoder_shifted_messages(
 ) -> _Messages | None:
     """The messages of workers ``start … start + b − 1`` (of ``n_workers``) of ``spec`` on
     the inputs ``g_s − β·h_s``: ``g_s`` the rows :func:`autoencoder_split_grads` writes from
-    the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64, rows contiguous; without
+    the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64 or float32 — a float32
+    problem's estimators, read as float64, ``h·β`` rounded to float32 first —, rows contiguous; without
     ``H``, ``g_s``). Bit for bit ``spec.compress_shifted_rows`` on those rows, which are never
     written: each is finished, shifted, checked and compressed in a worker's buffer, on the
     core's threads (``on_caller`` as for :func:`autoencoder_split_grads`). None when an input

@@ -95,6 +95,7 @@ __all__ = [
     "shifted_rows",
     "local_grads",
     "local_grads_of",
+    "local_grads_pair_of",
     "minibatch_grads",
     "minibatch_grads_pair",
     "mean_rows",
@@ -111,15 +112,16 @@ CHUNK_BYTES = 1 << 24
 
 
 def _held_rows(a: Any, backend: Transport, what: str) -> Array:
-    """``a`` as float64 rows of the held workers (the same array when it already is one), or an
-    error naming ``what``: a TypeError for values that are not real numbers (complex, strings,
-    None), a ValueError for the wrong shape."""
+    """``a`` as float64 rows of the held workers — float32 rows kept float32 (a method's shifts
+    in a float32 problem's dtype) — the same array when it already is one, or an error naming
+    ``what``: a TypeError for values that are not real numbers (complex, strings, None), a
+    ValueError for the wrong shape."""
     arr = np.asarray(a)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
     if arr.shape != (len(backend.workers), backend.d):
         raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {arr.shape}")
-    return np.asarray(arr, dtype=np.float64)
+    return np.asarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
 
 
 def _given_rows(a: Any, m: int, d: int) -> Array:
@@ -193,9 +195,10 @@ class Inputs:
             elif act is None:
                 gy = None if self.y is None else b.local_grads(self.y)
                 self._whole = _combine(b.local_grads(self.x), gy, self.coef, H, self.beta)
+            elif self.y is None:
+                self._whole = _combine(b.local_grads_rows(self.x, act), None, self.coef, H, self.beta)
             else:
-                gy = None if self.y is None else b.local_grads_rows(self.y, act)
-                self._whole = _combine(b.local_grads_rows(self.x, act), gy, self.coef, H, self.beta)
+                self._whole = _combine(*b.local_grads_rows_pair(self.x, self.y, act), self.coef, H, self.beta)
         return self._whole
 
     def blocks(self) -> Iterator[tuple[int, int, Array, Array | None]]:
@@ -215,9 +218,10 @@ class Inputs:
             act = self.active
             if self.given:
                 G[act] = self.x
+            elif self.y is None:
+                G[act] = backend.local_grads_rows(self.x, act)
             else:
-                gx = backend.local_grads_rows(self.x, act)
-                G[act] = gx if self.y is None else _combine(gx, backend.local_grads_rows(self.y, act), self.coef, None, 1.0)
+                G[act] = _combine(*backend.local_grads_rows_pair(self.x, self.y, act), self.coef, None, 1.0)
             yield 0, m, G, H
             return
         if self.given:
@@ -399,9 +403,10 @@ class Dense(Path):
         rows, cols = r.rows(start, stop), r.coords(start, stop)
         if inputs.given:
             gx, gy = inputs.x, None
+        elif inputs.y is None:
+            gx, gy = b.local_grads_rows(inputs.x, act), None
         else:
-            gx = b.local_grads_rows(inputs.x, act)
-            gy = None if inputs.y is None else b.local_grads_rows(inputs.y, act)
+            gx, gy = b.local_grads_rows_pair(inputs.x, inputs.y, act)
         if not (all_finite(gx) and (gy is None or all_finite(gy))):
             return np.full(len(rows), np.nan)
         at = np.full(len(ws), -1, dtype=np.int64)
@@ -560,7 +565,8 @@ class _Compressed(Exchange):
                 if inputs.update:  # h_i += α m_i at the worker's coordinates (distinct within a worker)
                     assert H is not None
                     rows, cols = r.rows(start, stop), r.coords(start, stop)
-                    H[rows - ws.start, cols] += vals if alpha == 1.0 else alpha * vals
+                    with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
+                        H[rows - ws.start, cols] += vals if alpha == 1.0 else alpha * vals
                 if divide is not None:  # the worker-order sum's term 0 + v, divided by n
                     vals = vals + 0.0
                     vals /= divide
@@ -577,7 +583,8 @@ class _Compressed(Exchange):
             assert H is not None
             rows = np.repeat(np.arange(len(backend.workers)), np.diff(msgs.offsets))
             vals = msgs.values if alpha == 1.0 else alpha * msgs.values
-            np.add.at(H, (rows, msgs.indices), vals)
+            with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
+                np.add.at(H, (rows, msgs.indices), vals)
         return backend.mean_pairs(compressor, msgs), H
 
 
@@ -693,6 +700,12 @@ def local_grads_of(backend: Transport, x: Array, rows: Array) -> Array:
     """The gradients at ``x`` of the held workers ``rows`` (counted from the first held one,
     increasing), theirs only (a round's participants)."""
     return backend.local_grads_rows(x, rows)
+
+
+def local_grads_pair_of(backend: Transport, x: Array, y: Array, rows: Array) -> tuple[Array, Array]:
+    """:func:`local_grads_of` at ``x`` and ``y`` (the two points of a difference), each worker's
+    two gradients one after the other."""
+    return backend.local_grads_rows_pair(x, y, rows)
 
 
 def mean_rows(backend: Transport, rows: Array) -> Array:

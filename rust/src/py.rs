@@ -243,12 +243,12 @@ impl PySpec {
         rows: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<Option<MessageArrays<'py>>> {
         #[allow(clippy::too_many_arguments)]
-        fn go<'py, T: Real + numpy::Element>(
+        fn go<'py, T: Real + numpy::Element, U: Real>(
             py: Python<'py>,
             spec: &Spec,
             g: ArrayView2<T>,
             rows: Option<&[usize]>,
-            h: Option<ArrayView2<T>>,
+            h: Option<ArrayView2<U>>,
             beta: f64,
             start: usize,
             n: usize,
@@ -272,11 +272,13 @@ impl PySpec {
         let rows = rows.as_deref();
         let h = H.map(|h| arr2(h, "H")).transpose()?;
         match (arr2(G, "G")?, h) {
-            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
-            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
+            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), rows, None::<ArrayView2<f64>>, beta, start, n_workers, seed, round),
+            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), rows, None::<ArrayView2<f64>>, beta, start, n_workers, seed, round),
             (Arr2::F64(g), Some(Arr2::F64(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
             (Arr2::F32(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
-            _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32)")),
+            // float32 estimators of float64 inputs (a float32 problem's EF21 state): h·β in float32, the rest in float64
+            (Arr2::F64(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
+            _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32), or H float32 with G float64")),
         }
     }
 
@@ -689,13 +691,13 @@ fn autoencoder_shifted_messages<'py>(
     on_caller: bool,
 ) -> PyResult<Option<MessageArrays<'py>>> {
     #[allow(clippy::too_many_arguments)]
-    fn go<'py, T: Real + numpy::Element>(
+    fn go<'py, T: Real + numpy::Element, U: Real>(
         py: Python<'py>,
         spec: &Spec,
         zwa: PyReadonlyArray3<'_, T>,
         gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
-        h: Option<ArrayView2<'_, f64>>,
+        h: Option<ArrayView2<'_, U>>,
         args: (f64, usize, usize, u64, u64, bool),
     ) -> PyResult<Option<MessageArrays<'py>>> {
         let (beta, start, n, seed, round, on_caller) = args;
@@ -704,13 +706,16 @@ fn autoencoder_shifted_messages<'py>(
         Ok(m.map(|m| message_arrays(py, m)))
     }
     let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
-    let h =
-        H.map(|h| h.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 numpy array or None"))).transpose()?;
-    let hv = h.as_ref().map(|h| h.as_array());
+    // the estimators in float64, or in float32 (a float32 problem's EF21 state)
+    let h = H.map(|h| arr2(h, "H")).transpose().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 or float32 numpy array or None"))?;
     let args = (beta, start, n_workers, seed, round, on_caller);
-    match products {
-        Products::F64(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
-        Products::F32(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
+    match (products, h) {
+        (Products::F64(a, g), None) => go(py, &spec.0, a, g, &coefs, None::<ArrayView2<'_, f64>>, args),
+        (Products::F32(a, g), None) => go(py, &spec.0, a, g, &coefs, None::<ArrayView2<'_, f64>>, args),
+        (Products::F64(a, g), Some(Arr2::F64(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F32(a, g), Some(Arr2::F64(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F64(a, g), Some(Arr2::F32(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F32(a, g), Some(Arr2::F32(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
     }
 }
 

@@ -125,8 +125,10 @@ class Participation(Compressor):
             raise ValueError(f"partial participation needs an unbiased inner compressor; {self.inner.name} is biased")
         object.__setattr__(self, "s", check_int(self.s, "participation", low=1))
 
-    @property
+    @functools.cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """The inner's capabilities, changed as the class docstring says (computed once: every
+        round's exchange reads them)."""
         caps = self.inner.capabilities
         # the round's largest message is a participant's: the inner's size when every message has it
         return dataclasses.replace(caps, fixed_size=False, random_size=caps.random_size or not caps.fixed_size,

@@ -115,7 +115,8 @@ class State:
         """This state to continue a run on ``backend``, checked: every shared array of shape
         ``(d,)``; every per-worker array with the rows of all ``backend.n`` workers (e.g. a
         simulator's state, then cut to the rows of ``backend.workers``) or those of the held
-        workers alone. The arrays are float64 copies, so the run never writes into the caller's."""
+        workers alone. The arrays are copies, float64 (per-worker rows kept in float32 stay
+        float32: a method's ``shift_dtype``), so the run never writes into the caller's."""
         n, d, ws = backend.n, backend.d, backend.workers
         held = len(ws)
         new: dict[str, Array] = {}
@@ -128,7 +129,9 @@ class State:
                 a = a[ws.start : ws.stop]
             elif a.shape != (held, d):
                 raise ValueError(f"state.{name} must hold all {n} rows or this process's {held} (of length {d}), got shape {a.shape}")
-            new[name] = np.array(a, dtype=np.float64)
+            # per-worker rows kept in float32 stay float32 (a method's shift_dtype)
+            keep32 = kind == "per_worker" and a.dtype == np.float32
+            new[name] = np.array(a, dtype=np.float32 if keep32 else np.float64)
         return replace(self, **new)  # type: ignore[type-var]
 
     def __eq__(self, other: object) -> bool:

@@ -22,7 +22,7 @@ from ..theory.steps import (
     dasha_pp_stepsize,
     dasha_stepsize,
 )
-from .base import METHODS, Method, batch_size_option, participating, sample_counts, sample_smoothness_sq
+from .base import METHODS, Method, batch_size_option, participating, sample_counts, sample_smoothness_sq, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, State, message_bits
 
 __all__ = ["DashaState", "DashaPPState", "DashaVRState", "DashaParams", "DashaPageParams", "DashaMVRParams",
@@ -77,6 +77,7 @@ class DashaParams(MethodParams):
     a: float
     participation: int | None = None
     b: float | None = None
+    shift_dtype: str = "float64"
 
     @property
     def h_weight(self) -> float:
@@ -180,8 +181,9 @@ class Dasha(Method):
     ``G`` then follows ``g_i`` and ``h_i``. Step: :func:`~permk.theory.steps.dasha_pp_stepsize`
     (``"DASHA-PP theorem"``).
 
-    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
-    ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``),
+    ``participation`` (``s`` in ``1..n``) and ``shift_dtype`` (the per-worker rows' dtype, by
+    default the problem's: :func:`~permk.methods.base.shift_dtype_option`). The start's full gradients are not counted in the bits.
 
     ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
     :class:`DashaPage` or :class:`DashaMVR`, the same run as ``permk.dasha_page`` or
@@ -216,7 +218,8 @@ class Dasha(Method):
                              f"with it (estimator={estimator!r} computes full gradients)")
         return method, rest
 
-    def _own(self, compressor: Compressor, n: int, d: int, a: Any, s: int | None) -> dict[str, Any]:
+    def _own(self, compressor: Compressor, n: int, d: int, a: Any, s: int | None, shift_dtype: Any = None,
+             problem: Any = None) -> dict[str, Any]:
         """DASHA's own fields (``omega``, ``A``, ``a``; with ``s`` participants ``participation`` and ``b``)."""
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DASHA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
@@ -230,19 +233,20 @@ class Dasha(Method):
             a = check_real(a, "a")
             if not 0.0 < a <= 1.0:
                 raise ValueError(f"a must be in (0, 1], got {a}")
-        return {"omega": float(omega), "A": float(ab[0]), "a": a, "participation": s, "b": None if s is None else p_a / (2 - p_a)}
+        return {"omega": float(omega), "A": float(ab[0]), "a": a, "participation": s, "b": None if s is None else p_a / (2 - p_a),
+                "shift_dtype": shift_dtype_option(shift_dtype, problem)}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   a: Any = None, participation: Any = None) -> DashaParams:
+                   a: Any = None, participation: Any = None, shift_dtype: Any = None) -> DashaParams:
         s = None if participation is None else check_participation(participation, n)
-        own = self._own(compressor, n, d, a, s)
+        own = self._own(compressor, n, d, a, s, shift_dtype, problem)
         return DashaParams(bits=message_bits(participating(compressor, s), n, d, float_bits), **own)
 
     def sent_compressor(self, compressor: Compressor, params: DashaParams) -> Compressor:
         return participating(compressor, params.participation)
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DashaParams], *, seed: int) -> DashaState:
-        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        grads = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
         if params.own.participation is None:
             return DashaState(x=x0, g=g, G=grads, round=0, seed=seed)
@@ -287,7 +291,7 @@ class DashaPP(Dasha):
         bits = params.bits.compressed
         who = participants(n, s, seed=prev.seed, round=t)
         P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
-        new, old = ex.local_grads_of(backend, x, P), ex.local_grads_of(backend, prev.x, P)
+        new, old = ex.local_grads_pair_of(backend, x, prev.x, P)
         with np.errstate(invalid="ignore", over="ignore"):
             v = new - (1 - b) * old
         mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
@@ -349,14 +353,14 @@ class DashaPage(Dasha):
         return b, float(sample_counts(problem, self.label, n).max())
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   batch_size: Any = None, a: Any = None, p: Any = None) -> DashaPageParams:
+                   batch_size: Any = None, a: Any = None, p: Any = None, shift_dtype: Any = None) -> DashaPageParams:
         b, m = self._sampling(problem, batch_size, n)
-        own = self._own(compressor, n, d, a, None)
+        own = self._own(compressor, n, d, a, None, shift_dtype, problem)
         return DashaPageParams(bits=message_bits(compressor, n, d, float_bits), **own, batch_size=b,
                                p=b / (b + m) if p is None else check_probability(p))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[Any], *, seed: int) -> DashaVRState:
-        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        grads = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
         return DashaVRState(x=x0, g=g, G=grads, H=grads.copy(), round=0, seed=seed)
 
@@ -376,11 +380,12 @@ class DashaPage(Dasha):
         a = params.own.a
         x = state.x - params.gamma * state.g
         H, coin, calls = self.estimators(state, x, backend, params)
+        H = np.asarray(H, dtype=params.own.shift_dtype)  # as the worker keeps it
         with np.errstate(invalid="ignore", over="ignore"):
             v = H - (1 - a) * state.H
         mean, G = ex.shifted_rows(backend, compressor, state.G, v, beta=a, seed=state.seed, round=state.round)
         bits = params.bits.compressed
-        return (DashaVRState(x=x, g=state.g + mean, G=G, H=np.asarray(H, dtype=np.float64), round=state.round + 1, seed=state.seed,
+        return (DashaVRState(x=x, g=state.g + mean, G=G, H=H, round=state.round + 1, seed=state.seed,
                              bits=state.bits + bits), RoundInfo(bits, coin, calls))
 
 
@@ -413,12 +418,12 @@ class DashaMVR(DashaPage):
     theory = DashaMVRTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   batch_size: Any = None, a: Any = None, momentum: Any = None) -> DashaMVRParams:  # type: ignore[override]
+                   batch_size: Any = None, a: Any = None, momentum: Any = None, shift_dtype: Any = None) -> DashaMVRParams:  # type: ignore[override]
         if momentum is None:
             raise TypeError(f"{self.label} needs momentum= (β in (0, 1]: h_i ← ∇f_iB(x⁺) + (1 − β)(h_i − ∇f_iB(x)))")
         beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
         b, _ = self._sampling(problem, batch_size, n)
-        own = self._own(compressor, n, d, a, None)
+        own = self._own(compressor, n, d, a, None, shift_dtype, problem)
         return DashaMVRParams(bits=message_bits(compressor, n, d, float_bits), **own, batch_size=b, momentum=beta)
 
     def estimators(self, state: DashaVRState, x: Array, backend: Any, params: RunParams[Any]) -> tuple[Array, bool | None, float | None]:

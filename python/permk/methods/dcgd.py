@@ -12,7 +12,7 @@ from .. import exchanges as ex
 from ..compressors import Compressor
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, shift_step_class, shifted_dcgd_stepsize, worker_constants
-from .base import Method
+from .base import Method, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, message_bits
 
 __all__ = ["DCGDState", "ShiftedDCGDState", "DCGDParams", "DCGDTheory", "DCGD", "ShiftedDCGD", "dcgd", "dcgd_shifted"]
@@ -44,6 +44,7 @@ class DCGDParams(MethodParams):
     """DCGD's parameters: its ``shifts`` (None, or ``"initial"``: ``h_i = ∇f_i(x^0)``)."""
 
     shifts: str | None
+    shift_dtype: str = "float64"
 
 
 class DCGDTheory(MethodTheory[DCGDParams]):
@@ -85,16 +86,16 @@ class DCGD(Method):
     theory = DCGDTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   shifts: str | None = None) -> DCGDParams:
+                   shifts: str | None = None, shift_dtype: Any = None) -> DCGDParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DCGD needs an unbiased compressor; {compressor.name} is biased")
         if shifts not in (None, "initial"):
             raise ValueError(f"shifts must be None or 'initial', got {shifts!r}")
-        return DCGDParams(bits=message_bits(compressor, n, d, float_bits), shifts=shifts)
+        return DCGDParams(bits=message_bits(compressor, n, d, float_bits), shifts=shifts, shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DCGDParams], *, seed: int) -> DCGDState:
         if params.own.shifts == "initial":
-            H = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+            H = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
             return ShiftedDCGDState(x=x0, H=H, h=np.array(ex.mean_rows(backend, H), dtype=np.float64), round=0, seed=seed)
         return DCGDState(x=x0, round=0, seed=seed)
 
@@ -122,8 +123,8 @@ class ShiftedDCGD(DCGD):
     exchange = ex.shifted
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
-                   problem: Any = None) -> DCGDParams:
-        return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
+                   problem: Any = None, shift_dtype: Any = None) -> DCGDParams:
+        return super().parameters(compressor, n, d, float_bits=float_bits, problem=problem, shifts="initial", shift_dtype=shift_dtype)
 
 
 #: The method definitions (callable: they run in the simulator).

@@ -13,7 +13,7 @@ from .._validate import check_probability, check_real
 from ..compressors import Compressor
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, diana_stepsize, rand_diana_stepsize, shift_step_class, worker_constants
-from .base import Method
+from .base import Method, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, message_bits
 
 __all__ = ["DianaState", "RandDianaState", "DianaParams", "RandDianaParams", "DianaTheory", "RandDianaTheory",
@@ -58,13 +58,15 @@ class DianaParams(MethodParams):
     omega: float | None
     A: float | None
     B: float | None
+    shift_dtype: str = "float64"
 
 
 @dataclass(frozen=True)
 class RandDianaParams(MethodParams):
-    """RandDIANA's parameters: the probability ``p`` of a refresh of the shifts."""
+    """RandDIANA's parameters: the probability ``p`` of a refresh of the shifts, their dtype."""
 
     p: float
+    shift_dtype: str = "float64"
 
 
 class DianaTheory(MethodTheory[DianaParams]):
@@ -113,7 +115,8 @@ class Diana(Method):
     ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends ``m_i = C_i(∇f_i(x^{t+1}) − h_i)``;
     ``g^{t+1} = h̄ + (1/n) Σ m_i`` with ``h̄ = (1/n) Σ h_i``; then ``h_i ← h_i + α m_i`` and the
     server mirrors ``h̄ ← h̄ + α (1/n) Σ m_i``. Needs an unbiased compressor; ``alpha`` defaults
-    to ``1/(ω + 1)`` and lies in ``(0, 1]``. The step (:func:`~permk.theory.steps.diana_stepsize`)
+    to ``1/(ω + 1)`` and lies in ``(0, 1]``; ``shift_dtype``: the shifts' dtype (by default the
+    problem's: :func:`~permk.methods.base.shift_dtype_option`). The step (:func:`~permk.theory.steps.diana_stepsize`)
     ``min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}`` gives
     ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)`` for ``α ≤ 1/(ω + 1)``.
 
@@ -131,7 +134,7 @@ class Diana(Method):
     theory = DianaTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   alpha: Any = None) -> DianaParams:
+                   alpha: Any = None, shift_dtype: Any = None) -> DianaParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
         omega = compressor.omega(n, d)
@@ -143,10 +146,11 @@ class Diana(Method):
             alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
         ab = compressor.ab_constants(n, d)
         return DianaParams(bits=message_bits(compressor, n, d, float_bits), alpha=alpha, omega=omega,
-                           A=None if ab is None else float(ab[0]), B=None if ab is None else float(ab[1]))
+                           A=None if ab is None else float(ab[0]), B=None if ab is None else float(ab[1]),
+                           shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DianaParams], *, seed: int) -> DianaState:
-        H = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        H = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         h = np.array(ex.mean_rows(backend, H), dtype=np.float64)
         return DianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
 
@@ -187,22 +191,24 @@ class RandDiana(Method):
     theory = RandDianaTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   p: Any = None) -> RandDianaParams:
+                   p: Any = None, shift_dtype: Any = None) -> RandDianaParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"RandDIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
         sizes = message_bits(compressor, n, d, float_bits)
         p = min(1.0, sizes.expected / sizes.full) if p is None else check_probability(p)
-        return RandDianaParams(bits=sizes._replace(expected=sizes.expected + p * sizes.full), p=p)
+        return RandDianaParams(bits=sizes._replace(expected=sizes.expected + p * sizes.full), p=p,
+                               shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     @staticmethod
-    def shifts(backend: Any, y: Array) -> tuple[Array, Array]:
-        """The held workers' shifts ``h_i = ∇f_i(y)`` (stored: a copy) and their mean over all workers."""
-        H = np.array(ex.local_grads(backend, y), dtype=np.float64)
+    def shifts(backend: Any, y: Array, dtype: str) -> tuple[Array, Array]:
+        """The held workers' shifts ``h_i = ∇f_i(y)`` (stored: a copy in ``dtype``) and their mean
+        over all workers."""
+        H = np.array(ex.local_grads(backend, y), dtype=dtype)
         return H, np.array(ex.mean_rows(backend, H), dtype=np.float64)
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[RandDianaParams], *,
              seed: int) -> RandDianaState:
-        H, h = self.shifts(backend, x0)
+        H, h = self.shifts(backend, x0, params.own.shift_dtype)
         return RandDianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
 
     def update(self, state: RandDianaState, backend: Any, compressor: Compressor,
@@ -212,7 +218,7 @@ class RandDiana(Method):
         bits = params.bits.compressed
         H, h = state.H, state.h
         if heads:
-            H, h = self.shifts(backend, state.x)
+            H, h = self.shifts(backend, state.x, params.own.shift_dtype)
             bits += params.bits.full
         mean, _ = ex.shifted(backend, compressor, H, x, alpha=0.0, seed=state.seed, round=state.round)
         return RandDianaState(x=x, g=h + mean, H=H, h=h, round=state.round + 1, seed=state.seed,

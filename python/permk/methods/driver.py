@@ -202,9 +202,16 @@ def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x
 
 def start(method: Algorithm, backend: Backend, compressor: Compressor, params: RunParams[Any], begin: State | Array,
           seed: int) -> State:
-    """The run's first state from what :func:`check_start` returned: the resumed state, or
+    """The run's first state from what :func:`check_start` returned: the resumed state (whose
+    per-worker rows must be in the run's ``shift_dtype``, where the method has one), or
     ``method.init`` at the starting point (its exchanges)."""
     if isinstance(begin, State):
+        want = getattr(params.own, "shift_dtype", None)
+        for name in begin.per_worker_arrays() if want is not None else ():
+            got = np.asarray(getattr(begin, name)).dtype
+            if got != np.dtype(want):
+                raise ValueError(f"the resumed state's {name} is {got} and this run keeps its per-worker rows in {want}: "
+                                 f"pass shift_dtype={got.name!r} to continue it")
         return begin
     return method.init(begin, backend, compressor, params, seed=check_seed(seed))
 

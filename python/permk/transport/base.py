@@ -79,6 +79,7 @@ class Transport(Protocol):
     def has_coords(self) -> bool: ...
     def local_grads(self, x: Array) -> Array: ...
     def local_grads_rows(self, x: Array, rows: Array) -> Array: ...
+    def local_grads_rows_pair(self, x: Array, y: Array, rows: Array) -> tuple[Array, Array]: ...
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
     def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
                        round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
@@ -114,7 +115,8 @@ def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "lo
 
 class Owned:
     """Per-worker rows (an exchange's ``H``) a transport may update in place: the arrays it handed
-    out itself (the last few); any other array is copied first, so a caller's is never modified."""
+    out itself (the last few); any other array is copied first (float32 rows stay float32, any
+    other dtype becomes float64), so a caller's is never modified."""
 
     KEEP = 4
 
@@ -125,7 +127,7 @@ class Owned:
         for a in self._arrays:
             if a is H:
                 return H
-        H = np.array(H, dtype=np.float64, order="C")
+        H = np.array(H, dtype=np.float32 if np.asarray(H).dtype == np.float32 else np.float64, order="C")
         self._arrays = [H, *self._arrays[: self.KEEP - 1]]
         return H
 
@@ -188,6 +190,23 @@ class HeldWorkers:
         else:
             return self.local_grads(x)[rows]
         return check_output(got, (len(rows), self.d), "kernel.local_grads_rows(x, rows)")
+
+    def local_grads_rows_pair(self, x: Array, y: Array, rows: Array) -> tuple[Array, Array]:
+        """:meth:`local_grads_rows` at ``x`` and at ``y`` (the two points of a difference), each
+        worker's two gradients one after the other (a worker's data, e.g. its matrix, read
+        twice while in cache) where the problem evaluates workers one by one (``local_grad``);
+        the same values."""
+        rows = np.asarray(rows, dtype=np.int64)
+        kernel = self.kernel
+        if len(rows) == len(self.workers) or (kernel is not None and hasattr(kernel, "local_grads_rows")) \
+                or not hasattr(self.problem, "local_grad"):
+            return self.local_grads_rows(x, rows), self.local_grads_rows(y, rows)
+        start = self.workers.start
+        gx, gy = np.empty((len(rows), self.d)), np.empty((len(rows), self.d))
+        for k, r in enumerate(rows.tolist()):
+            gx[k] = check_output(self.problem.local_grad(start + r, x), (self.d,), f"problem.local_grad({start + r}, x)")
+            gy[k] = check_output(self.problem.local_grad(start + r, y), (self.d,), f"problem.local_grad({start + r}, y)")
+        return gx, gy
 
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
         """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``
