@@ -278,6 +278,10 @@ def permutation(seed: int, round: int, n: int) -> npt.NDArray[np.int64]:
     """A uniformly random permutation of ``range(n)`` shared by all workers: a pure function
     of ``(seed, round)`` (its own random stream; for the permutation of mappings)."""
 
+def numpy_permutation_head(entropy: list[int], n: int, s: int) -> npt.NDArray[np.int64]:
+    """The sorted first ``s`` of ``numpy.random.default_rng(entropy).permutation(n)``, computed
+    natively and bit for bit (numpy's SeedSequence, PCG64 and shuffle): partial participation's
+    draw of a round's participants. ``s <= n`` (ValueError naming ``s``)."""
 def set_num_threads(k: int) -> None:
     """Use ``k`` threads (``1 <= k <= 1024``) for the core's parallel kernels. Results never
     depend on the number of threads."""

@@ -719,6 +719,13 @@ fn autoencoder_shifted_messages<'py>(
     }
 }
 
+/// The sorted first `s` of `numpy.random.default_rng(entropy).permutation(n)`, natively and bit
+/// for bit (partial participation's draw of a round's participants).
+#[pyfunction]
+fn numpy_permutation_head<'py>(py: Python<'py>, entropy: Vec<u64>, n: usize, s: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    Ok(py.detach(|| crate::numpy_rng::first_sorted(&entropy, n, s))?.into_pyarray(py))
+}
+
 /// Sets the number of threads of the core's pool.
 #[pyfunction]
 fn set_num_threads(py: Python<'_>, k: usize) -> PyResult<()> {
@@ -945,6 +952,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(row_dots, m)?)?;
     m.add_function(wrap_pyfunction!(autoencoder_split_grads, m)?)?;
     m.add_function(wrap_pyfunction!(autoencoder_shifted_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_permutation_head, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

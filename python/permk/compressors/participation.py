@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from .._core import numpy_permutation_head
 from .._validate import as_float_array, check_int, check_seed
 from ..testing import magnitude_bound
 from .base import COMPRESSORS, Capabilities, Compressor, VarianceBound
@@ -57,10 +58,17 @@ __all__ = ["Participation", "participants", "participation_mask", "check_partici
 _SAMPLING_TAG = 0x70617274  # "part"
 
 
+def _sample_numpy(n: int, s: int, seed: int, round: int) -> np.ndarray:
+    """The draw's definition: the sorted first ``s`` of numpy's
+    ``default_rng([seed, round, tag]).permutation(n)``."""
+    return np.sort(np.random.default_rng([seed, round, _SAMPLING_TAG]).permutation(n)[:s]).astype(np.int64)
+
+
 @functools.lru_cache(maxsize=16)
 def _sample(n: int, s: int, seed: int, round: int) -> np.ndarray:
-    chosen = np.random.default_rng([seed, round, _SAMPLING_TAG]).permutation(n)[:s]
-    out = np.sort(chosen).astype(np.int64)
+    """:func:`_sample_numpy`, computed by the core's native twin of numpy's generator (the same
+    numbers: tests/test_participation.py), without numpy's per-round generator construction."""
+    out = numpy_permutation_head([seed, round, _SAMPLING_TAG], n, s)
     out.flags.writeable = False
     return out
 
