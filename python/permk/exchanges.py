@@ -137,12 +137,17 @@ def _given_rows(a: Any, m: int, d: int) -> Array:
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
     """``(gx − coef·gy) − β·h`` (the terms present), the one order every path uses."""
     with np.errstate(invalid="ignore", over="ignore"):
-        v = gx
-        if gy is not None:
-            v = v - (gy if coef == 1.0 else coef * gy)
-        if h is not None:
-            v = v - (h if beta == 1.0 else beta * h)
-        return v
+        return _combine_raw(gx, gy, coef, h, beta)
+
+
+def _combine_raw(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
+    """:func:`_combine` under the caller's ``np.errstate``."""
+    v = gx
+    if gy is not None:
+        v = v - (gy if coef == 1.0 else coef * gy)
+    if h is not None:
+        v = v - (h if beta == 1.0 else beta * h)
+    return v
 
 
 def _compress_zeros(compressor: Compressor, backend: Transport, lo: int, hi: int, seed: int, round: int) -> Messages:
@@ -357,7 +362,7 @@ class Fused(Path):
         gy = None if inputs.y is None else b.coords(inputs.y, rows, cols)
         h = None if inputs.H is None else inputs.H[rows - b.workers.start, cols]
         with np.errstate(invalid="ignore", over="ignore"):
-            return _combine(gx, gy, inputs.coef, h, inputs.beta) * r.scales()[rows]
+            return _combine_raw(gx, gy, inputs.coef, h, inputs.beta) * r.scales()[rows]
 
 
 class Dense(Path):
@@ -416,7 +421,7 @@ class Dense(Path):
             raise ValueError("the round gives values to workers that were not given inputs (not among the active workers)")
         h = None if inputs.H is None else inputs.H[rows - ws.start, cols]
         with np.errstate(invalid="ignore", over="ignore"):
-            return _combine(gx[k, cols], None if gy is None else gy[k, cols], inputs.coef, h, inputs.beta) * r.scales()[rows]
+            return _combine_raw(gx[k, cols], None if gy is None else gy[k, cols], inputs.coef, h, inputs.beta) * r.scales()[rows]
 
     def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:

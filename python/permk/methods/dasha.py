@@ -277,9 +277,13 @@ class DashaPP(Dasha):
     at ``x^{t+1}`` and ``x^t`` (their estimators ``h_i`` need both; a participant kept nothing
     from the rounds it sat out: two full gradients, the round's ``oracle_calls``), form their
     messages from them (the shifted exchange of given rows, the dense path: the rows are
-    whole anyway) and update ``h_i`` and the rows ``G``; the others compute nothing."""
+    whole anyway) and update ``h_i`` and the rows ``G``; the others compute nothing. The
+    participants' rows are processed in chunks of :attr:`CHUNK_BYTES` per array, which stay in
+    cache (the same values)."""
 
     exchange = ex.shifted_rows
+    #: The bytes of one array's chunk of participants' rows.
+    CHUNK_BYTES = 1 << 18
 
     def update(self, state: DashaState, backend: Any, compressor: Compressor,
                params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
@@ -291,25 +295,35 @@ class DashaPP(Dasha):
         bits = params.bits.compressed
         who = participants(n, s, seed=prev.seed, round=t)
         P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
-        new, old = ex.local_grads_pair_of(backend, x, prev.x, P)
-        with np.errstate(invalid="ignore", over="ignore"):
-            v = new - (1 - b) * old
-        mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
         H = backend.own(prev.H)
+        v, dH = np.empty((len(P), backend.d)), np.empty((len(P), backend.d))
+        step = max(1, self.CHUNK_BYTES // (8 * backend.d))
+        # the participants in chunks of rows that stay in cache: their two gradients, the
+        # message rows v = ∇f_i(x⁺) − (1 − b)∇f_i(x), and h_i += dh with
+        # dh = ((∇f_i(x⁺) − ∇f_i(x)) − b(h_i − ∇f_i(x))) / (s/n) (dh kept for G, which the
+        # exchange reads first)
         with np.errstate(invalid="ignore", over="ignore"):
-            # dh = ((new − old) − b·(h − old)) / (s/n), in place (the participants' rows)
-            hp = H[P]
-            bh = hp - old
-            bh *= b
-            dh = new - old  # (new may be the transport's kept array: not written)
-            dh -= bh
-            dh /= s / n
-            hp += dh
-            H[P] = hp
-            dh *= w
-            gp = G[P]
-            gp += dh
-            G[P] = gp
+            for lo in range(0, len(P), step):
+                Pc = P[lo : lo + step]
+                new, old = ex.local_grads_pair_of(backend, x, prev.x, Pc)
+                np.subtract(new, (1 - b) * old, out=v[lo : lo + len(Pc)])
+                hp = H[Pc]
+                bh = hp - old
+                bh *= b
+                dh = dH[lo : lo + len(Pc)]
+                np.subtract(new, old, out=dh)  # (new may be the transport's kept array: not written)
+                dh -= bh
+                dh /= s / n
+                hp += dh
+                H[Pc] = hp
+            mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
+            for lo in range(0, len(P), step):
+                Pc = P[lo : lo + step]
+                dh = dH[lo : lo + len(Pc)]
+                dh *= w
+                gp = G[Pc]
+                gp += dh
+                G[Pc] = gp
         calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
         return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
                             bits=prev.bits + bits), RoundInfo(bits, None, calls)

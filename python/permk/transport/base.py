@@ -150,6 +150,7 @@ class HeldWorkers:
         self.paths: dict[Any, Any] = {}
         self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
+        self._partial: list[tuple[Array, dict[int, Array]]] = []  # rows evaluated row by row at the last two such points
 
     @property
     def kernel(self) -> NativeKernel | None:
@@ -174,39 +175,85 @@ class HeldWorkers:
         held worker, increasing), one row each, evaluating only theirs: the native kernel's
         ``local_grads_rows`` when the problem has one, else ``local_grad(i, x)`` of each, else
         the rows of :meth:`local_grads` (all held workers evaluated). Partial participation
-        evaluates only the round's participants this way; nothing is kept."""
-        rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) == len(self.workers):
-            return self.local_grads(x)
-        start = self.workers.start
-        kernel = self.kernel
-        if kernel is not None and hasattr(kernel, "local_grads_rows"):
-            got = kernel.local_grads_rows(np.ascontiguousarray(x, dtype=np.float64), rows + start)
-        elif hasattr(self.problem, "local_grad"):
-            got = np.empty((len(rows), self.d))
-            for k, r in enumerate(rows.tolist()):
-                got[k] = check_output(self.problem.local_grad(start + r, x), (self.d,), f"problem.local_grad({start + r}, x)")
-            return got
-        else:
-            return self.local_grads(x)[rows]
-        return check_output(got, (len(rows), self.d), "kernel.local_grads_rows(x, rows)")
+        evaluates only the round's participants this way. A worker's row at ``x`` is kept until
+        it is evaluated at another point (a participant of two rounds in a row reuses its
+        gradient at the point between them), as are the last two points' whole gradients."""
+        return self._rows_at([x], np.asarray(rows, dtype=np.int64))[0]
 
     def local_grads_rows_pair(self, x: Array, y: Array, rows: Array) -> tuple[Array, Array]:
         """:meth:`local_grads_rows` at ``x`` and at ``y`` (the two points of a difference), each
         worker's two gradients one after the other (a worker's data, e.g. its matrix, read
         twice while in cache) where the problem evaluates workers one by one (``local_grad``);
         the same values."""
-        rows = np.asarray(rows, dtype=np.int64)
-        kernel = self.kernel
-        if len(rows) == len(self.workers) or (kernel is not None and hasattr(kernel, "local_grads_rows")) \
-                or not hasattr(self.problem, "local_grad"):
-            return self.local_grads_rows(x, rows), self.local_grads_rows(y, rows)
-        start = self.workers.start
-        gx, gy = np.empty((len(rows), self.d)), np.empty((len(rows), self.d))
-        for k, r in enumerate(rows.tolist()):
-            gx[k] = check_output(self.problem.local_grad(start + r, x), (self.d,), f"problem.local_grad({start + r}, x)")
-            gy[k] = check_output(self.problem.local_grad(start + r, y), (self.d,), f"problem.local_grad({start + r}, y)")
+        gx, gy = self._rows_at([x, y], np.asarray(rows, dtype=np.int64))
         return gx, gy
+
+    def _rows_at(self, points: list[Array], rows: Array) -> list[Array]:
+        """The rows ``rows`` of the held workers' gradients at each point: kept ones reused (the
+        whole gradients of the last two points; the rows evaluated at the last two points
+        evaluated row by row), the others evaluated — worker by worker, all points of a worker
+        in turn, where the problem evaluates workers one by one."""
+        m, d, start = len(rows), self.d, self.workers.start
+        out: list[Array] = []
+        todo: list[list[int]] = []
+        for x in points:
+            whole = next((w for cx, w in self._rows if cx is x), None)
+            if whole is not None:
+                out.append(whole if m == len(self.workers) else whole[rows])
+                todo.append([])
+                continue
+            if m == len(self.workers) and not hasattr(self.problem, "local_grad"):
+                out.append(self.local_grads(x))
+                todo.append([])
+                continue
+            kept = self._partial_at(x)
+            o = np.empty((m, d))
+            miss = []
+            for j, r in enumerate(rows.tolist()):
+                row = kept.get(r)
+                if row is None:
+                    miss.append(j)
+                else:
+                    o[j] = row
+            out.append(o)
+            todo.append(miss)
+        if not any(todo):
+            return out
+        kernel = self.kernel
+        if kernel is not None and hasattr(kernel, "local_grads_rows"):
+            for x, o, miss in zip(points, out, todo):
+                if miss:
+                    js = np.asarray(miss, dtype=np.int64)
+                    got = kernel.local_grads_rows(np.ascontiguousarray(x, dtype=np.float64), rows[js] + start)
+                    o[js] = check_output(got, (len(js), d), "kernel.local_grads_rows(x, rows)")
+        elif hasattr(self.problem, "local_grad"):
+            sets = [set(miss) for miss in todo]
+            for j, r in enumerate(rows.tolist()):  # a worker's points in turn
+                for x, o, miss in zip(points, out, sets):
+                    if j in miss:
+                        o[j] = check_output(self.problem.local_grad(start + r, x), (d,), f"problem.local_grad({start + r}, x)")
+        else:
+            for k, (x, miss) in enumerate(zip(points, todo)):
+                if miss:
+                    out[k] = self.local_grads(x)[rows]
+        for x, o, miss in zip(points, out, todo):
+            if miss:
+                kept = self._partial_at(x, create=True)
+                for j in miss:
+                    kept[int(rows[j])] = o[j]
+        return out
+
+    def _partial_at(self, x: Array, create: bool = False) -> dict[int, Array]:
+        """The rows kept at the point ``x`` (worker → row), of the last two points evaluated row
+        by row; a new entry for ``x`` with ``create`` (the oldest dropped)."""
+        for cx, kept in self._partial:
+            if cx is x:
+                return kept
+        if not create:
+            return {}
+        kept = {}
+        self._partial = [(x, kept)] + self._partial[:1]
+        return kept
 
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
         """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``
