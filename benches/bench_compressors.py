@@ -30,6 +30,9 @@ Run::
 
     python benches/bench_compressors.py           # all five (n, d); ~1-2 min, ~1 GB of RAM
     python benches/bench_compressors.py --quick   # a small subset, a few seconds
+    python benches/bench_compressors.py --smoke   # one tiny (n, d), one repetition (CI); no table written
+
+The table goes to ``benches/results/bench_compressors.json`` (:mod:`record`).
 """
 
 from __future__ import annotations
@@ -41,11 +44,13 @@ import time
 from typing import Callable
 
 import numpy as np
+import record
 
 import permk
 
 FULL = [(10, 10**3), (10**3, 10**3), (10**3, 10**5), (100, 10**6), (10**4, 10**3)]
 QUICK = [(10, 10**3), (10**3, 10**3), (100, 10**5)]
+SMOKE = [(10, 10**3)]
 
 
 def best_time(fn: Callable[[int], object], repeat: int, min_time: float = 0.02) -> float:
@@ -154,9 +159,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="a small subset of (n, d)")
     ap.add_argument("--repeat", type=int, default=None, help="repetitions per timing (best is kept)")
+    ap.add_argument("--smoke", action="store_true", help="one tiny (n, d), one repetition: checks that the bench runs; no table written")
+    ap.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_compressors.json)")
     args = ap.parse_args()
-    cases = QUICK if args.quick else FULL
-    repeat = args.repeat or (3 if args.quick else 5)
+    cases = SMOKE if args.smoke else QUICK if args.quick else FULL
+    repeat = args.repeat or (1 if args.smoke else 3 if args.quick else 5)
     rng = np.random.default_rng(0)
 
     rows = []
@@ -182,6 +189,21 @@ def main() -> None:
     for n, d, name, t_rust, _, _ in rows:
         if name.startswith("BlockPermK"):
             print(f"| {n} | {d} | {permk_time[(n, d)] * 1e3:.3f} | {t_rust * 1e3:.3f} | {permk_time[(n, d)] / t_rust:.1f}x |")
+    if args.smoke and args.json is None:
+        return
+    table = []
+    for n, d, name, t_rust, t_np, floors in rows:
+        fl = list(floors.items()) + [(None, None)] * (2 - len(floors))
+        table.append([n, d, name, t_rust, t_np, t_np / t_rust,
+                      *(v for f, t in fl[:2] for v in (f, t, None if t is None else t_rust / t))])
+    path = record.write_table(
+        "bench_compressors", title="Compressor.aggregate (Rust) against plain numpy and the floor of a gather or a copy",
+        columns=["n", "d", "compressor", "Rust s", "numpy s", "numpy / Rust", "floor", "floor s", "Rust / floor",
+                 "second floor", "second floor s", "Rust / second floor"], rows=table,
+        reference="plain-numpy aggregates written the obvious way, and the floor of the scattered reads (a random gather of d "
+                  f"values, x[idx]) or of a d-float copy, all in the same run; best of {repeat}",
+        notes="RandK and TopK use k = max(1, d // n).", path=args.json)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,12 @@
 
 Compares, in one run, ``permk.marina`` (fused Rust round: ``O(d)`` work per round) with a plain
 numpy MARINA that builds the ``(n, d)`` matrix of local gradients every round and compresses it
-with ``rng.permutation`` + fancy indexing. Prints a markdown table of rounds/s and ratios.
+with ``rng.permutation`` + fancy indexing. Prints a markdown table of rounds/s and ratios and
+writes it to ``benches/results/bench_marina.json`` (:mod:`record`; the numpy MARINA is the
+reference).
 
     python benches/bench_marina.py [--quick]
+    python benches/bench_marina.py --smoke     # tiny sizes, seconds (CI); no table written
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import time
 
 import numpy as np
+import record
 
 import permk
 
@@ -60,20 +64,23 @@ def best_of(f, repeat: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds): checks that the bench runs; no table written")
+    ap.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_marina.json)")
     args = ap.parse_args()
     d = 1000
     rows = []
-    for n in (10, 1000, 10000):
+    for n in (10,) if args.smoke else (10, 1000, 10000):
         q = permk.Quadratic.synthetic(n, d, 1e-6, 0.1, seed=0)
-        rust_rounds = 2000 if args.quick else 20000
-        np_rounds = max(3, (200 if args.quick else 2000) // max(1, n // 10))
+        rust_rounds = 50 if args.smoke else 2000 if args.quick else 20000
+        np_rounds = 3 if args.smoke else max(3, (200 if args.quick else 2000) // max(1, n // 10))
+        repeat = 1 if args.smoke else 3
         ref = permk.marina(q, permk.PermK(), rounds=1, seed=0)
         gamma, p = ref.params.gamma, ref.params.own.p
-        t_rust = best_of(lambda: permk.marina(q, permk.PermK(), rounds=rust_rounds, seed=0, record_every=rust_rounds), 3)
+        t_rust = best_of(lambda: permk.marina(q, permk.PermK(), rounds=rust_rounds, seed=0, record_every=rust_rounds), repeat)
         t_rec = best_of(lambda: permk.marina(q, permk.PermK(), rounds=rust_rounds, seed=0, record_every=1), 1)
-        t_np = best_of(lambda: numpy_marina(q, np_rounds, gamma, p, 0), 2)
+        t_np = best_of(lambda: numpy_marina(q, np_rounds, gamma, p, 0), min(repeat, 2))
         r_rust, r_rec, r_np = rust_rounds / t_rust, rust_rounds / t_rec, np_rounds / t_np
         rows.append((n, r_np, r_rust, r_rec, r_rust / r_np, r_rec / r_np))
     print(f"MARINA+PermK on Quadratic.synthetic(n, d={d}, 1e-6, 0.1): rounds per second")
@@ -81,6 +88,17 @@ def main() -> None:
     print("|---:|---:|---:|---:|---:|---:|")
     for n, a, b, c, r1, r2 in rows:
         print(f"| {n} | {a:,.0f} | {b:,.0f} | {c:,.0f} | {r1:,.0f}× | {r2:,.0f}× |")
+    if args.smoke and args.json is None:
+        return
+    path = record.write_table(
+        "bench_marina", title=f"MARINA+PermK rounds per second on Quadratic.synthetic(n, d={d}, 1e-6, 0.1)",
+        columns=["n", "numpy rounds/s", "permk rounds/s", "permk rounds/s, recording every round", "permk / numpy",
+                 "permk recording / numpy"],
+        rows=[list(r) for r in rows], path=args.json,
+        reference="a plain numpy MARINA+PermK (the (n, d) matrix of local gradients every round, rng.permutation + fancy "
+                  "indexing), timed in the same run",
+        notes="permk's fused Rust round does O(d) work per round; the numpy round O(nd).")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,11 @@ Full-gradient rounds (MARINA's coin, GD) send ``8d`` and are left out.
     python benches/bench_mpi_bytes.py                 # launches mpiexec -n 4 itself
     python benches/bench_mpi_bytes.py --procs 2 --n 8 --d 1000
     mpiexec -n 4 python benches/bench_mpi_bytes.py --inner
+    python benches/bench_mpi_bytes.py --smoke         # 2 ranks, n = 4, d = 100, 3 rounds (CI); no table written
 
-Prints a markdown table (one row per method × compressor). Exits 1 if a measured size differs
-from the theory's for a shared-plan compressor or TopK.
+Prints a markdown table (one row per method × compressor) and writes it to
+``benches/results/bench_mpi_bytes.json`` (:mod:`record`; the reference is the theory's message).
+Exits 1 if a measured size differs from the theory's for a shared-plan compressor or TopK.
 """
 
 from __future__ import annotations
@@ -57,7 +59,9 @@ def inner(args: argparse.Namespace) -> int:
     import permk.distributed as pd
     from permk.methods import catalog
 
-    comm = pd._world(None)
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
     q = permk.Quadratic.synthetic(n=args.n, d=args.d, lam=1e-3, noise_scale=0.3, seed=0)
     rows: list[tuple[str, str, str, int, bool]] = []
@@ -73,17 +77,29 @@ def inner(args: argparse.Namespace) -> int:
             if compressed.size == 0:
                 continue  # full gradients only (GD)
             want = theory_bytes(c, args.n, args.d)
-            measured = sorted({int(b) for b in compressed})
-            ok = measured == [want] or (c.capabilities.random_size and max(measured) <= want)
+            sizes = sorted({int(b) for b in compressed})
+            ok = sizes == [want] or (c.capabilities.random_size and max(sizes) <= want)
             bad += claimed(c) and not ok
-            rows.append((name, c.name, "/".join(map(str, measured)), want, ok))
+            rows.append((name, c.name, "/".join(map(str, sizes)), want, ok))
     if rank == 0:
-        print(f"mpiexec -n {comm.Get_size()}, n = {args.n} workers, d = {args.d}, {args.rounds} rounds each "
-              "(compressed rounds only; bytes per worker per round, 64-bit values, 32-bit indices)\n")
+        setting = (f"mpiexec -n {comm.Get_size()}, n = {args.n} workers, d = {args.d}, {args.rounds} rounds each "
+                   "(compressed rounds only; bytes per worker per round, 64-bit values, 32-bit indices)")
+        print(setting + "\n")
         print("| method | compressor | measured | theory | equal |")
         print("|---|---|---:|---:|:---:|")
         for name, cname, measured, want, ok in rows:
             print(f"| {name} | {cname} | {measured} | {want} | {'yes' if ok else 'no (index, float64 value) pairs'} |")
+        if not args.smoke or args.json is not None:
+            import record
+
+            path = record.write_table(
+                "bench_mpi_bytes", title="Bytes per worker per compressed round handed to MPI, against the theory's message",
+                columns=["method", "compressor", "measured bytes", "theory bytes", "equal"],
+                rows=[[name, cname, measured, want, ok] for name, cname, measured, want, ok in rows],
+                reference="the theory's message at 64-bit values: 8·floats_per_worker(n, d) bytes, plus a 32-bit index per value "
+                          "where the receiver needs the indices (TopK)",
+                notes=setting, path=args.json, command=args.command)
+            print(f"wrote {path}")
     return 1 if bad else 0
 
 
@@ -93,17 +109,27 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--d", type=int, default=800)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true", help="2 ranks, n = 4, d = 100, 3 rounds: checks that the bench runs; no table written")
+    ap.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_mpi_bytes.json)")
     ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--command", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner:
         return inner(args)
+    command = " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+    if args.smoke:
+        args.procs, args.n, args.d, args.rounds = 2, 4, 100, 3
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
     mpiexec = beside if os.path.exists(beside) else shutil.which("mpiexec")
     if mpiexec is None:
         print("mpiexec not found: pip install 'permk[mpi]'", file=sys.stderr)
         return 2
     cmd = [mpiexec, "-n", str(args.procs), sys.executable, os.path.abspath(__file__), "--inner",
-           "--n", str(args.n), "--d", str(args.d), "--rounds", str(args.rounds)]
+           "--n", str(args.n), "--d", str(args.d), "--rounds", str(args.rounds), "--command", command]
+    if args.smoke:
+        cmd.append("--smoke")
+    if args.json is not None:
+        cmd += ["--json", os.path.abspath(args.json)]
     return subprocess.call(cmd)
 
 

@@ -8,6 +8,10 @@ buffer; the same for ``Tridiagonal.round_values``; and PermK's ``Round.mean(valu
 process::
 
     python benches/bench_round_out.py [--reps 41] [--threads 1 2]
+    python benches/bench_round_out.py --smoke     # d = 10^4, 3 repetitions, 1 thread (CI); no table written
+
+The table goes to ``benches/results/bench_round_out.json`` (:mod:`record`; each in-place option
+against its numpy composition, measured in the same process).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import time
 from typing import Callable
 
 import numpy as np
+
+import record
 
 from permk import _core
 
@@ -86,13 +92,24 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=41)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--case", nargs=3, metavar=("KIND", "D", "N"), help="run one case here and print it as JSON (internal)")
+    p.add_argument("--smoke", action="store_true", help="d = 10^4, 3 repetitions, 1 thread: checks that the bench runs; no table written")
+    p.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_round_out.json)")
     args = p.parse_args()
     if args.case:
         kind, d, n = args.case[0], int(args.case[1]), int(args.case[2])
         print(json.dumps(case(kind, d, n, args.threads[0], args.reps)))
         return
+    dims: tuple[int, ...] = (10**7, 10**6)
+    mean_d = 10**7
+    if args.smoke:
+        args.reps, args.threads = 3, [1]
+        dims, mean_d = (10**4,), 10**4
     # every case in a fresh process: no pool threads or heap state left over from another case
-    cases = [("gather", d, n) for d in (10**7, 10**6) for n in (2, 4)] + [("mean", 10**7, 2)]
+    cases = [("gather", d, n) for d in dims for n in (2, 4)] + [("mean", mean_d, 2)]
+    # each row: its numpy composition (the reference) where it has one
+    against = {"gather(divide, out)": "gather + 2 numpy passes", "round_values(divide, out)": "round_values + 2 numpy passes",
+               "mean(values, out)": "mean(values)"}
+    rows = []
     for k in args.threads:
         print(f"== {k} thread(s)")
         for kind, d, n in cases:
@@ -100,6 +117,18 @@ def main() -> None:
             res = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
             name = "blockpermk" if kind == "gather" else "permk"
             print(f"{name} d={d:.0e} n={n}: " + ", ".join(f"{key} {ms:.3f} ms" for key, ms in res.items()))
+            for key, ms in res.items():
+                ref = against.get(key)
+                rows.append([k, name, d, n, key, ms, ref, None if ref is None else ms / res[ref]])
+    if args.smoke and args.json is None:
+        return
+    path = record.write_table(
+        "bench_round_out", title="In-place round options (divide=, out=) against their numpy compositions",
+        columns=["threads", "plan", "d", "n", "case", "median ms", "reference case", "ms / reference"], rows=rows,
+        reference="the numpy composition each option replaces (the call, then `+= 0.0; /= n` in numpy; or a fresh output "
+                  "array), measured in the same process",
+        notes=f"medians of {args.reps} interleaved repetitions, every case in a fresh process", path=args.json)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

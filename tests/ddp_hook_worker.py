@@ -12,6 +12,7 @@ gradients DDP left in the bucket's parameters. Writes one JSON record per exchan
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -23,6 +24,15 @@ import permk.torch as pt
 
 SIZES = (13, 8, 6, 21)  # buckets of sizes divisible and not divisible by 2 and 4
 STEPS = 3
+#: where the model lives and which backend moves the numbers (tests/gpu/gpu_checks.py sets cuda)
+DEVICE = torch.device(os.environ.get("PERMK_TEST_DEVICE", "cpu"))
+BACKEND = os.environ.get("PERMK_TEST_BACKEND", "gloo")
+
+
+def ddp(module: torch.nn.Module, **kw: object) -> torch.nn.parallel.DistributedDataParallel:
+    module = module.to(DEVICE)
+    ids = [DEVICE.index or 0] if DEVICE.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(module, device_ids=ids, **kw)  # type: ignore[arg-type]
 
 
 class Model(torch.nn.Module):
@@ -42,12 +52,14 @@ def cases(n: int) -> list[tuple[str, permk.compressors.base.Compressor]]:
 
 def main() -> None:
     store_file, rank, world, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    dist.init_process_group("gloo", store=dist.FileStore(store_file, world), rank=rank, world_size=world)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(BACKEND, store=dist.FileStore(store_file, world), rank=rank, world_size=world)
     records = []
     for name, comp in cases(world):
         for dtype in (torch.float32, torch.float64):
             torch.manual_seed(0)
-            model = torch.nn.parallel.DistributedDataParallel(Model(dtype), bucket_cap_mb=1e-6)
+            model = ddp(Model(dtype), bucket_cap_mb=1e-6)
             state, hook = pt.comm_hook(comp, seed=11)
             seen = []
 
@@ -68,13 +80,14 @@ def main() -> None:
             model.register_comm_hook(state, recording)
             for step in range(STEPS):
                 gen = torch.Generator().manual_seed(1000 * step + rank)
-                gs = [torch.randn(s, generator=gen, dtype=torch.float64).mul_(3.7).to(dtype) for s in SIZES]
+                gs = [torch.randn(s, generator=gen, dtype=torch.float64).mul_(3.7).to(dtype).to(DEVICE) for s in SIZES]
                 model.zero_grad()
                 model(gs).backward()
                 for call, local, res, params in sorted(seen, key=lambda s: s[0].bucket):
                     everyone = [torch.empty_like(local) for _ in range(world)]
                     dist.all_gather(everyone, local)
-                    stacked = np.stack([t.numpy() for t in everyone])
+                    stacked = np.stack([t.cpu().numpy() for t in everyone])
+                    res = res.cpu()
                     want = comp.aggregate(stacked, seed=call.seed, round=call.round)
                     other = comp.aggregate(stacked, seed=call.seed, round=call.round + 1)
                     grads = torch.cat([p.grad.reshape(-1) for p in params])
@@ -87,7 +100,7 @@ def main() -> None:
                         "disjoint": (name == "PermK" and call.d >= world) or name == f"BlockPermK({world})",
                         "seed_ok": call.seed == pt.hook.bucket_seed(11, call.bucket),
                         "equal": res.numpy().dtype == want.dtype and bool(np.array_equal(res.numpy(), want)),
-                        "grads_equal": bool(torch.equal(grads, res)),
+                        "grads_equal": bool(torch.equal(grads.cpu(), res)),
                         "other_round_differs": not np.array_equal(res.numpy(), other),
                     })
                 seen.clear()

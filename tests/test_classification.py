@@ -150,15 +150,16 @@ def test_smoothness_bounds_hold_at_random_points(name: str) -> None:
 
 def test_sigmoid_bound_is_attained() -> None:
     """At ``y aᵀx = logit(s₊)`` the Hessian of a one-sample sigmoid loss is ``c a aᵀ``: its norm
-    equals ``L_ij``, so the constant cannot be lowered."""
-    a = np.array([[0.6, -1.2]])
-    p = NonconvexSigmoid(a, [1], n=1)
+    equals ``L_ij``, so the constant cannot be lowered (a second sample ``0`` without bias, of
+    the other label, adds no curvature: ``L_i = c‖a‖²/2``)."""
+    a = np.array([[0.6, -1.2], [0.0, 0.0]])
+    p = NonconvexSigmoid(a, [1, -1], n=1, bias=False)
     s_plus = (9 + math.sqrt(33)) / 24
-    A = np.array([0.6, -1.2, 1.0])
+    A = np.array([0.6, -1.2])
     x = A / (A @ A) * math.log(s_plus / (1 - s_plus))
     H = _fd_hessian(p.grad, x, h=1e-5)
     assert np.abs(np.linalg.eigvalsh(H)).max() == pytest.approx(p.L_i[0], rel=1e-6)
-    assert p.L_i[0] == pytest.approx(SIGMOID_CURVATURE * (A @ A), rel=1e-12)
+    assert p.L_i[0] == pytest.approx(SIGMOID_CURVATURE * (A @ A) / 2, rel=1e-12)
 
 
 def test_minibatch_indices_are_a_function_of_seed_round_worker() -> None:
@@ -291,20 +292,60 @@ def test_full_gradient_methods_run_unchanged(method: str) -> None:
     assert res.params.constants["L_minus"] == pytest.approx(p.L_minus)
 
 
-def test_marina_fused_path_equals_dense_path() -> None:
+@pytest.mark.parametrize("sparse", [False, True])
+def test_marina_fused_path_equals_dense_path(sparse: bool) -> None:
     X, y = _data(N=60, f=7)
-    p = NonconvexSigmoid(sp.csr_array(X), y, n=4, seed=0)
+    p = NonconvexSigmoid(sp.csr_array(X) if sparse else X, y, n=4, seed=0)
     fused = permk.marina(p, permk.PermK(), rounds=120, seed=2)
     dense = permk.marina(p, permk.PermK(), rounds=120, seed=2, path="dense")
     assert fused.params.path == "fused"
-    np.testing.assert_allclose(fused.x, dense.x, rtol=1e-9, atol=1e-12)
+    assert fused.x.tobytes() == dense.x.tobytes()  # bit for bit (issue 33, item 9)
+
+
+_FUSED_METHODS = {
+    "marina": (permk.marina, {"p": 0.2}),
+    "diana": (permk.diana, {}),
+    "dasha": (permk.dasha, {}),
+    "pp-marina": (permk.marina, {"p": 0.2, "participation": 3}),
+    "dasha-pp": (permk.dasha, {"participation": 3}),
+}
+
+
+@pytest.mark.parametrize("method", sorted(_FUSED_METHODS))
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_fused_and_dense_paths_give_the_same_iterates_bit_for_bit(name: str, sparse: bool, dtype: type, method: str) -> None:
+    """Issue 33, item 9: the coordinate oracle's values are the entries of local_grads bit for
+    bit (dense data: read from the same batched products; sparse data: summed in the sparse
+    product's order, in the data's dtype), so the fused path's iterates are the dense path's."""
+    run, options = _FUSED_METHODS[method]
+    p = _make(name, n=5, sparse=sparse, dtype=dtype)
+    comp = permk.PermK() if "participation" not in options else permk.RandK(2)
+    fused = run(p, comp, rounds=40, seed=2, path="fused", gamma=0.05, **options)
+    dense = run(p, comp, rounds=40, seed=2, path="dense", gamma=0.05, **options)
+    assert fused.params.path == "fused" and fused.x.tobytes() == dense.x.tobytes(), np.abs(fused.x - dense.x).max()
+    assert fused.grad_norm_sq.tobytes() == dense.grad_norm_sq.tobytes()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("name", sorted(PROBLEMS))
+def test_local_grad_coords_are_the_entries_of_local_grads(name: str, sparse: bool) -> None:
+    p = _make(name, n=4, sparse=sparse, dtype=np.float32)
+    rng = np.random.default_rng(1)
+    for x in (rng.standard_normal(p.d), rng.standard_normal(p.d), p.x0):
+        rows, cols = rng.integers(0, p.n, 50), rng.integers(0, p.d, 50)
+        assert p.local_grad_coords(x, rows, cols).tobytes() == p.local_grads(x)[rows, cols].tobytes()
+        held = p.held(range(1, 3))
+        r = rng.integers(1, 3, 20)
+        assert held.local_grad_coords(x, r, cols[:20]).tobytes() == held.local_grads(x)[r - 1, cols[:20]].tobytes()
 
 
 def test_bad_input() -> None:
     X, y = _data(N=10)
     with pytest.raises(ValueError, match="y must have shape"):
         NonconvexSigmoid(X, y[:-1], n=2)
-    with pytest.raises(ValueError, match="at most two label values"):
+    with pytest.raises(ValueError, match="needs two label values, got 10"):
         NonconvexSigmoid(X, np.arange(10), n=2)
     with pytest.raises(ValueError, match="dtype"):
         NonconvexSigmoid(X, y, n=2, dtype=np.int64)

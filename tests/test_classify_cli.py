@@ -107,6 +107,51 @@ def test_non_binary_labels_for_the_binary_task(tmp_path: Path) -> None:
     assert str(f) in line and "two label values" in line
 
 
+@pytest.mark.parametrize("task", ["binary", "multiclass"])
+def test_a_single_label_value_is_refused(tmp_path: Path, task: str) -> None:
+    """Issue 33, item 4: a file whose samples all carry one label is no classification task."""
+    f = _libsvm(tmp_path / "one_label.svm", ["1 1:0.5", "1 2:1", "1 1:1 2:1", "1 2:0.25"])
+    line = _one_line_error(run_cli("classify", "--quick", "--data", str(f), "--task", task, "--n", "2", "--out", str(tmp_path / "o")))
+    assert str(f) in line and "two label values, got 1: [1.0]" in line and not (tmp_path / "o").exists()
+
+
+def test_a_huge_index_is_a_one_line_file_line_error(tmp_path: Path) -> None:
+    """Issue 33, item 5: no traceback, exit 2, FILE:LINE."""
+    f = _libsvm(tmp_path / "big.svm", ["1 1:0.5", "-1 2:1", "1 99999999999999999999:1"])
+    line = _one_line_error(run_cli("classify", "--quick", "--data", str(f), "--n", "2", "--out", str(tmp_path / "o")))
+    assert f"{f}:3: the index 99999999999999999999" in line and "too large" in line
+
+
+def test_huge_features_are_refused_naming_the_file(tmp_path: Path) -> None:
+    """Issue 33, item 6: a value of 1e300 (finite, but its square is not) names the file."""
+    f = _libsvm(tmp_path / "huge.svm", ["1 1:0.5", "-1 2:1", "1 1:1e300", "-1 1:1 2:2"])
+    line = _one_line_error(run_cli("classify", "--quick", "--data", str(f), "--n", "2", "--out", str(tmp_path / "o")))
+    assert f"{f}: the samples are too large for the smoothness constants" in line and "rescale the features" in line
+
+
+def test_resume_refuses_a_changed_data_file(tmp_path: Path) -> None:
+    """Issue 33, item 8: the grid's config holds a digest of the data read; after the file's
+    features are rescaled, ``--resume`` refuses the grid (exit 2, one line naming the data),
+    and with the file restored it resumes."""
+    rows = [f"{'+1' if k % 2 else '-1'} 1:{(k % 7) / 7:.3f} 2:{(k % 5) / 5:.3f}" for k in range(24)]
+    f = _libsvm(tmp_path / "toy.svm", rows)
+    args = ["classify", "--data", str(f), "--n", "2", "--rounds", "5", "--max-multipliers", "1", "--batch-size", "2",
+            "--no-progress", "--no-plot", "--threads", "1", "--methods", "marina-permk", "--out", str(tmp_path / "o")]
+    assert run_cli(*args).returncode == 0
+    runs = tmp_path / "o" / "classify" / "runs" / "equal.jsonl"
+    done = runs.read_text()
+    runs.write_text("")  # as if the grid had been cut short
+    _libsvm(f, [r.replace(" 1:", " 1:1") for r in rows])  # the features rescaled, the path the same
+    line = _one_line_error(run_cli(*args, "--resume"))
+    assert "--resume:" in line and "the data (a digest of the samples it read) changed since the grid started" in line
+    assert runs.read_text() == ""
+    _libsvm(f, rows)
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr
+    curve = lambda text: [json.loads(line)["curve"] for line in text.splitlines()]  # noqa: E731
+    assert curve(runs.read_text()) == curve(done)  # the same run, bit for bit
+
+
 def test_more_workers_than_samples(tmp_path: Path) -> None:
     f = _libsvm(tmp_path / "four.svm", ["+1 1:0.5", "-1 2:1", "+1 1:1", "-1 2:0.5"])
     line = _one_line_error(run_cli("classify", "--data", str(f), "--n", "5", "--out", str(tmp_path / "o")))

@@ -92,6 +92,24 @@ def idx_data(tmp_path: Path, n: int, seed: int = 0) -> Path:
     return d
 
 
+def test_autoencoder_resume_refuses_changed_images(tmp_path: Path) -> None:
+    """Issue 33, item 8: the grid's config holds a digest of the images read; other images
+    under the same path are refused by ``--resume``."""
+    d = idx_data(tmp_path, 20)
+    args = ["autoencoder", "--data", str(d), "--workers", "2", "--p-hat", "1", "--lam", "0.001", "--encoding", "2", "--rounds", "3",
+            "--max-multipliers", "1", "--methods", "marina-permk", "--gamma", "0.01", "--no-progress", "--no-plot",
+            "--out", str(tmp_path / "o")]
+    r = run_cli(*args)
+    assert r.returncode == 0, r.stderr
+    (d / "train-images-idx3-ubyte.gz").unlink()
+    d.rmdir()
+    idx_data(tmp_path, 20, seed=1)
+    for f in (tmp_path / "o" / "autoencoder" / "runs").glob("*.jsonl"):
+        f.write_text("")
+    r = run_cli(*args, "--resume")
+    assert r.returncode == 2 and "the data (a digest of the samples it read) changed since the grid started" in r.stderr, r.stderr
+
+
 @pytest.mark.slow
 def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
     """A tiny grid on IDX data given by $PERMK_DATA: files, constants, figures."""

@@ -297,6 +297,10 @@ UNIFORM_JOINT = [
     ("PermK", 3, 4, lambda: permk_wide_plans(3, 4)),
     ("PermK", 4, 3, lambda: block_plans([0, 1, 2], 4)),
     ("PermK", 5, 2, lambda: block_plans([0, 1], 5)),
+    ("PermK(sampler='shuffle')", 3, 3, lambda: permk_wide_plans(3, 3)),
+    ("PermK(sampler='shuffle')", 2, 5, lambda: permk_wide_plans(2, 5)),
+    ("PermK(sampler='shuffle')", 3, 4, lambda: permk_wide_plans(3, 4)),
+    ("PermK(sampler='shuffle')", 4, 3, lambda: block_plans([0, 1, 2], 4)),
     ("BlockPermK", 3, 4, lambda: block_plans([0, 0, 1, 1], 3)),
     ("BlockPermK", 5, 5, lambda: block_plans([0, 0, 1, 1, 1], 5)),
 ]
@@ -305,13 +309,57 @@ UNIFORM_JOINT = [
 @pytest.mark.parametrize("kind,n,d,enumerate_plans", UNIFORM_JOINT)
 def test_seeded_plans_follow_the_exact_distribution(kind: str, n: int, d: int, enumerate_plans: Callable) -> None:
     """The full assignment (worker → coordinates, scale) of seeded plans is distributed as the
-    uniform distribution on permutations says (chi-square, all outcomes)."""
+    uniform distribution on permutations says (chi-square, all outcomes): for PermK with either
+    sampler."""
     expected = exact_distribution(plans_to_matrices(enumerate_plans(), n, d))
-    c = PermK() if kind == "PermK" else BlockPermK(2)
+    c = {"PermK": PermK(), "PermK(sampler='shuffle')": PermK(sampler="shuffle")}.get(kind, BlockPermK(2))
     total = max(6000, 60 * len(expected))
     observed = seeded_outcomes(c, n, d, total, outcome)
     p, msg = chi2_pvalue(observed, expected, total)
     assert p >= P_FAIL, f"{kind} n={n} d={d}: p = {p:.2e} ({msg})"
+
+
+def balanced_plans(n: int, d: int) -> list:
+    """Every balanced assignment of ``d >= n`` coordinates to ``n`` workers (each worker
+    ``⌊d/n⌋`` or ``⌊d/n⌋ + 1`` coordinates), as CSR plans scaled by ``n``: the support of PermK's
+    rounds, each equally likely."""
+    k = d // n
+    plans = []
+    for owners in itertools.product(range(n), repeat=d):
+        counts = np.bincount(owners, minlength=n)
+        if counts.min() >= k and counts.max() <= k + 1:
+            o = np.asarray(owners)
+            coords = np.concatenate([np.flatnonzero(o == i) for i in range(n)])
+            plans.append((np.concatenate([[0], np.cumsum(counts)]), coords, np.full(n, float(n))))
+    return plans
+
+
+@pytest.mark.parametrize("sampler", ["rebalance", "shuffle"])
+@pytest.mark.parametrize("n,d", [(2, 4), (2, 5), (3, 4), (3, 5), (3, 6), (4, 6)])
+def test_both_samplers_have_theorem_permks_exact_second_moment(sampler: str, n: int, d: int) -> None:
+    """Theorem "PermK" (d ≥ n: IV(1), A = B = 1, an equality) for both samplers:
+
+    1. the permutations of the definition and the uniform balanced assignment are one
+       distribution (exact enumeration of both), which is unbiased with the exact second moment
+       ``E[D_ij D_lj] = n·δ_il − 1`` (``D = M − 1``; :func:`exact_failures`);
+    2. the sampler's seeded plans follow it (chi-square over all assignments);
+    3. the sampler's own second moments, estimated from its seeded plans, are within 6 standard
+       errors of ``n·δ_il − 1`` for every pair of workers and every coordinate.
+    """
+    balanced = plans_to_matrices(balanced_plans(n, d), n, d)
+    expected = exact_distribution(balanced)
+    assert expected == pytest.approx(exact_distribution(plans_to_matrices(permk_wide_plans(n, d), n, d)), rel=1e-12)
+    assert exact_failures(balanced, 1.0, 1.0, inputs_for(n, d)) == []
+    c = PermK(sampler=sampler)
+    assert c.ab_constants(n, d) == (1.0, 1.0)
+    total = max(6000, 60 * len(expected))
+    p, msg = chi2_pvalue(seeded_outcomes(c, n, d, total, outcome), expected, total)
+    assert p >= P_FAIL, f"{c.name} n={n} d={d}: p = {p:.2e} ({msg})"
+    D = np.stack([plan_matrix(c.plan(n, d, seed=2024, round=t), n, d) for t in range(4000)]) - 1.0
+    prods = np.einsum("pij,plj->pilj", D, D)  # (rounds, n, n, d)
+    mean, se = prods.mean(axis=0), prods.std(axis=0, ddof=1) / math.sqrt(len(D))
+    target = (n * np.eye(n) - 1.0)[:, :, None]
+    assert np.all(np.abs(mean - target) <= 6 * se + 1e-12), f"{c.name}: second moments {mean} vs {target}"
 
 
 def test_seeded_permk_marginals_wide() -> None:
@@ -858,7 +906,8 @@ def test_same_output_in_other_processes_and_thread_counts() -> None:
 
 
 GOLDEN = {
-    "PermK(4, 10)": ([2, 4, 1, 5, 9, 0, 8, 3, 6, 7], [0, 2, 5, 7, 10]),
+    "PermK(4, 10)": ([0, 7, 9, 4, 6, 8, 2, 5, 1, 3], [0, 3, 6, 8, 10]),
+    "PermK(sampler='shuffle')(4, 10)": ([2, 4, 1, 5, 9, 0, 8, 3, 6, 7], [0, 2, 5, 7, 10]),
     "RandK(3)(2, 10)": ([2, 7, 4, 3, 6, 9], [0, 3, 6]),
     "PermK(7, 3)": ([0, 1, 2, 1, 2, 0], [0, 1, 2, 3, 3, 4, 5, 6]),
     "BlockPermK(2)(5, 6)": ([0, 1, 2, 3, 4, 5, 3, 4, 5, 0, 1, 2], [0, 3, 3, 6, 9, 12]),
@@ -870,11 +919,14 @@ def test_shared_randomness_is_pinned() -> None:
 
     If this fails, the random streams changed (e.g. a dependency update changed ChaCha or the
     bounded-integer algorithm, or the sampling code changed): every recorded experiment would
-    silently change. Update these constants only on purpose.
+    silently change. Update these constants only on purpose. (PermK's default sampler became
+    ``"rebalance"`` on purpose; the shuffle's stream, ``PermK(sampler="shuffle")``, is pinned as
+    it was.)
     """
     got = {}
     for name, c, n, d in [
         ("PermK(4, 10)", PermK(), 4, 10),
+        ("PermK(sampler='shuffle')(4, 10)", PermK(sampler="shuffle"), 4, 10),
         ("RandK(3)(2, 10)", RandK(3), 2, 10),
         ("PermK(7, 3)", PermK(), 7, 3),
         ("BlockPermK(2)(5, 6)", BlockPermK(2), 5, 6),

@@ -314,6 +314,13 @@ def test_the_reused_aggregate_buffer_is_never_one_the_caller_holds(nprocs: int) 
 
 
 @needs_mpi
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_the_shared_memory_window_and_the_allgatherv_give_the_aggregate(nprocs: int) -> None:
+    proc = _launch(nprocs, "window.py", timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+@needs_mpi
 def test_a_user_method_with_a_per_worker_state_runs_and_resumes_on_mpi(tmp_path: Path) -> None:
     """``mpi_cases.LocalMomentum``, defined outside the package, whose state keeps a per-worker
     array: each rank holds its workers' rows, the ranks agree on the digest of its shared arrays,

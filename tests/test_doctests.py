@@ -25,7 +25,7 @@ def test_the_modules_are_found() -> None:
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples(name: str) -> None:
-    if name == "permk.torch" or name.startswith("permk.torch."):
+    if name in ("permk.torch", "permk.transport.ddp") or name.startswith("permk.torch."):  # the torch extra
         pytest.importorskip("torch", reason="permk.torch needs PyTorch: pip install 'permk[torch]'")
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS)

@@ -287,6 +287,122 @@ def test_the_cli_sees_a_plugin(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "--plugin no_such_plugin_xyz: ModuleNotFoundError" in bad.stderr
 
 
+# -- issue 33, item 10: a plugin whose own code raises is named, never a traceback ---------------
+class NoDefault(permk.Compressor):
+    """A plugin compressor whose ``default`` raises RuntimeError."""
+
+    def floats_per_worker(self, n: int, d: int) -> int:
+        return d
+
+    @classmethod
+    def default(cls, n: int, d: int) -> permk.Compressor:
+        raise RuntimeError("no default here")
+
+    def plan(self, n: int, d: int, *, seed: int, round: int) -> permk.Plan:
+        return permk.Plan(np.arange(n + 1) * d, np.tile(np.arange(d), n), np.ones(n))
+
+
+class BadParams(permk.methods.DCGD):
+    """A plugin method whose ``parameters`` raise ZeroDivisionError."""
+
+    name = "badparams"
+
+    def parameters(self, *args: object, **kwargs: object) -> object:  # type: ignore[override]
+        raise ZeroDivisionError("oops")
+
+
+def test_a_raising_plugin_is_named_and_left_out_of_the_specs() -> None:
+    from permk.experiments.specs import PluginError, Spec, available_specs, spec_survey
+
+    bad = BadParams()
+    permk.register(NoDefault)
+    permk.register(bad)
+    try:
+        with pytest.warns(permk.registry.PluginWarning) as w:
+            specs = available_specs()
+        messages = sorted(str(x.message) for x in w)
+        assert messages == [
+            "permk plugin compressor 'nodefault' (test_registry.NoDefault) failed: NoDefault.default(10, 100) raised "
+            "RuntimeError: no default here; its methods are left out",
+            "permk plugin method 'badparams' (test_registry.BadParams) failed: badparams-permk's parameters and step at "
+            "n=10, d=100 raised ZeroDivisionError: oops; its methods are left out"], messages
+        assert "marina-permk" in specs and not any("nodefault" in s or s.startswith("badparams") for s in specs)
+        _, broken = spec_survey()
+        assert set(broken) == {"compressor nodefault", "method badparams"}
+        with pytest.raises(PluginError, match=r"^the plugin compressor 'nodefault' \(test_registry\.NoDefault\): "
+                                              r"NoDefault\.default\(4, 8\) raised RuntimeError: no default here$"):
+            Spec.parse("marina-nodefault").compressor(4, 8)
+    finally:
+        permk.registry.unregister(NoDefault)
+        permk.registry.unregister(bad)
+    assert spec_survey()[1] == {}
+
+
+BROKEN_PLUGINS = textwrap.dedent('''
+    import numpy as np
+    import permk
+
+
+    class Boom(permk.Compressor):
+        """default() raises: every --methods check meets it."""
+
+        def floats_per_worker(self, n, d):
+            return d
+
+        @classmethod
+        def default(cls, n, d):
+            raise RuntimeError("no default here")
+
+        def plan(self, n, d, *, seed, round):
+            return permk.Plan(np.arange(n + 1) * d, np.tile(np.arange(d), n), np.ones(n))
+
+
+    class Late(permk.Compressor):
+        """Fine until a run's round 3, whose plan raises KeyError."""
+
+        def floats_per_worker(self, n, d):
+            return 1
+
+        def ab_constants(self, n, d):
+            return (float(d - 1) / n, 0.0)
+
+        def plan(self, n, d, *, seed, round):
+            if round == 3:
+                raise KeyError("round three")
+            return permk.Plan(np.arange(n + 1), np.zeros(n, dtype=np.int64), np.full(n, float(d)))
+
+
+    permk.register(Boom)
+    permk.register(Late)
+''')
+
+
+def test_the_cli_names_a_raising_plugin_and_exits_2(tmp_path: Path) -> None:
+    """A plugin's default() raising RuntimeError: asking for its method is a one-line error
+    naming it (exit 2), asking for another method runs with a warning naming it; a plugin
+    raising KeyError mid-run is a one-line error naming it (exit 2). Never a traceback."""
+    from conftest import run_cli
+
+    (tmp_path / "brokenplug.py").write_text(BROKEN_PLUGINS)
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    common = ["quadratic", "--quick", "--n", "4", "--d", "8", "--noise-scales", "0.5", "--rounds", "20", "--max-multipliers", "1",
+              "--no-plot", "--no-progress", "--threads", "1"]
+    named = "the plugin compressor 'boom' (brokenplug.Boom) failed: Boom.default(10, 100) raised RuntimeError: no default here"
+    for how in (["--plugin", "brokenplug"], []):
+        e = env if how else {**env, "PERMK_PLUGINS": "brokenplug"}
+        r = run_cli(*how, *common, "--methods", "marina-boom", "--out", str(tmp_path / "a"), env=e)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == f"permk quadratic: error: argument --methods: 'marina-boom': {named}"
+        r = run_cli(*how, *common, "--methods", "marina-permk", "--out", str(tmp_path / f"b{len(how)}"), env=e)
+        assert r.returncode == 0, r.stderr
+        assert r.stderr.count(f"permk: warning: {named}; its methods are left out") == 1
+    for jobs in ("1", "2"):
+        r = run_cli("--plugin", "brokenplug", *common, "--jobs", jobs, "--methods", "marina-late", "--out", str(tmp_path / f"c{jobs}"), env=env)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines()[-1] == ("permk quadratic: error: the plugin compressor 'late' (brokenplug.Late): "
+                                                     "the run of marina-late raised KeyError: 'round three'")
+
+
 @pytest.mark.slow
 def test_the_generic_tests_run_on_registered_objects(tmp_path: Path) -> None:
     """With ``PERMK_PLUGINS`` naming a module that registers a compressor and a method, the

@@ -4,6 +4,7 @@ with 2 and 4 localhost processes; the bytes each rank sends are the theory's; ar
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -23,12 +24,13 @@ import permk.torch as pt  # noqa: E402
 from permk.torch.hook import bucket_seed  # noqa: E402
 
 WORKER = Path(__file__).with_name("ddp_hook_worker.py")
+FEATURES = Path(__file__).with_name("ddp_features_worker.py")
 
 
-def run_ranks(world: int, tmp: Path) -> list[list[dict[str, Any]]]:
-    """Run ddp_hook_worker.py on ``world`` processes; every rank's records."""
+def run_ranks(world: int, tmp: Path, worker: Path = WORKER) -> list[Any]:
+    """Run a worker script on ``world`` processes; every rank's records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp / "store"), str(r), str(world), str(tmp / f"r{r}.json")],
+    procs = [subprocess.Popen([sys.executable, str(worker), str(tmp / "store"), str(r), str(world), str(tmp / f"r{r}.json")],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
     logs = []
     try:
@@ -45,6 +47,80 @@ def run_ranks(world: int, tmp: Path) -> list[list[dict[str, Any]]]:
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
 def ranks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[list[dict[str, Any]]]]:
     return request.param, run_ranks(request.param, tmp_path_factory.mktemp(f"ddp{request.param}"))
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
+def features(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[dict[str, Any]]]:
+    """ddp_features_worker.py's records (dtypes, shifted, resume, sharded) of every rank."""
+    return request.param, run_ranks(request.param, tmp_path_factory.mktemp(f"features{request.param}"), FEATURES)
+
+
+def test_half_precision_is_the_recipe_rounded_to_the_dtype(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """bfloat16 and float16 buckets: each exchange is the compressor's recipe with every operation
+    rounded to the dtype (bit for bit), within (n + 2)/2 ulps of the magnitudes summed of
+    compressor.aggregate of the same values in float64, and sends half the bytes of float32."""
+    n, per_rank = features
+    for result in per_rank:
+        recs = result["dtypes"]
+        assert {(r["case"], r["dtype"]) for r in recs} == {(c, t) for c in ("PermK", f"BlockPermK({n})", "RandK(3)")
+                                                            for t in ("torch.bfloat16", "torch.float16")}
+        assert all(r["equal"] for r in recs), [r for r in recs if not r["equal"]][:3]
+        assert all(r["close"] for r in recs) and all(r["itemsize"] == 2 for r in recs)
+
+
+def test_shifted_hooks_are_the_simulators_exchanges(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """The DIANA-shifted and EF21 hooks (float64): every exchange's mean, the estimate h̄ + mean, this
+    rank's shift and the mirror equal permk.exchanges.shifted / error_feedback run by the simulator
+    on all ranks' gradients, bit for bit, step after step (DDP's rebuild resets both sides)."""
+    _, per_rank = features
+    for result in per_rank:
+        recs = [r for r in result["shifted"] if "mean" in r]
+        assert {r["case"] for r in recs} == {"diana PermK", "diana RandK(3)", "ef21 TopK(3)", "ef21 PermK"}
+        assert all(r["mean"] and r["estimate"] and r["h"] and r["hbar"] for r in recs), [r for r in recs if not r["mean"]][:3]
+        assert sum(r["nonzero"] for r in recs) > len(recs) // 2
+        for r in (r for r in result["shifted"] if "resets" in r):
+            assert r["resets"] == r["buckets"] + 1  # every bucket's first round, and the rebuilt bucket 0
+
+
+def test_a_checkpoint_resumes_at_the_right_round(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """A DIANA hook's state saved after two steps (state_dict through torch.save, and pickle) and
+    loaded into a new DDP model continues the run bit for bit: same rounds, same outputs."""
+    _, per_rank = features
+    for result in per_rank:
+        for r in result["resume"]:
+            assert r["rounds"] and r["count"] == [4, 4] and all(r["same_calls"]) and all(r["outputs"]), r
+
+
+def test_sharded_exchange(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """ShardedOptimizer: every rank's shard of the mean is compressor.aggregate restricted to the
+    shard (float32 and float64, bit for bit); a training run with SGD and momentum has DDP's
+    trajectory with the unsharded hook, bit for bit; the bytes of gradient values that leave a rank
+    are about 1/n of the reduce-scatter's ((n − 1)/n · d values)."""
+    n, per_rank = features
+    for rank, result in enumerate(per_rank):
+        recs = result["sharded"]
+        assert all(r["equal"] for r in recs if r["kind"] == "shard")
+        assert all(all(r["same"]) and r["moved"] for r in recs if r["kind"] == "trajectory")
+        for r in (r for r in recs if r["kind"] == "bytes"):
+            d, item, rs = r["d"], r["itemsize"], r["reduce_scatter"]
+            steps = rs // ((n - 1) * -(-d // n) * item)
+            assert rs == steps * (n - 1) * -(-d // n) * item  # (n − 1)/n · d values per step, padded shards
+            if r["case"] in ("PermK", f"BlockPermK({n})"):  # d/n values per rank, minus the part of its own shard
+                assert r["exchanged"] <= steps * -(-d // n) * item
+                assert r["exchanged"] <= rs / (n - 1) * 1.1
+
+
+def test_marina_helper(features: tuple[int, list[dict[str, Any]]]) -> None:
+    """permk.torch.Marina: the coin is MARINA's; on tails the compressed mean is compressor.aggregate
+    of every rank's ∇f_B(x^{t+1}) − ∇f_B(x^t), bit for bit, and g^{t+1} = g^t + that mean."""
+    _, per_rank = features
+    for result in per_rank:
+        *rounds, summary = result["marina"]
+        assert summary["round"] == len(rounds) and summary["p"] == 0.3
+        assert {r["heads"] for r in rounds} == {True, False}
+        assert rounds[-1]["coin_count"] == sum(r["heads"] for r in rounds)
+        assert all(r["mean"] and r.get("g", True) for r in rounds if not r["heads"])
+        assert all(map(math.isfinite, summary["losses"]))
 
 
 def test_hook_equals_aggregate_bit_for_bit(ranks: tuple[int, list[list[dict[str, Any]]]]) -> None:
@@ -123,10 +199,12 @@ def backward(compressor: permk.compressors.base.Compressor, dtype: Any) -> pt.Ho
     return state
 
 
-def test_one_rank_records_its_bytes(one_rank: None) -> None:
+def test_one_rank_returns_at_once(one_rank: None) -> None:
+    """A world of one rank sends nothing and returns the gradient itself (rounds still count)."""
     state = backward(permk.PermK(), torch.float32)
     assert state.n == 1 and state.rank == 0 and state.rounds == {0: 1}
-    assert state.bytes_sent == state.bytes_padded == 15 * 4 and state.bytes_sent_per_bucket() == {0: 60}
+    assert state.bytes_sent == state.bytes_padded == 0 and state.bytes_sent_per_bucket() == {0: 0}
+    assert not state._buckets[0].planner._ahead  # no plan computed
 
 
 def test_the_record_is_bounded_and_the_totals_count_every_exchange(one_rank: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,14 +214,27 @@ def test_the_record_is_bounded_and_the_totals_count_every_exchange(one_rank: Non
     model.register_comm_hook(state, hook)
     for _ in range(5):
         model(torch.ones(2, 4)).sum().backward()
-    assert [c.round for c in state.calls] == [3, 4] and state.rounds == {0: 5}
-    assert state.bytes_sent == state.bytes_padded == 5 * 60 and state.bytes_sent_per_bucket() == {0: 300}
+    assert [c.round for c in state.calls] == [3, 4] and state.rounds == {0: 5} and len(state.totals) == 1
 
 
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+class FakeBucket:
+    """What the hook reads of a GradBucket, for a dtype DDP itself would not hand over."""
+
+    def __init__(self, buf: Any) -> None:
+        self.buf = buf
+
+    def buffer(self) -> Any:
+        return self.buf
+
+    def index(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("dtype", ["int32", "complex64"])
 def test_unsupported_dtype(one_rank: None, dtype: str) -> None:
+    state, hook = pt.comm_hook(permk.PermK(), seed=0)
     with pytest.raises(TypeError, match=f"torch.{dtype}"):
-        backward(permk.PermK(), getattr(torch, dtype))
+        hook(state, FakeBucket(torch.zeros(4, dtype=getattr(torch, dtype))))  # type: ignore[arg-type]
 
 
 def test_world_size_not_matching(one_rank: None) -> None:
@@ -165,6 +256,45 @@ def test_argument_errors() -> None:
     if not dist.is_initialized():
         with pytest.raises(RuntimeError, match="not initialised"):
             pt.comm_hook(permk.PermK(), seed=0)
+
+
+def test_shift_arguments(one_rank: None) -> None:
+    with pytest.raises(ValueError, match="shift"):
+        pt.comm_hook(permk.PermK(), seed=0, shift="ef22")
+    with pytest.raises(ValueError, match="alpha"):
+        pt.comm_hook(permk.PermK(), seed=0, alpha=0.5)
+    with pytest.raises(ValueError, match="alpha"):
+        pt.comm_hook(permk.PermK(), seed=0, shift="diana", alpha=1.5)
+    with pytest.raises(ValueError, match="no shared plan"):
+        pt.comm_hook(permk.TopK(2), seed=0, shift="diana")
+    state, _ = pt.comm_hook(permk.TopK(2), seed=0, shift="ef21")
+    assert state.shift == "ef21" and state._alpha(10) == 1.0
+    assert pt.comm_hook(permk.PermK(), seed=0, shift="diana")[0]._alpha(10) == 1.0  # ω = n − 1 = 0: α = 1/(ω + 1)
+
+
+def test_state_dict_round_trip_and_mismatches(one_rank: None) -> None:
+    """state_dict holds plain numbers and CPU tensors; load_state_dict refuses another compressor,
+    seed or shift, naming the field; a pickled state drops its process group and buffers."""
+    import pickle
+
+    state, hook = pt.comm_hook(permk.PermK(), seed=3, shift="diana")
+    state.rounds, state.totals = {0: 5, 2: 4}, {0: [10, 12]}
+    layout = (4, "torch.float32", ((4,),))
+    state.shifts = {0: {layout: pt.hook.BucketShift(layout, torch.arange(4.0), torch.ones(4))}}
+    sd = state.state_dict()
+    assert sd["rounds"] == {0: 5, 2: 4} and sd["compressor"] == permk.PermK().fingerprint()
+    other, _ = pt.comm_hook(permk.PermK(), seed=3, shift="diana")
+    other.load_state_dict(sd)
+    assert other.rounds == state.rounds and other.totals == state.totals
+    assert torch.equal(other.shifts[0][layout].h, torch.arange(4.0)) and other.shifts[0][layout].fresh
+    for kw, field in (({"compressor": permk.RandK(2)}, "compressor"), ({"seed": 4}, "seed"), ({"shift": None}, "shift")):
+        args = {"compressor": permk.PermK(), "seed": 3, "shift": "diana", **kw}
+        wrong, _ = pt.comm_hook(args.pop("compressor"), **args)
+        with pytest.raises(ValueError, match=field):
+            wrong.load_state_dict(sd)
+    copy = pickle.loads(pickle.dumps(state))
+    assert copy.process_group is None and copy._buckets == {} and copy.rounds == state.rounds
+    assert torch.equal(copy.shifts[0][layout].hbar, torch.ones(4))
 
 
 @pytest.mark.slow

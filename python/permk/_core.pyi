@@ -37,16 +37,18 @@ _Messages = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.f
 class Spec:
     """A compressor: a sparsifier followed by an optional quantizer (``C_i ∘ Q_i``).
 
-    ``sparsifier`` names a sparsifier of the core's registry, e.g. ``"identity"``, ``"permk"``,
-    ``"randk"`` (``k=``), ``"topk"`` (``k=``), ``"blockpermk"`` (``m=`` or ``labels=``),
+    ``sparsifier`` names a sparsifier of the core's registry, e.g. ``"identity"``, ``"permk"``
+    (``sampler="rebalance"``, the default, or ``"shuffle"``: how a round's owners are drawn,
+    the same distribution from different streams; see :class:`permk.PermK`), ``"randk"``
+    (``k=``), ``"topk"`` (``k=``), ``"blockpermk"`` (``m=`` or ``labels=``),
     ``"coordinate_sampling"``; ``quantizer`` is ``"none"``, ``"natural"`` or ``"qsgd"``
-    (``s=``). ``params`` are ints, floats or lists of ints (``None`` is absent). An unknown name
-    raises ValueError listing the known ones; an unknown or invalid parameter raises ValueError
-    (TypeError for a wrong kind) naming it.
+    (``s=``). ``params`` are ints, floats, lists of ints or strings (``None`` is absent). An
+    unknown name raises ValueError listing the known ones; an unknown or invalid parameter
+    raises ValueError (TypeError for a wrong kind) naming it.
     """
 
     def __new__(
-        cls, sparsifier: str, *, quantizer: str = "none", **params: int | float | list[int] | None
+        cls, sparsifier: str, *, quantizer: str = "none", **params: int | float | list[int] | str | None
     ) -> Spec: ...
     @property
     def name(self) -> str:

@@ -216,3 +216,19 @@ def index_array(v: Any, name: str) -> np.ndarray:
     if arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} holds {int(arr.max())}, beyond any index (int64)")  # not wrapped to a negative one
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def check_sample_counts(counts: Any, n: int) -> np.ndarray:
+    """A problem's ``sample_counts`` as ``n`` int64 counts ``m_i``: whole numbers from 1 to
+    2**62 (an integral float such as 10.0 is accepted; 10.5, NaN, bools and strings are a
+    ValueError naming ``problem.sample_counts``)."""
+    arr = np.asarray(counts)
+    ok = arr.shape == (n,) and arr.dtype.kind in "iuf"
+    if ok and arr.size:
+        with np.errstate(invalid="ignore"):
+            ok = bool(np.isfinite(arr).all() and (np.floor(arr) == arr).all() and arr.min() >= 1 and arr.max() <= 2**62)
+    if not ok:
+        shown = arr.ravel()[:10].tolist() if arr.ndim else arr.tolist()
+        raise ValueError(f"problem.sample_counts must be {n} whole numbers from 1 to 2**62 (each worker's samples), "
+                         f"got shape {arr.shape}, dtype {arr.dtype}: {shown}")
+    return arr.astype(np.int64)

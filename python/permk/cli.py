@@ -131,12 +131,27 @@ def _nonnegative_float(v: str) -> float:
     return _real(v, low=0.0, strict=False)
 
 
-def _method_spec(v: str) -> str:
-    from .experiments.specs import available_specs
+#: the broken plugins already named on stderr (``--methods`` checks each of its entries)
+_NAMED: set[str] = set()
 
-    specs = available_specs()
+
+def _method_spec(v: str) -> str:
+    """A ``--methods`` entry: one of :func:`~permk.experiments.specs.available_specs`. A plugin
+    whose code raised while the specs were checked is named: a one-line error when ``v`` is
+    one of its methods (exit 2), a warning on stderr otherwise (the other methods run)."""
+    from .experiments.specs import spec_survey
+
+    specs, broken = spec_survey()
     if v not in specs:
+        method, _, comp = v.partition("-")
+        why = broken.get(f"method {method}") or (broken.get(f"compressor {comp}") if comp else None)
+        if why:
+            raise argparse.ArgumentTypeError(f"{v!r}: the {why}")
         raise argparse.ArgumentTypeError(f"unknown or unsuitable method {v!r}; choose from {', '.join(specs)}")
+    for why in broken.values():
+        if why not in _NAMED:
+            _NAMED.add(why)
+            print(f"permk: warning: the {why}; its methods are left out", file=sys.stderr)
     return v
 
 

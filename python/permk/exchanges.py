@@ -115,7 +115,11 @@ def _held_rows(a: Any, backend: Transport, what: str) -> Array:
     """``a`` as float64 rows of the held workers — float32 rows kept float32 (a method's shifts
     in a float32 problem's dtype) — the same array when it already is one, or an error naming
     ``what``: a TypeError for values that are not real numbers (complex, strings, None), a
-    ValueError for the wrong shape."""
+    ValueError for the wrong shape. A transport whose arrays are not numpy's (the DDP
+    transport's tensors) checks its own (``backend.rows_of``)."""
+    rows_of = getattr(backend, "rows_of", None)
+    if rows_of is not None:
+        return rows_of(a, what)  # type: ignore[no-any-return]
     arr = np.asarray(a)
     if arr.dtype.kind not in "biuf":
         raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
@@ -148,6 +152,11 @@ def _combine_raw(gx: Array, gy: Array | None, coef: float, h: Array | None, beta
     if h is not None:
         v = v - (h if beta == 1.0 else beta * h)
     return v
+
+
+def _add_at(H: Array, rows: Array, cols: Array, vals: Array) -> None:
+    """``H[rows, cols] += vals`` (repeated pairs add up): what a transport of tensors does its own way."""
+    np.add.at(H, (rows, cols), vals)
 
 
 def _compress_zeros(compressor: Compressor, backend: Transport, lo: int, hi: int, seed: int, round: int) -> Messages:
@@ -375,7 +384,7 @@ class Dense(Path):
         """Workers ``start..stop``'s whole inputs, or None when an input of the round is not
         finite (divergence: the values are NaN)."""
         whole = inputs.whole()
-        if not all_finite(whole):
+        if not getattr(inputs.backend, "all_finite", all_finite)(whole):  # a transport may decide not to look
             return None
         ws = inputs.backend.workers
         return whole[start - ws.start : stop - ws.start]
@@ -589,7 +598,7 @@ class _Compressed(Exchange):
             rows = np.repeat(np.arange(len(backend.workers)), np.diff(msgs.offsets))
             vals = msgs.values if alpha == 1.0 else alpha * msgs.values
             with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
-                np.add.at(H, (rows, msgs.indices), vals)
+                getattr(backend, "add_at", _add_at)(H, rows, msgs.indices, vals)
         return backend.mean_pairs(compressor, msgs), H
 
 

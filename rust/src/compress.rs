@@ -691,7 +691,8 @@ mod tests {
     /// Every built-in sparsifier, with and without quantizers.
     fn all_specs() -> Vec<Spec> {
         let mut v = vec![
-            spec(PermK),
+            spec(PermK::default()),
+            spec(PermK::SHUFFLE),
             spec(RandK { k: 3 }),
             spec(RandK { k: 1 }),
             spec(TopK { k: 2 }),
@@ -702,7 +703,7 @@ mod tests {
             spec(CoordinateSampling),
         ];
         for q in [Quantizer::Natural, Quantizer::Qsgd { s: 4 }] {
-            v.push(Spec::new(PermK, q).unwrap());
+            v.push(Spec::new(PermK::default(), q).unwrap());
             v.push(Spec::new(TopK { k: 2 }, q).unwrap());
             v.push(Spec::new(CoordinateSampling, q).unwrap());
         }
@@ -732,17 +733,36 @@ mod tests {
     #[test]
     fn shared_randomness_is_pinned() {
         // The Python suite's GOLDEN plans (tests/test_compressors.py): the streams never change.
+        // PermK's default sampler (rebalance) replaced the shuffle as PermK's stream on purpose;
+        // the shuffle's stream is pinned as it was.
         #[allow(clippy::type_complexity)]
-        let golden: [(Spec, usize, usize, Vec<i64>, Vec<i64>); 4] = [
-            (spec(PermK), 4, 10, vec![2, 4, 1, 5, 9, 0, 8, 3, 6, 7], vec![0, 2, 5, 7, 10]),
+        let golden: [(Spec, usize, usize, Vec<i64>, Vec<i64>); 6] = [
+            (spec(PermK::SHUFFLE), 4, 10, vec![2, 4, 1, 5, 9, 0, 8, 3, 6, 7], vec![0, 2, 5, 7, 10]),
+            (spec(PermK::default()), 4, 10, vec![0, 7, 9, 4, 6, 8, 2, 5, 1, 3], vec![0, 3, 6, 8, 10]),
             (spec(RandK { k: 3 }), 2, 10, vec![2, 7, 4, 3, 6, 9], vec![0, 3, 6]),
-            (spec(PermK), 7, 3, vec![0, 1, 2, 1, 2, 0], vec![0, 1, 2, 3, 3, 4, 5, 6]),
+            (spec(PermK::default()), 7, 3, vec![0, 1, 2, 1, 2, 0], vec![0, 1, 2, 3, 3, 4, 5, 6]),
+            (spec(PermK::SHUFFLE), 7, 3, vec![0, 1, 2, 1, 2, 0], vec![0, 1, 2, 3, 3, 4, 5, 6]),
             (spec(contiguous(2)), 5, 6, vec![0, 1, 2, 3, 4, 5, 3, 4, 5, 0, 1, 2], vec![0, 3, 3, 6, 9, 12]),
         ];
         for (sp, n, d, coords, offsets) in golden {
             let p = plan(&sp, n, d, 0, 0).unwrap();
             assert_eq!((p.coords, p.offsets), (coords, offsets), "{sp:?}");
         }
+    }
+
+    #[test]
+    fn the_rebalance_stream_is_pinned_beyond_one_chunk() {
+        // a round of several chunks (2^16 coordinates each), rebalanced across them: a digest
+        // (FNV-1a) of the owners, and the first coordinates of every worker
+        let asg = PermK::REBALANCE.assign::<f64>(5, 300_001, 3, 7, None).unwrap();
+        let Assignment::Owners { owner: crate::plan::Owner::U8(v), .. } = &asg else { panic!("owners") };
+        let digest = v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &l| (h ^ l as u64).wrapping_mul(0x100_0000_01b3));
+        let csr = asg.csr_arrays(300_001).unwrap();
+        let firsts: Vec<Vec<i64>> = (0..5).map(|i| csr.coords[csr.offsets[i] as usize..][..4].to_vec()).collect();
+        assert_eq!(
+            (digest, firsts),
+            (18133433112386602096, vec![vec![0, 4, 9, 15], vec![3, 7, 12, 16], vec![2, 6, 10, 11], vec![1, 8, 13, 20], vec![5, 14, 19, 30]])
+        );
     }
 
     #[test]
@@ -782,12 +802,12 @@ mod tests {
 
     #[test]
     fn seeded_permk_is_the_definition_on_the_streams_permutations() {
-        // The seeded sampler is `plan_wide` (the paper's general definition, checked by exact
+        // The shuffle sampler is `plan_wide` (the paper's general definition, checked by exact
         // enumeration in Python) applied to pi_d = σ⁻¹ and pi_n = τ⁻¹, with τ and then σ the
         // stream's first two permutations.
         for (n, d) in [(3, 9), (4, 10), (5, 5), (1, 7), (6, 13), (300, 1000), (2, 70000)] {
             for round in 0..3 {
-                let plan = round_plan::<f64>(&spec(PermK), n, d, 11, round, None).unwrap();
+                let plan = round_plan::<f64>(&spec(PermK::SHUFFLE), n, d, 11, round, None).unwrap();
                 let mut rng = rng::stream(11, Purpose::Permutation, rng::SHARED, round);
                 let tau = if d % n > 0 { rng::permutation(&mut rng, n).unwrap() } else { (0..n as u32).collect() };
                 let sigma = rng::permutation(&mut rng, d).unwrap();
@@ -799,11 +819,13 @@ mod tests {
                 }
             }
         }
-        // tall regime: block_plan on the stream's permutation of the workers
+        // tall regime: block_plan on the stream's permutation of the workers, for both samplers
         for (n, d) in [(7, 3), (10, 4)] {
-            let plan = round_plan::<f64>(&spec(PermK), n, d, 2, 8, None).unwrap();
             let pi = rng::permutation(&mut rng::stream(2, Purpose::Permutation, rng::SHARED, 8), n).unwrap();
-            assert_eq!(plan, block_plan(n, Blocks::Ranges((0..=d).collect()), pi).unwrap());
+            for sp in [PermK::SHUFFLE, PermK::REBALANCE] {
+                let plan = round_plan::<f64>(&spec(sp), n, d, 2, 8, None).unwrap();
+                assert_eq!(plan, block_plan(n, Blocks::Ranges((0..=d).collect()), pi.clone()).unwrap());
+            }
         }
     }
 
@@ -874,7 +896,8 @@ mod tests {
         // Large enough for the chunked/parallel kernels (PermK d >= 2^18, RandK n·k >= 2^15,
         // TopK n·d >= 2^16, contiguous blocks), plus strided views and float32.
         let specs = [
-            spec(PermK),
+            spec(PermK::default()),
+            spec(PermK::SHUFFLE),
             spec(RandK { k: 1 }),
             spec(RandK { k: 9000 }),
             spec(TopK { k: 5 }),
@@ -1049,7 +1072,7 @@ mod tests {
             for bad in [f64::NAN, f64::INFINITY] {
                 let mut h = Array2::zeros((n, d));
                 h[[i, j]] = bad; // wherever it is: RandK(1) reads one coordinate of each worker
-                for sp in [spec(TopK { k: 2 }), spec(RandK { k: 1 }), spec(PermK)] {
+                for sp in [spec(TopK { k: 2 }), spec(RandK { k: 1 }), spec(PermK::default())] {
                     assert_eq!(compress_shifted_rows(&sp, g.view(), None, Some(h.view()), 1.0, 0, n, 0, 0).unwrap(), None, "{sp:?}");
                 }
             }
@@ -1071,7 +1094,7 @@ mod tests {
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
         let a = big(16, 300_000);
-        let specs = [spec(PermK), spec(RandK { k: 5000 }), spec(TopK { k: 3 }), spec(contiguous(4)), spec(CoordinateSampling)];
+        let specs = [spec(PermK::default()), spec(RandK { k: 5000 }), spec(TopK { k: 3 }), spec(contiguous(4)), spec(CoordinateSampling)];
         let run = || -> Vec<(Array1<f64>, Array2<f64>, Messages<f64>)> {
             specs
                 .iter()
@@ -1088,7 +1111,7 @@ mod tests {
     #[test]
     fn permk_wide_partitions_coordinates() {
         for (n, d) in [(3, 9), (4, 10), (5, 5), (1, 7), (6, 13)] {
-            let plan = round_plan::<f64>(&spec(PermK), n, d, 5, 2, None).unwrap();
+            let plan = round_plan::<f64>(&spec(PermK::default()), n, d, 5, 2, None).unwrap();
             let mut seen = vec![0; d];
             for i in 0..n {
                 let (c, s) = plan.worker(i);
@@ -1106,7 +1129,7 @@ mod tests {
     #[test]
     fn permk_tall_each_coordinate_q_times() {
         for (n, d) in [(6, 3), (7, 3), (10, 4)] {
-            let plan = round_plan::<f64>(&spec(PermK), n, d, 1, 0, None).unwrap();
+            let plan = round_plan::<f64>(&spec(PermK::default()), n, d, 1, 0, None).unwrap();
             let q = n / d;
             let mut seen = vec![0; d];
             let mut idle = 0;
@@ -1231,10 +1254,10 @@ mod tests {
     fn plan_ranges_are_the_plan_when_contiguous() {
         let cases: Vec<(Spec, usize, usize, bool)> = vec![
             (spec(Identity), 3, 7, true),
-            (spec(PermK), 7, 3, true),
-            (spec(PermK), 5, 5, true),
-            (spec(PermK), 1, 9, true),
-            (spec(PermK), 4, 10, false),
+            (spec(PermK::default()), 7, 3, true),
+            (spec(PermK::default()), 5, 5, true),
+            (spec(PermK::default()), 1, 9, true),
+            (spec(PermK::default()), 4, 10, false),
             (spec(contiguous(3)), 7, 10, true),
             (spec(contiguous(3)), 3, 10, true),
             (spec(BlockPermK { partition: Partition::labels(vec![0, 0, 1, 1, 1, 2]).unwrap() }), 4, 6, true),
@@ -1245,7 +1268,7 @@ mod tests {
             (spec(CoordinateSampling), 6, 1, true),
             (spec(CoordinateSampling), 3, 9, false),
             (spec(TopK { k: 1 }), 3, 9, false),
-            (Spec::new(PermK, Quantizer::Natural).unwrap(), 7, 3, false),
+            (Spec::new(PermK::default(), Quantizer::Natural).unwrap(), 7, 3, false),
         ];
         for (sp, n, d, some) in cases {
             for round in 0..4 {
@@ -1270,7 +1293,7 @@ mod tests {
     fn permk_aggregate_of_equal_inputs_is_exact() {
         // IV(1): equal inputs have zero variance.
         let a = Array2::from_shape_fn((4, 12), |(_, j)| j as f64 * 0.5);
-        let agg = aggregate(&spec(PermK), a.view(), 1, 1).unwrap();
+        let agg = aggregate(&spec(PermK::default()), a.view(), 1, 1).unwrap();
         assert_eq!(agg, a.row(0));
     }
 
@@ -1305,18 +1328,18 @@ mod tests {
         let mut b = a.clone();
         b[[1, 2]] = f64::NAN;
         assert!(matches!(aggregate(&spec(TopK { k: 1 }), b.view(), 0, 0), Err(CoreError::NonFinite { worker: 1, coord: 2, .. })));
-        assert!(compress(&spec(PermK), a.row(0), 3, 3, 0, 0).is_err());
+        assert!(compress(&spec(PermK::default()), a.row(0), 3, 3, 0, 0).is_err());
         let empty = Array2::<f64>::zeros((0, 4));
-        assert!(aggregate(&spec(PermK), empty.view(), 0, 0).is_err());
-        assert!(compress_all(&spec(PermK), empty.view(), 0, 0).is_err());
-        assert!(compress(&spec(PermK), ArrayView1::<f64>::from(&[][..]), 0, 1, 0, 0).is_err());
+        assert!(aggregate(&spec(PermK::default()), empty.view(), 0, 0).is_err());
+        assert!(compress_all(&spec(PermK::default()), empty.view(), 0, 0).is_err());
+        assert!(compress(&spec(PermK::default()), ArrayView1::<f64>::from(&[][..]), 0, 1, 0, 0).is_err());
         assert!(Partition::labels(vec![0, 2, 2]).is_err());
         assert!(Partition::labels(vec![]).is_err());
         assert!(Partition::labels(vec![u32::MAX]).is_err());
         assert!(matches!(plan(&spec(TopK { k: 1 }), 2, 3, 0, 0), Err(e) if e.to_string().contains("TopK")));
-        assert!(plan(&spec(PermK), 0, 3, 0, 0).is_err());
-        assert!(plan(&spec(PermK), 3, 0, 0, 0).is_err());
-        assert!(plan(&spec(PermK), 1 << 33, 3, 0, 0).is_err());
+        assert!(plan(&spec(PermK::default()), 0, 3, 0, 0).is_err());
+        assert!(plan(&spec(PermK::default()), 3, 0, 0, 0).is_err());
+        assert!(plan(&spec(PermK::default()), 1 << 33, 3, 0, 0).is_err());
         // explicit permutations: lengths are checked before anything scales with them
         assert!(matches!(permk::plan_from_permutations(1, 1 << 40, &[0], &[0]), Err(CoreError::InvalidArgument { name, .. }) if name == "pi_d"));
         assert!(permk::plan_from_permutations(2, 3, &[0, 0, 1], &[0, 1]).is_err());
@@ -1345,14 +1368,14 @@ mod tests {
         let one = ndarray::arr2(&[[1.0f64]]);
         let (n, d) = (1usize << 31, (1usize << 31) - 1);
         let view = one.broadcast((n, d)).unwrap();
-        assert!(mem_err(compress_all(&spec(PermK), view, 0, 0).map(|_| ())));
+        assert!(mem_err(compress_all(&spec(PermK::default()), view, 0, 0).map(|_| ())));
         let e = compress_all(&spec(contiguous(2)), view, 0, 0).unwrap_err();
         assert!(e.to_string().starts_with("Unable to allocate"), "{e}");
         assert!(e.to_string().contains(&format!("the compressed rows with shape ({n}, {d}) and data type float64")), "{e}");
         assert!(mem_err(aggregate(&spec(RandK { k: d }), view, 0, 0).map(|_| ())));
         assert!(mem_err(compress_rows(&spec(Identity), view, 0, n, 0, 0).map(|_| ())));
         assert!(mem_err(plan(&spec(RandK { k: 1 }), u32::MAX as usize, 10, 0, 0).map(|_| ())));
-        assert!(mem_err(plan(&spec(PermK), 1 << 31, u32::MAX as usize, 0, 0).map(|_| ())));
+        assert!(mem_err(plan(&spec(PermK::default()), 1 << 31, u32::MAX as usize, 0, 0).map(|_| ())));
         assert!(mem_err(plan(&spec(Identity), u32::MAX as usize, u32::MAX as usize, 0, 0).map(|_| ())));
         assert!(mem_err(round_plan::<f64>(&spec(CoordinateSampling), 1 << 20, u32::MAX as usize, 0, 0, None).map(|_| ())) || physical_is_huge());
         assert!(mem_err(rng::shared_permutation(0, 0, usize::MAX / 2).map(|_| ())));

@@ -252,9 +252,48 @@ fn first_pass_dispatch<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: 
     first_pass(o, x, last, nt, scale)
 }
 
+/// `*v /= nt` for every value of `o` (`nt` a positive worker count), the same bits: a
+/// multiplication by the exact reciprocal when `nt` is a power of two (both are the correctly
+/// rounded quotient), else the division with the widest vector instructions the CPU has (the
+/// baseline's two quotients per instruction bound the owners' average otherwise).
+pub fn divide_all(o: &mut [f64], nt: f64) {
+    let bits = nt.to_bits();
+    if nt.is_normal() && nt > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / nt).is_normal() {
+        let inv = 1.0 / nt;
+        o.iter_mut().for_each(|v| *v *= inv);
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { simd::divide_avx512(o, nt) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { simd::divide_avx2(o, nt) };
+        }
+    }
+    o.iter_mut().for_each(|v| *v /= nt);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::{first_pass, tile_pass, MaybeUninit, Real};
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn divide_avx512(o: &mut [f64], nt: f64) {
+        o.iter_mut().for_each(|v| *v /= nt);
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn divide_avx2(o: &mut [f64], nt: f64) {
+        o.iter_mut().for_each(|v| *v /= nt);
+    }
 
     /// # Safety
     /// The CPU must support AVX-512F.
@@ -723,6 +762,22 @@ mod tests {
                 bits
             })
             .collect()
+    }
+
+    #[test]
+    fn divide_all_is_the_division() {
+        let x = values(4099, 7);
+        let mut specials = vec![f64::INFINITY, f64::NEG_INFINITY, f64::NAN, 5e-324, -5e-324, f64::MAX, f64::MIN_POSITIVE];
+        specials.extend_from_slice(&x);
+        for n in [1usize, 2, 3, 4, 7, 16, 1000, 1024, 1 << 20, u32::MAX as usize] {
+            let nt = n as f64;
+            let mut a = specials.clone();
+            divide_all(&mut a, nt);
+            for (got, &v) in a.iter().zip(&specials) {
+                let want = v / nt;
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{v} / {nt}: {got} != {want}");
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,8 @@
 //! - [`sparsify`]: the sparsifiers, one type per file, each implementing
 //!   [`sparsify::Sparsify`], listed once in the registry of `sparsify/mod.rs`;
 //! - [`compress`]: [`compress::Spec`] (sparsifier ∘ quantizer) and its entry points;
+//! - [`balanced`]: PermK's default sampler, a uniformly random balanced assignment drawn in
+//!   coordinate order;
 //! - [`plan`]: assignments and plans; [`kernels`]: the aggregation kernels;
 //! - [`round`]: one round's plan computed once (or ahead, on a background thread) and used
 //!   natively: the held workers' values and the average from them;
@@ -17,6 +19,7 @@
 //!   [`params`]: compressor parameters; [`error`]: the one error type.
 
 pub mod autoencoder;
+pub mod balanced;
 pub mod compress;
 pub mod error;
 pub mod kernels;

@@ -208,6 +208,10 @@ unsafe impl Zeroed for u64 {}
 unsafe impl Zeroed for usize {}
 // SAFETY: as above.
 unsafe impl Zeroed for u32 {}
+// SAFETY: all-zero bytes are 0.
+unsafe impl Zeroed for u16 {}
+// SAFETY: all-zero bytes are 0.
+unsafe impl Zeroed for u8 {}
 
 /// A zeroed array of the given shape (row-major, `len = Π shape`) from the allocator's zeroed
 /// memory (`calloc`: fresh pages are not written twice), or [`CoreError::Memory`].

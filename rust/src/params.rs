@@ -1,5 +1,5 @@
 //! The parameters of a compressor (`Spec(name, **params)`): a small map from names to
-//! integers, floats or lists of integers. Each sparsifier and quantizer takes the parameters
+//! integers, floats, lists of integers or strings. Each sparsifier and quantizer takes the parameters
 //! it reads; whatever is left is an unknown parameter (an error naming it).
 
 use std::collections::BTreeMap;
@@ -11,6 +11,7 @@ pub enum Value {
     Int(i64),
     Float(f64),
     Ints(Vec<i64>),
+    Str(String),
 }
 
 impl Value {
@@ -19,6 +20,7 @@ impl Value {
             Value::Int(_) => "an integer",
             Value::Float(_) => "a float",
             Value::Ints(_) => "a list of integers",
+            Value::Str(_) => "a string",
         }
     }
 }
@@ -85,6 +87,15 @@ impl Params {
         }
     }
 
+    /// Takes a string.
+    pub fn take_str(&mut self, key: &str) -> Result<Option<String>> {
+        match self.map.remove(key) {
+            None => Ok(None),
+            Some(Value::Str(v)) => Ok(Some(v)),
+            Some(other) => Err(CoreError::wrong_type(key, format!("must be a string, got {}", other.kind()))),
+        }
+    }
+
     /// Fails on the first parameter nobody took. `owner` describes who was asked and `known`
     /// lists the parameters it takes.
     pub fn finish(self, owner: &str, known: &[&str]) -> Result<()> {
@@ -109,6 +120,9 @@ mod tests {
         assert_eq!(p.take_count("k", 1).unwrap(), Some(3));
         assert_eq!(p.take_count("k", 1).unwrap(), None);
         assert_eq!(p.take_ints("labels").unwrap(), Some(vec![0, 1]));
+        let mut t = Params::new().with("sampler", Value::Str("shuffle".into())).with("k", Value::Int(1));
+        assert!(matches!(t.take_str("k"), Err(CoreError::WrongType { .. })));
+        assert_eq!(t.take_str("sampler").unwrap(), Some("shuffle".to_string()));
         assert!(p.clone().finish("x", &[]).is_ok());
         let mut q = Params::new().with("k", Value::Int(0)).with("bogus", Value::Int(1));
         assert!(matches!(q.take_count("k", 1), Err(CoreError::InvalidArgument { name, .. }) if name == "k"));

@@ -268,7 +268,7 @@ pub enum Owner {
 }
 
 /// An owner label: an unsigned integer type holding worker indices.
-pub trait Label: Copy + Send + Sync + 'static {
+pub trait Label: Copy + Send + Sync + PartialEq + 'static {
     fn idx(self) -> usize;
     /// The label of worker `i` (which the type must hold).
     fn of(i: usize) -> Self;
@@ -288,6 +288,50 @@ macro_rules! label {
     )*};
 }
 label!(u8, u16, u32);
+
+/// Labels of at most this many workers are counted value by value ([`count_labels`]).
+const COUNT_BY_VALUE: usize = 4;
+/// Labels of at most this many workers are counted into four interleaved histograms.
+const COUNT_INTERLEAVED: usize = 256;
+
+/// Adds the number of labels `i` in `v` to `counts[i]` (every label below `counts.len()`).
+///
+/// A histogram's increments of one counter wait for each other (a store-to-load chain of
+/// several cycles), which bounds it when consecutive labels are often equal (few workers): up
+/// to [`COUNT_BY_VALUE`] workers are counted value by value (one vectorised comparison pass
+/// each), up to [`COUNT_INTERLEAVED`] into four histograms taking every fourth label.
+pub fn count_labels<L: Label>(v: &[L], counts: &mut [usize]) {
+    let n = counts.len();
+    if n <= COUNT_BY_VALUE {
+        for (i, c) in counts.iter_mut().enumerate() {
+            let li = L::of(i);
+            // u32 lanes, in blocks that cannot overflow them
+            *c += v.chunks(1 << 20).map(|b| b.iter().map(|&l| (l == li) as u32).sum::<u32>() as usize).sum::<usize>();
+        }
+    } else if n <= COUNT_INTERLEAVED {
+        let mut h = [[0u32; COUNT_INTERLEAVED]; 4];
+        for block in v.chunks(1 << 30) {
+            let quads = block.chunks_exact(4);
+            for &l in quads.remainder() {
+                h[0][l.idx()] += 1;
+            }
+            for q in quads {
+                h[0][q[0].idx()] += 1;
+                h[1][q[1].idx()] += 1;
+                h[2][q[2].idx()] += 1;
+                h[3][q[3].idx()] += 1;
+            }
+            for (i, c) in counts.iter_mut().enumerate() {
+                *c += (h[0][i] + h[1][i] + h[2][i] + h[3][i]) as usize;
+            }
+            h = [[0u32; COUNT_INTERLEAVED]; 4];
+        }
+    } else {
+        for &l in v {
+            counts[l.idx()] += 1;
+        }
+    }
+}
 
 /// Runs `$body` with `$v` bound to the owner vector, whatever its integer type, and `$L` to
 /// the label type (to build a new vector of it).
@@ -361,17 +405,21 @@ impl Owner {
 pub enum Assignment {
     /// Coordinate `j` is sent by worker `owner[j]` alone, scaled by `scale` (PermK for
     /// `d >= n`, CoordinateSampling); each worker lists its coordinates in increasing order.
-    Owners { owner: Owner, n: usize, scale: f64 },
+    /// `sizes`: each worker's number of coordinates when the sampler knows them (else they are
+    /// counted from `owner` when needed).
+    Owners { owner: Owner, n: usize, scale: f64, sizes: Option<Vec<usize>> },
     /// Any other assignment, as a plan.
     Plan(RoundPlan),
 }
 
 impl Assignment {
-    /// The CSR offsets of an owners assignment: worker `i` has `offsets[i]..offsets[i + 1]`.
-    pub(crate) fn owner_offsets<L: Label>(v: &[L], n: usize) -> Result<Vec<usize>> {
+    /// The CSR offsets of an owners assignment: worker `i` has `offsets[i]..offsets[i + 1]`
+    /// (from the workers' `sizes` when known, else counted).
+    pub(crate) fn owner_offsets<L: Label>(v: &[L], n: usize, sizes: Option<&[usize]>) -> Result<Vec<usize>> {
         let mut offsets = mem::filled("the plan's offsets", n + 1, 0usize)?;
-        for &o in v {
-            offsets[o.idx() + 1] += 1;
+        match sizes {
+            Some(s) if s.len() == n => offsets[1..].copy_from_slice(s),
+            _ => count_labels(v, &mut offsets[1..]),
         }
         for i in 0..n {
             offsets[i + 1] += offsets[i];
@@ -382,9 +430,9 @@ impl Assignment {
     /// The plan. Owners list each worker's coordinates in increasing order.
     pub fn into_plan(self, d: usize) -> Result<RoundPlan> {
         match self {
-            Assignment::Owners { owner, n, scale } => {
+            Assignment::Owners { owner, n, scale, sizes } => {
                 let (offsets, coords) = with_owner!(&owner, v => {
-                    let offsets = Self::owner_offsets(v, n)?;
+                    let offsets = Self::owner_offsets(v, n, sizes.as_deref())?;
                     let mut coords = mem::filled("the plan's coordinates", d, 0u32)?;
                     let mut fill = mem::copy("the plan's offsets", &offsets[..n])?;
                     for (j, &o) in v.iter().enumerate() {
@@ -431,10 +479,10 @@ impl Assignment {
     /// The numpy-ready CSR arrays of the plan, without an intermediate plan.
     pub fn csr_arrays(&self, d: usize) -> Result<CsrArrays> {
         match self {
-            Assignment::Owners { owner, n, scale } => {
+            Assignment::Owners { owner, n, scale, sizes } => {
                 let n = *n;
                 with_owner!(owner, v => {
-                    let offsets = Self::owner_offsets(v, n)?;
+                    let offsets = Self::owner_offsets(v, n, sizes.as_deref())?;
                     let mut coords = mem::filled("the plan's coordinates", d, 0i64)?;
                     let mut fill = mem::copy("the plan's offsets", &offsets[..n])?;
                     for (j, &o) in v.iter().enumerate() {
@@ -456,7 +504,7 @@ impl Assignment {
     /// One range per worker from an owners assignment, when every worker's coordinates form
     /// one range (e.g. each worker owns at most one coordinate); `None` otherwise. `O(n + d)`.
     pub fn owner_ranges(&self) -> Result<Option<Ranges>> {
-        let Assignment::Owners { owner, n, scale } = self else { return Ok(None) };
+        let Assignment::Owners { owner, n, scale, .. } = self else { return Ok(None) };
         let mut r = Ranges::idle(*n, *scale)?;
         let mut ok = true;
         with_owner!(owner, v => {

@@ -9,7 +9,7 @@ use numpy::{
 };
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use crate::compress::{self, CsrArrays, Messages, Real, Spec};
 use crate::error::CoreError;
@@ -64,13 +64,16 @@ fn arr1<'py>(a: &Bound<'py, PyAny>, name: &str) -> PyResult<Arr1<'py>> {
     }
 }
 
-/// One `**params` value: an int, a float or a list of ints (`None` is absent).
+/// One `**params` value: an int, a float, a list of ints or a string (`None` is absent).
 fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     if v.is_none() {
         return Ok(None);
     }
     if v.is_instance_of::<PyBool>() {
-        return Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got a bool")));
+        return Err(PyTypeError::new_err(format!("{key}: must be an int, a float, a list of ints or a str, got a bool")));
+    }
+    if let Ok(s) = v.cast::<PyString>() {
+        return Ok(Some(Value::Str(s.to_str()?.to_owned())));
     }
     if let Ok(i) = v.extract::<i64>() {
         return Ok(Some(Value::Int(i)));
@@ -84,7 +87,7 @@ fn param_value(key: &str, v: &Bound<'_, PyAny>) -> PyResult<Option<Value>> {
     if let Ok(list) = v.extract::<Vec<i64>>() {
         return Ok(Some(Value::Ints(list)));
     }
-    Err(PyTypeError::new_err(format!("{key}: must be an int, a float or a list of ints, got {}", type_name(v))))
+    Err(PyTypeError::new_err(format!("{key}: must be an int, a float, a list of ints or a str, got {}", type_name(v))))
 }
 
 type PlanArrays<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<i64>>, Bound<'py, PyArray1<f64>>);

@@ -1041,7 +1041,8 @@ mod tests {
 
     fn shared_specs() -> Vec<Spec> {
         vec![
-            spec(PermK),
+            spec(PermK::default()),
+            spec(PermK::SHUFFLE),
             spec(RandK { k: 2 }),
             spec(Identity),
             spec(BlockPermK { partition: Partition::Contiguous { m: 2 } }),
@@ -1247,7 +1248,7 @@ mod tests {
         assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[3]).view(), arr1(&[0]).view()).unwrap_err()), "rows");
         assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[0]).view(), arr1(&[-1]).view()).unwrap_err()), "cols");
         assert_eq!(name(q.local_grad_coords(x.view(), arr1(&[0, 1]).view(), arr1(&[0]).view()).unwrap_err()), "rows");
-        assert_eq!(name(q.compressed_mean_diff(&spec(PermK), x.view(), arr1(&[1.0]).view(), 0, 0).unwrap_err()), "x_old");
+        assert_eq!(name(q.compressed_mean_diff(&spec(PermK::default()), x.view(), arr1(&[1.0]).view(), 0, 0).unwrap_err()), "x_old");
         assert_eq!(name(q.compressed_mean_diff(&spec(crate::compress::TopK { k: 1 }), x.view(), x.view(), 0, 0).unwrap_err()), "compressor");
         assert!(Tridiagonal::new(vec![], 0.0, vec![]).is_err());
         assert!(Tridiagonal::new(vec![f64::NAN], 0.0, vec![0.0]).is_err());
@@ -1346,7 +1347,7 @@ mod tests {
         // heads: g is the gradient at the new x
         let q = problem_n(4);
         let (mut x, mut g) = (vector(6, 1), vector(6, 2));
-        assert!(marina_round(&q, &spec(PermK), x.view_mut(), g.view_mut(), 0.1, 1.0, 0, 0).unwrap());
+        assert!(marina_round(&q, &spec(PermK::default()), x.view_mut(), g.view_mut(), 0.1, 1.0, 0, 0).unwrap());
         assert_eq!(g, q.grad(x.view()).unwrap());
     }
 
@@ -1360,7 +1361,7 @@ mod tests {
         assert!(marina_round(&q, &spec(BlockPermK { partition: Partition::Contiguous { m: 4 } }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
         assert!(marina_round(&q, &spec(RandK { k: 9 }), x.view_mut(), g.view_mut(), 0.1, 0.0, 0, 0).is_err());
         let mut short = g0.slice(s![..4]).to_owned();
-        assert!(marina_round(&q, &spec(PermK), x.view_mut(), short.view_mut(), 0.1, 0.0, 0, 0).is_err());
+        assert!(marina_round(&q, &spec(PermK::default()), x.view_mut(), short.view_mut(), 0.1, 0.0, 0, 0).is_err());
         assert_eq!((&x, &g), (&x0, &g0));
         // EF21: wrong shapes, k, or a non-contiguous G change nothing
         let mut gm = Array2::<f64>::ones((3, 10));
@@ -1425,7 +1426,7 @@ mod tests {
         let x = vector(d, 5);
         let gm = q.local_grads(vector(d, 6).view(), 0, n).unwrap();
         let mut specs = shared_specs();
-        specs.push(Spec::new(PermK, Quantizer::Qsgd { s: 3 }).unwrap());
+        specs.push(Spec::new(PermK::default(), Quantizer::Qsgd { s: 3 }).unwrap());
         specs.push(Spec::new(crate::compress::TopK { k: 3 }, Quantizer::Natural).unwrap());
         for sp in &specs {
             let mut g2 = gm.clone();
@@ -1453,7 +1454,7 @@ mod tests {
         let x = vector(d, 1);
         let mut gm = q.local_grads(x.view(), 0, n).unwrap();
         gm[[2, 5]] = f64::NAN;
-        for sp in [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 3 }), spec(PermK), Spec::new(PermK, Quantizer::Qsgd { s: 2 }).unwrap()] {
+        for sp in [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 3 }), spec(PermK::default()), Spec::new(PermK::default(), Quantizer::Qsgd { s: 2 }).unwrap()] {
             let before = gm.clone();
             let f = q.error_feedback(&sp, x.view(), gm.view_mut(), 0, 0, 0).unwrap();
             assert!(!f.finite);
@@ -1479,7 +1480,7 @@ mod tests {
             let f = q.error_feedback(sp, x.view(), g.view_mut(), 3, 3, 0).unwrap();
             (f, g)
         };
-        let specs = [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 40 }), spec(PermK), spec(RandK { k: 100 })];
+        let specs = [spec(crate::compress::TopK { k: 1 }), spec(crate::compress::TopK { k: 40 }), spec(PermK::default()), spec(RandK { k: 100 })];
         let _lock = crate::threads::TEST_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         crate::threads::set_num_threads(1).unwrap();
         let one: Vec<_> = specs.iter().map(run).collect();

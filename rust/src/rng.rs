@@ -32,6 +32,12 @@ pub enum Purpose {
     CoordinateSampling = 5,
     /// The shared permutation of [`shared_permutation`] (the permutation of mappings).
     Mapping = 6,
+    /// PermK's `"rebalance"` sampler: the independent owners of one chunk of coordinates
+    /// (the stream's `worker` word is the chunk's index; [`crate::balanced`]).
+    OwnerChunk = 7,
+    /// PermK's `"rebalance"` sampler: the workers with a leftover coordinate, the released
+    /// coordinates and their new owners (one shared stream; [`crate::balanced`]).
+    Rebalance = 8,
 }
 
 /// The ChaCha8 stream of `(seed, purpose, worker)` at `round`.

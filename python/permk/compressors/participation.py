@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,13 +74,19 @@ def _sample(n: int, s: int, seed: int, round: int) -> np.ndarray:
     return out
 
 
-def check_participation(s: Any, n: int) -> int:
+def check_participation(s: Any, n: int | None) -> int:
     """``s`` as the number of participating workers of ``n``: an integer in ``1..n`` (TypeError
-    for a non-integer, ValueError outside)."""
-    s = check_int(s, "participation", low=-(2**63))
-    if not 1 <= s <= n:
-        raise ValueError(f"participation must be in 1..n = 1..{n}, got {s}")
-    return s
+    for a non-integer, ValueError outside; ``n=None``: any positive integer, the workers not
+    yet known)."""
+    if isinstance(s, (bool, np.bool_)) or not isinstance(s, numbers.Integral):
+        raise TypeError(f"participation must be an integer, got {type(s).__name__}")
+    v = int(s)
+    if n is None:
+        if v < 1:
+            raise ValueError(f"participation must be a positive number of workers (1..n), got {v}")
+    elif not 1 <= v <= n:
+        raise ValueError(f"participation must be in 1..n = 1..{n}, got {v}")
+    return v
 
 
 def participants(n: int, s: int, *, seed: int, round: int) -> np.ndarray:
@@ -131,7 +138,7 @@ class Participation(Compressor):
             raise TypeError("Participation's inner must not itself be a Participation")
         if not self.inner.capabilities.unbiased:
             raise ValueError(f"partial participation needs an unbiased inner compressor; {self.inner.name} is biased")
-        object.__setattr__(self, "s", check_int(self.s, "participation", low=1))
+        object.__setattr__(self, "s", check_participation(self.s, None))
 
     @functools.cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]

@@ -28,6 +28,10 @@ def _iv_constant(n: int, q: int) -> float:
     return 0.0 if n == q else (n - q) / ((n - 1) * q)
 
 
+#: PermK's samplers (:class:`PermK`'s ``sampler``): the same distribution, different streams.
+PERMK_SAMPLERS = ("rebalance", "shuffle")
+
+
 @dataclass(frozen=True)
 class PermK(Sparsifier):
     """PermK (Definitions 1 and 2, and their general forms in "General Examples of PermK").
@@ -38,26 +42,64 @@ class PermK(Sparsifier):
     ``A = B = 1``. For ``n > d`` (``n = qd + r``) each coordinate goes to ``q`` workers chosen by
     a shared permutation of the workers, ``r`` workers stay idle, values are scaled by ``n/q``:
     ``A = B = 1 - n(q-1)/((n-1)q)`` (Theorem "PermK" (n ≥ d): ``1 - (n-d)/(n-1)`` when ``d | n``).
-    No indices are sent: every worker recomputes the permutations from ``(seed, round)``.
+    No indices are sent: every worker recomputes the round's assignment from ``(seed, round)``.
+
+    A message depends only on *which* coordinates a worker owns, not on their order in the
+    permutation's block, and the definition makes the assignment uniformly random among those
+    in which ``r`` workers (uniform) own ``k + 1`` coordinates and the others ``k``. ``sampler``
+    says how a round draws it (``d >= n``; both draw this distribution, from different streams):
+
+    * ``"rebalance"`` (default): every coordinate's owner drawn independently and uniformly, in
+      fixed chunks of coordinates from their own streams (about ``log2 n`` random bits per
+      coordinate, streaming memory access, on the core's threads), then rebalanced — each worker
+      over its count releases a uniformly random subset of its surplus and the released
+      coordinates take a uniform arrangement of the missing owners (about ``0.4·sqrt(nd)`` of
+      them). The result is exactly uniform over the balanced assignments (every step commutes
+      with relabelling the coordinates; the tests check it by exact enumeration) and a pure
+      function of ``(seed, round, n, d)``, whatever the number of threads;
+    * ``"shuffle"``: the definition's permutations themselves, a Fisher–Yates shuffle of the
+      ``d`` owner labels (random access over ``d`` labels), PermK's only sampler before
+      ``"rebalance"`` became the default: ``PermK(sampler="shuffle")`` reproduces the runs
+      recorded with it, bit for bit.
+
+    For ``n > d`` both are the same (a permutation of the ``n`` workers). Every worker's
+    coordinates are listed in increasing order.
 
     The variance depends only on every coordinate having exactly one owner, uniform over the
     workers, so :class:`BlockPermK` with ``m = n`` (fixed contiguous blocks handed out by a random
     permutation of the workers) has the same ``(A, B) = (1, 1)`` with O(n) shared randomness per
-    round instead of O(d), and contiguous messages: prefer ``BlockPermK(n)`` when ``d`` is large
-    (the permutation of ``d`` coordinates is then the cost of a round, above all on MPI) and
-    ``PermK()`` when the coordinates of a block should not stay together from round to round
-    (e.g. an adversarially ordered gradient whose large entries share a block).
+    round instead of O(d), and contiguous messages; ``PermK()`` moves every coordinate to a fresh
+    random owner every round (e.g. when the large entries of an adversarially ordered gradient
+    share a block).
 
     >>> PermK().ab_constants(10, 100), PermK().ab_constants(10, 5)
     ((1.0, 1.0), (0.4444444444444444, 0.4444444444444444))
+    >>> PermK(sampler="shuffle").name
+    "PermK(sampler='shuffle')"
     """
 
+    sampler: str = "rebalance"
     capabilities = Capabilities(shared_plan=True)
     ab_exact = True
     permutation_based = True
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampler, str):
+            raise TypeError(f"sampler must be one of {', '.join(map(repr, PERMK_SAMPLERS))}, got {self.sampler!r}")
+        if self.sampler not in PERMK_SAMPLERS:
+            raise ValueError(f"sampler must be one of {', '.join(map(repr, PERMK_SAMPLERS))}, got {self.sampler!r}")
+
+    @property
+    def name(self) -> str:
+        return "PermK" if self.sampler == "rebalance" else f"PermK(sampler={self.sampler!r})"
+
+    @classmethod
+    def examples(cls, n: int, d: int, rng: np.random.Generator | None = None) -> list[Compressor]:
+        """Both samplers."""
+        return [cls(sampler=s) for s in PERMK_SAMPLERS]
+
     def kernel_args(self) -> dict[str, Any]:
-        return {"sparsifier": "permk"}
+        return {"sparsifier": "permk", "sampler": self.sampler}
 
     def magnitude_bound(self, A: np.ndarray) -> np.ndarray:
         n, d = np.shape(A)
@@ -95,9 +137,10 @@ class BlockPermK(Sparsifier):
     uniformly random worker, which is all the variance depends on — while a round needs only a
     permutation of the ``n`` workers (O(n) randomness, not O(d)) and every message is one
     contiguous block: the aggregate is ``n`` contiguous copies, and on MPI the blocks land in the
-    aggregate buffer through one ``Allgatherv``. Prefer it to :class:`PermK` when ``d`` is large
-    or the run is distributed; the two converge alike per bit (same second moments; see the
-    README's experiment). Unlike PermK, the block of a coordinate never changes.
+    aggregate buffer through one ``Allgatherv``. The two converge alike per bit (same second
+    moments; see the README's experiment), and which round is cheaper depends on ``n``, ``d``
+    and the transport (the README's benchmarks). Unlike PermK, the block of a coordinate never
+    changes.
 
     >>> BlockPermK(2).ab_constants(n=4, d=10)
     (0.3333333333333333, 0.3333333333333333)

@@ -78,14 +78,16 @@ def _finish(backend: MPIBackend, res: RunResult, per_round: list[tuple[int, int,
 def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int, seed: int, comm: Any = None,
         mode: Mode = "p2p", reduce: Reduce = "allreduce", abort_on_error: bool = True, record_every: int = 1,
         progress: bool = False, path: str = "auto", state: State | None = None, x0: Any = None, prefetch: bool | Literal["auto"] = "auto",
-        **options: Any) -> DistributedRunResult:
+        window: bool | Literal["auto"] = "auto", **options: Any) -> DistributedRunResult:
     """Run ``method`` on MPI: the arguments and result of :func:`permk.run`, with the problem a
     :class:`LocalProblem` of this rank (or a global problem, viewed through :class:`LocalView`),
     plus ``comm`` (default ``COMM_WORLD``), ``mode`` (``"p2p"`` or ``"server"``), ``reduce``
     (``"allreduce"`` or ``"ordered"``: how full gradients are summed), ``abort_on_error`` and
     ``prefetch`` (compute round ``t + 1``'s shared plan on a background thread while round ``t``
     communicates: ``True``, ``False``, or ``"auto"``, when plans take a millisecond or more to
-    compute; the iterates are the same either way). Every rank must call it with the same
+    compute) and ``window`` (a shared plan's values through an MPI-3 shared-memory window when every
+    rank is on one node: ``"auto"``, ``True`` or ``False``, which always sends them through an
+    ``Allgatherv``, e.g. to measure a network between the ranks); the iterates are the same either way. Every rank must call it with the same
     arguments. Every rank validates the run; the theory's step is computed once, on rank 0, and
     sent to the others."""
     method, options = resolve(method, options)
@@ -96,7 +98,7 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
 
     def check() -> dict[str, Any]:
         local = as_local(problem, comm)
-        backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch)
+        backend = MPIBackend(local, comm, mode=mode, reduce=reduce, path=path, prefetch=prefetch, window=window)
         prepared = prepare(method, local, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed,
                            record_every=record_every, **options)
         transport = {"backend": "mpi", "mode": mode, "reduce": reduce, "n_procs": comm.Get_size()}
@@ -126,6 +128,7 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
 
         res = drive(method, backend, sent, params, first, rounds=rounds, record_every=record_every,
                     progress=progress and rank == 0, on_round=count)
+        backend.close()
         return _finish(backend, res, per_round)
 
     return guarded(comm, abort_on_error, go)  # type: ignore[no-any-return]

@@ -34,7 +34,7 @@ import numpy as np
 from .._validate import check_choice
 from ..problems.autoencoder import LOSSES, SPLITS, LinearAutoencoder, estimate_constants
 from ..problems.datasets import load_images
-from .grid import mpi_comm, run_grid
+from .grid import data_digest, mpi_comm, run_grid
 from .protocols import SearchOptions, options_from_args, search_from_args
 from .search import Search, search_cell
 from .specs import METHODS, Spec, step_exponents, theory_gamma
@@ -159,9 +159,13 @@ def run_autoencoder(grid: AutoencoderGrid, out: str | os.PathLike[str], *, jobs:
                     progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/autoencoder/`` and draw its figures; returns that directory. With
     ``mpi`` (launched by ``mpiexec``) every run is distributed over the ranks, each holding its
-    block of workers' images (:class:`LinearAutoencoder` with ``workers=``); rank 0 writes."""
-    load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
-    root = run_grid(grid.name, grid.to_json(), autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+    block of workers' images (:class:`LinearAutoencoder` with ``workers=``); rank 0 writes. The
+    grid's ``config.json`` holds a digest of the images (:func:`.grid.data_digest`): ``resume``
+    refuses images that changed."""
+    im = load_images(grid.data, limit=grid.images)  # fail early, with the message on how to provide data
+    cfg = {**grid.to_json(), "data_digest": data_digest(im.X)}  # --resume refuses changed images
+    del im
+    root = run_grid(grid.name, cfg, autoencoder_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
     from .plotting import plot_grid
 

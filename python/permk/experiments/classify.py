@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .grid import mpi_comm, run_grid
+from .grid import data_digest, mpi_comm, run_grid
 from .protocols import SearchOptions, options_from_args, search_from_args
 from .search import Search, search_cell
 from .specs import Spec, step_exponents, theory_gamma
@@ -90,25 +90,37 @@ QUICK_GRID = ClassifyGrid(samples=3000, n=10, max_multipliers=3,
 @functools.lru_cache(maxsize=4)
 def load_task(data: str, task: str, classes: tuple[int, int], samples: int | None) -> tuple[Any, np.ndarray, str]:
     """The samples ``X``, labels ``y`` and a description of the data of a task (cached: the
-    command line checks them before a grid starts and its cells read them again). A LibSVM
-    file's labels must be binary for the binary task (ValueError naming the file)."""
-    from permk.problems.datasets import binary_labels, load_fashion_mnist, load_heart_scale, read_libsvm
+    command line checks them before a grid starts and its cells read them again). The labels
+    must suit the task (two values for the binary task, at least two for the multi-class one)
+    and the samples' squared norms must be at most
+    :data:`permk.problems.finite_sum.CONSTANT_LIMIT`: a ValueError naming the data otherwise."""
+    from permk.problems.datasets import binary_labels, class_labels, load_fashion_mnist, load_heart_scale, read_libsvm
+    from permk.problems.finite_sum import CONSTANT_LIMIT, row_sq_norms
 
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     if data == FASHION_MNIST:
         d = load_fashion_mnist(classes=classes if task == "binary" else None, limit=samples)
-        return d.X, d.y, d.source
-    d = load_heart_scale() if data == HEART_SCALE else read_libsvm(data)
-    X, y = d.X, d.y
-    if samples is not None:
-        X, y = X[:samples], y[:samples]
+        X, y, source, name = d.X, d.y, d.source, d.source
+    else:
+        d = load_heart_scale() if data == HEART_SCALE else read_libsvm(data)
+        X, y, source, name = d.X, d.y, f"{d.source} ({task})", d.source
+        if samples is not None:
+            X, y = X[:samples], y[:samples]
+    values = class_labels(y)[1]
     if task == "binary":
         try:
             y = binary_labels(y)
         except ValueError as e:
-            raise ValueError(f"{data}: {e} (the binary task; --task multiclass for more classes)") from None
-    return X, y, f"{d.source} ({task})"
+            hint = " (--task multiclass for more classes)" if values.size > 2 else ""
+            raise ValueError(f"{name}: {e}{hint}") from None
+    elif values.size < 2:
+        raise ValueError(f"{name}: the multi-class task needs at least two label values, got {values.size}: {values.tolist()}")
+    top = float(row_sq_norms(X).max())
+    if not top <= CONSTANT_LIMIT:
+        raise ValueError(f"{name}: the samples are too large for the smoothness constants: the largest squared norm of a "
+                         f"sample is {top:.3g}, beyond 2**400 (the step sizes square the constants); rescale the features")
+    return X, y, source
 
 
 def make_problem(grid_json: dict[str, Any], p_hat: float | None) -> tuple[Any, str]:
@@ -186,8 +198,13 @@ def run_classify(grid: ClassifyGrid, out: str | os.PathLike[str], *, jobs: int =
                  progress: bool = True, plot: bool = True, mpi: bool = False) -> Path:
     """Run a grid into ``out/classify/`` (see the module docstring) and draw its figures.
     Returns the experiment directory. With ``mpi`` (launched by ``mpiexec``) every run is
-    distributed over the ranks, each holding its block of workers' samples; rank 0 writes."""
-    root = run_grid(grid.name, grid.to_json(), classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
+    distributed over the ranks, each holding its block of workers' samples; rank 0 writes. The
+    grid's ``config.json`` holds a digest of the samples and labels read
+    (:func:`.grid.data_digest`): ``resume`` refuses data that changed."""
+    X, y, _ = load_task(grid.data, grid.task, grid.classes, grid.samples)
+    cfg = {**grid.to_json(), "data_digest": data_digest(X, y)}  # --resume refuses changed data
+    del X, y
+    root = run_grid(grid.name, cfg, classify_cell, grid.cells(), out, jobs=jobs, resume=resume, progress=progress,
                     extra=(False, mpi), mpi=mpi)
     from .plotting import plot_grid
 

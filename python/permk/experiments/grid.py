@@ -13,7 +13,42 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .results import hold_directory, read_json, write_json
 
-__all__ = ["run_pool", "mpi_comm", "run_grid", "holds_results", "is_writer"]
+__all__ = ["run_pool", "mpi_comm", "run_grid", "holds_results", "is_writer", "data_digest"]
+
+
+def data_digest(*arrays: Any) -> str:
+    """A digest of the data a grid reads (dense arrays or scipy.sparse matrices: their type,
+    shape and values), stored in the grid's config so that ``--resume`` refuses a grid whose
+    data changed since it started (:func:`run_grid`)."""
+    import hashlib
+
+    import numpy as np
+    import scipy.sparse as sp
+
+    h = hashlib.sha256()
+    for a in arrays:
+        parts = [a.data, a.indices, a.indptr] if sp.issparse(a) else [np.asarray(a)]
+        h.update(f"{type(a).__name__} {a.shape}".encode())
+        for part in parts:
+            part = np.ascontiguousarray(part)
+            h.update(f"{part.dtype} {part.shape}".encode())
+            h.update(part.reshape(-1).view(np.uint8).data)
+    return h.hexdigest()[:32]
+
+
+def _config_differences(stored: Any, asked: dict[str, Any]) -> str:
+    """The keys where a stored grid config and the one asked for differ, for the message."""
+    if not isinstance(stored, dict):
+        return "the stored config is not a grid's"
+    keys = sorted(k for k in set(stored) | set(asked) if stored.get(k) != asked.get(k))
+    what = []
+    for k in keys:
+        if k == "data_digest":
+            what.append("the data (a digest of the samples it read) changed since the grid started" if k in stored else
+                        "the stored grid has no digest of its data (written by an older permk)")
+        else:
+            what.append(f"{k}: {stored.get(k)!r} there, {asked.get(k)!r} now")
+    return "; ".join(what)
 
 
 def _init_worker(threads: int, parent: int) -> None:
@@ -114,7 +149,9 @@ def run_grid(
     """Run ``cell_fn(cell, cfg, runs_file, resume, *extra)`` for every cell into ``out/<name>/``:
     ``config.json`` (the grid), ``runs/<cell>.jsonl`` (each finished run, appended at once) and
     ``timing.json`` (the figures are the caller's: :mod:`.plotting` reads this module). An
-    existing grid is continued only with ``resume`` and only if its config is the same. Returns
+    existing grid is continued only with ``resume`` and only if its config is the same (the
+    experiments store a :func:`data_digest` of the data they read in it, so a changed data
+    file is refused too; the message names what differs). Returns
     the experiment directory. The writer holds that directory while the grid runs
     (:func:`.results.hold_directory`): a second run into it at the same time is refused with
     :class:`.results.DirectoryInUseError`. With ``mpi`` (launched by ``mpiexec``) every rank
@@ -142,8 +179,11 @@ def run_grid(
         if holds_results(out, name):
             if not resume:
                 raise FileExistsError(f"{runs} already holds results: pass --resume to continue that grid, or choose another --out")
-            if cfg_path.exists() and read_json(cfg_path) != json.loads(json.dumps(cfg)):
-                raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for; use the same options or another --out")
+            asked = json.loads(json.dumps(cfg))
+            stored = read_json(cfg_path) if cfg_path.exists() else asked
+            if stored != asked:
+                raise ValueError(f"--resume: the grid in {cfg_path} differs from the one asked for ({_config_differences(stored, asked)}); "
+                                 "use the same options and data, or another --out")
         if writer:
             runs.mkdir(parents=True, exist_ok=True)
             write_json(cfg_path, cfg)

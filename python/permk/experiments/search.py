@@ -60,7 +60,7 @@ import numpy as np
 from .grid import mpi_comm
 from .protocols import SearchOptions
 from .results import append_record, from_json, read_records, thin_indices, to_jsonable
-from .specs import Spec
+from .specs import Spec, plugin_code
 
 __all__ = ["Run", "score", "cell_budget", "best_runs", "chunk_rounds", "search_cell", "read_back", "Search"]
 
@@ -118,14 +118,15 @@ class Run:
                                   float_bits=self.opts.float_bits, record_every=1, state=self.state,
                                   **self.opts.method_options(self.spec))
         res: Any
-        if self.mpi:
-            # one MPI rank per block of workers (permk.distributed): the same iterates, every rank
-            # gets the same result, so every rank takes the same decisions
-            import permk.distributed as pd
+        with plugin_code(f"the run of {self.spec.key}", *self.spec.parts):  # a plugin's exception named
+            if self.mpi:
+                # one MPI rank per block of workers (permk.distributed): the same iterates, every rank
+                # gets the same result, so every rank takes the same decisions
+                import permk.distributed as pd
 
-            res = pd.run(self.spec.method, self.problem, self.compressor, **kw)
-        else:
-            res = self.spec.method(self.problem, self.compressor, **kw)
+                res = pd.run(self.spec.method, self.problem, self.compressor, **kw)
+            else:
+                res = self.spec.method(self.problem, self.compressor, **kw)
         self.seconds += time.perf_counter() - t0
         first = self.state is None
         if first:

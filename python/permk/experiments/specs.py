@@ -4,15 +4,54 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from .protocols import SearchOptions, protocol_of
 
-__all__ = ["METHODS", "Spec", "available_specs", "theory_gamma", "multiplier_exponents", "step_exponents"]
+__all__ = ["METHODS", "Spec", "PluginError", "available_specs", "spec_survey", "plugin_code", "theory_gamma",
+           "multiplier_exponents", "step_exponents"]
+
+
+class PluginError(ValueError):
+    """The code of a plugin (a compressor class or method object registered from outside the
+    package: :func:`permk.register`, the ``permk.plugins`` entry points, ``--plugin``) raised;
+    the message names the plugin and what it raised (the command line: exit 2, one line)."""
+
+
+def plugin_label(obj: Any) -> str | None:
+    """``"compressor 'boom' (mod.Boom)"`` for a compressor class or method object registered
+    from outside the package, None for the package's own."""
+    cat = getattr(obj, "catalog_kind", None)
+    if cat is None:
+        return None
+    for name, entry in cat.registered().items():
+        if entry is obj:
+            where = f"{obj.__module__}.{obj.__qualname__}" if isinstance(obj, type) else f"{type(obj).__module__}.{type(obj).__qualname__}"
+            return f"{cat.kind} {name!r} ({where})"
+    return None
+
+
+@contextlib.contextmanager
+def plugin_code(what: str, *parts: Any) -> Iterator[None]:
+    """Run code that calls plugins' code: an exception the command line would show as a
+    traceback (anything but ValueError, OSError, MemoryError, KeyboardInterrupt) becomes a
+    :class:`PluginError` naming the plugins among ``parts`` and ``what`` raised; with no plugin
+    among ``parts`` it passes unchanged (the package's own code)."""
+    try:
+        yield
+    except (ValueError, OSError, MemoryError):
+        raise
+    except Exception as e:
+        labels = [lab for lab in map(plugin_label, parts) if lab is not None]
+        if not labels:
+            raise
+        raise PluginError(f"the plugin {' and the plugin '.join(labels)}: {what} raised {type(e).__name__}: {e}") from e
 
 #: The paper's methods, in the order they run within a cell (PermK first: it is cheap and sets
 #: the budget). Any ``METHOD-COMPRESSOR`` of :func:`available_specs` can be asked for.
@@ -48,8 +87,15 @@ class Spec:
         return cls(key=str(key), method=method, compressor_class=catalog()[comp])
 
     def compressor(self, n: int, d: int) -> Any:
-        """The compressor of this spec for ``n`` workers in dimension ``d``."""
-        return self.compressor_class.default(n, d)
+        """The compressor of this spec for ``n`` workers in dimension ``d`` (a plugin's
+        ``default`` that raises is a :class:`PluginError` naming it)."""
+        with plugin_code(f"{self.compressor_class.__name__}.default({n}, {d})", self.compressor_class):
+            return self.compressor_class.default(n, d)
+
+    @property
+    def parts(self) -> tuple[Any, Any]:
+        """The method object and the compressor class (for :func:`plugin_code`)."""
+        return self.method, self.compressor_class
 
     def identical_workers_collapse(self, compressor: Any) -> bool:
         """Whether workers that are the same function stay identical under this method with
@@ -81,7 +127,20 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     (checked at ``(n, d)`` on a synthetic quadratic, whose constants every step can read: ``L_i``
     too; a method that ``needs_finite_sum`` on a small :class:`permk.NonconvexSigmoid` with the
     experiments' ``batch_size``), then the methods that take no compressor by their name alone
-    (``gd``, ``sgd``)."""
+    (``gd``, ``sgd``). A plugin whose code raises anything but TypeError or ValueError here
+    (which mean "does not suit") is left out with a :class:`permk.registry.PluginWarning`
+    naming it (:func:`spec_survey` says why)."""
+    specs, broken = spec_survey(n, d)
+    from permk.registry import PluginWarning
+
+    for why in broken.values():
+        warnings.warn(f"permk {why}; its methods are left out", PluginWarning, stacklevel=2)
+    return specs
+
+
+def spec_survey(n: int = 10, d: int = 100) -> tuple[list[str], dict[str, str]]:
+    """:func:`available_specs` and the plugins whose code raised while they were checked, by
+    catalog entry (``"compressor boom"``, ``"method mine"``): what raised, naming the plugin."""
     from permk.problems import NonconvexSigmoid
     from permk.compressors import Identity, catalog
     from permk.methods import catalog as methods
@@ -92,27 +151,51 @@ def available_specs(n: int = 10, d: int = 100) -> list[str]:
     rng = np.random.default_rng(0)
     finite_sum = NonconvexSigmoid(rng.standard_normal((4 * n, d - 1)), np.tile([-1.0, 1.0], 2 * n), n=n, seed=0)
     probes = {False: (quadratic, Constants.of(quadratic)), True: (finite_sum, Constants.of(finite_sum))}
+    broken: dict[str, str] = {}
 
-    def suits(method: Any, c: Any) -> bool:
-        probe, consts = probes[bool(method.needs_finite_sum)]
-        if method.theory is None:
-            return False
+    def blame(e: Exception, what: str, *parts: tuple[str, Any]) -> None:
+        """Record ``e`` against the first plugin among ``parts``; re-raise the package's own."""
+        for key, obj in parts:
+            label = plugin_label(obj)
+            if label is not None:
+                broken.setdefault(key, f"plugin {label} failed: {what} raised {type(e).__name__}: {e}")
+                return
+        raise e
+
+    def suits(mname: str, method: Any, cname: str, c: Any) -> bool:
+        probe, consts = probes[bool(getattr(method, "needs_finite_sum", False))]
         try:
+            if method.theory is None:
+                return False
             params = method.parameters(c, n, d, problem=probe, **SearchOptions(batch_size=2).sample_options(method))
             method.theory.step(c, n, d, params, consts, problem=probe)
         except (TypeError, ValueError):
             return False
+        except Exception as e:  # a plugin's code: named, and its specs left out
+            blame(e, f"{mname}-{cname}'s parameters and step at n={n}, d={d}", (f"method {mname}", method), (f"compressor {cname}", type(c)))
+            return False
         return True
 
-    compressors = {cname: _default_or_none(cls, n, d) for cname, cls in catalog().items()}
+    compressors = {}
+    for cname, cls in catalog().items():
+        try:
+            compressors[cname] = _default_or_none(cls, n, d)
+        except Exception as e:
+            blame(e, f"{cls.__name__}.default({n}, {d})", (f"compressor {cname}", cls))
+            compressors[cname] = None
     out = []
     for mname, method in methods().items():
-        if method.takes_compressor:
-            out += [f"{mname}-{cname}" for cname, c in compressors.items() if c is not None and suits(method, c)]
-    out += [mname for mname, method in methods().items() if not method.takes_compressor and suits(method, Identity())]
-    return out
-
-
+        try:
+            takes = bool(method.takes_compressor)
+        except Exception as e:
+            blame(e, f"{mname}.takes_compressor", (f"method {mname}", method))
+            continue
+        if takes:
+            out += [f"{mname}-{cname}" for cname, c in compressors.items()
+                    if c is not None and f"method {mname}" not in broken and suits(mname, method, cname, c)]
+        elif suits(mname, method, "", Identity()):
+            out.append(mname)
+    return [s for s in out if f"method {s.partition('-')[0]}" not in broken], broken
 def _default_or_none(cls: Any, n: int, d: int) -> Any:
     """``cls.default(n, d)``, or None where the compressor does not fit ``(n, d)``."""
     try:
@@ -130,8 +213,10 @@ def theory_gamma(problem: Any, spec: Spec, opts: SearchOptions, *, constants: st
 
     spec.check_problem(problem)
     n, d = int(problem.n), int(problem.d)
-    params = setup(spec.method, problem, spec.compressor(n, d), n=n, d=d, rounds=1, seed=opts.seed,
-                   pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits, **opts.method_options(spec))
+    compressor = spec.compressor(n, d)
+    with plugin_code(f"the theory step of {spec.key}", *spec.parts):
+        params = setup(spec.method, problem, compressor, n=n, d=d, rounds=1, seed=opts.seed,
+                       pl=opts.pl, constants=constants or opts.constants, float_bits=opts.float_bits, **opts.method_options(spec))
     return float(params.gamma)
 
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validate import check_int
+from .._validate import check_int, check_sample_counts
 from ..compressors import Compressor
 from ..compressors.participation import Participation
 from ..registry import Catalog
@@ -141,10 +141,7 @@ def sample_counts(problem: Any, label: str, n: int) -> Array:
     counts = getattr(problem, "sample_counts", None)
     if counts is None or not hasattr(problem, "minibatch_grads_pair"):
         raise TypeError(f"{label} needs a finite-sum problem with minibatch oracles (permk.FiniteSumProblem)")
-    counts = np.asarray(counts)
-    if counts.shape != (n,) or (counts < 1).any():
-        raise ValueError(f"problem.sample_counts must be {n} positive counts, got {counts!r}")
-    return counts
+    return check_sample_counts(counts, n)
 
 
 #: The dtypes a method may keep its per-worker arrays (shifts, estimators) in.

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import check_choice, check_flag, check_int, check_real, check_seed, start_point
+from .._validate import check_choice, check_flag, check_int, check_real, check_sample_counts, check_seed, start_point
 from ..compressors import Compressor
 from ..theory.steps import Constants
 from ..transport import Backend, Simulator, check_problem
@@ -82,7 +82,7 @@ def full_gradient_calls(problem: Any) -> float:
     """The oracle calls of one full local gradient (:class:`RoundInfo`): the largest ``m_i`` of a
     finite-sum problem (``sample_counts``), else 1."""
     counts = getattr(problem, "sample_counts", None)
-    return 1.0 if counts is None else float(np.max(counts))
+    return 1.0 if counts is None else float(np.max(check_sample_counts(counts, int(problem.n))))
 
 
 def _check_method(method: Any) -> None:

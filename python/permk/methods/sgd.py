@@ -35,6 +35,8 @@ class SGDTheory(MethodTheory[SGDParams]):
              problem: Any = None) -> tuple[float, str]:
         if constants.mu is not None:
             raise ValueError("SGD has no PL step in permk: pass gamma= or pl=False")
+        if not constants.L_minus > 0:
+            raise ValueError("the smoothness constants give no bound on the step (L_minus = 0): f is constant")
         return 1.0 / constants.L_minus, "1/L− (the smoothness step of SGD)"
 
     def floats_per_round(self, compressor: Compressor, n: int, d: int, params: SGDParams) -> float:

@@ -220,6 +220,18 @@ class LinearAutoencoder:
         n, d_e, seed = check_int(n, "n", low=1), check_int(d_e, "d_e", low=1), check_int(seed, "seed")
         p_hat = check_real(p_hat, "p_hat", low=0.0, high=1.0)
         lam = check_real(lam, "lam", low=0.0)
+        # the step sizes square the smoothness constants, which grow with λ and ‖a‖²
+        from .finite_sum import CONSTANT_LIMIT, row_sq_norms
+
+        if lam > CONSTANT_LIMIT:
+            raise ValueError(f"lam = {lam:.3g} is too large for the smoothness constants (beyond 2**400: the step sizes square "
+                             "the constants); choose a smaller lam")
+        top = float(row_sq_norms(X).max())
+        if not np.isfinite(top) and not np.isfinite(X).all():
+            raise ValueError("X must be finite")
+        if not top <= CONSTANT_LIMIT:
+            raise ValueError(f"X's images are too large for the smoothness constants: the largest squared norm of an image is "
+                             f"{top:.3g}, beyond 2**400 (the step sizes square the constants); rescale the pixels")
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
             raise ValueError(f"dtype must be np.float64 or np.float32, got {dtype!r}")

@@ -201,7 +201,15 @@ class NonconvexLogistic(LinearFiniteSum):
 
 
 def _class_count(y: Any, classes: int | None) -> int:
-    return len(np.unique(np.asarray(y))) if classes is None else check_int(classes, "classes", low=1)
+    """``classes``, else the number of distinct labels of ``y`` (finite reals; at least two:
+    one class is no classification task)."""
+    if classes is not None:
+        return check_int(classes, "classes", low=1)
+    values = class_labels(y)[1]
+    if values.size < 2:
+        raise ValueError(f"a classification task needs at least two label values, got {values.size}: {values.tolist()} "
+                         "(pass classes= for classes without samples)")
+    return int(values.size)
 
 
 def _class_codes(labels: np.ndarray, classes: int) -> np.ndarray:

