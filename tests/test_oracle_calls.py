@@ -128,3 +128,11 @@ def test_rounds_on_mpi_evaluate_what_the_algorithm_reads(nprocs: int) -> None:
     cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, str(MPI_DIR / "oracle_calls.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=MPI_DIR, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0 and "oracle-calls|OK|54" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_every_catalog_method_has_an_oracle_call_check() -> None:
+    """Every method of the catalog is checked above (a method added later must join a case)."""
+    from permk.methods.base import METHODS
+
+    checked = {name for name, _, _ in CASES + FINITE_SUM}
+    assert set(METHODS.all()) <= checked, sorted(set(METHODS.all()) - checked)

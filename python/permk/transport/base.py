@@ -150,7 +150,7 @@ class HeldWorkers:
         self.paths: dict[Any, Any] = {}
         self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
-        self._partial: list[tuple[Array, dict[int, Array]]] = []  # rows evaluated row by row at the last two such points
+        self._partial: list[tuple[Array, tuple[list[Array], Array, Array]]] = []  # rows kept at the last two points evaluated row by row
 
     @property
     def kernel(self) -> NativeKernel | None:
@@ -195,65 +195,74 @@ class HeldWorkers:
         in turn, where the problem evaluates workers one by one."""
         m, d, start = len(rows), self.d, self.workers.start
         out: list[Array] = []
-        todo: list[list[int]] = []
+        todo: list[Array] = []
+        none = np.zeros(0, dtype=np.int64)
         for x in points:
             whole = next((w for cx, w in self._rows if cx is x), None)
             if whole is not None:
                 out.append(whole if m == len(self.workers) else whole[rows])
-                todo.append([])
+                todo.append(none)
                 continue
             if m == len(self.workers) and not hasattr(self.problem, "local_grad"):
                 out.append(self.local_grads(x))
-                todo.append([])
+                todo.append(none)
                 continue
             kept = self._partial_at(x)
+            if kept is None:
+                out.append(np.empty((m, d)))
+                todo.append(np.arange(m))
+                continue
+            blocks, block_of, row_of = kept
             o = np.empty((m, d))
-            miss = []
-            for j, r in enumerate(rows.tolist()):
-                row = kept.get(r)
-                if row is None:
-                    miss.append(j)
-                else:
-                    o[j] = row
+            b = block_of[rows]
+            for k in np.unique(b[b >= 0]).tolist():  # the kept rows, block by block
+                js = np.flatnonzero(b == k)
+                o[js] = blocks[k][row_of[rows[js]]]
             out.append(o)
-            todo.append(miss)
-        if not any(todo):
+            todo.append(np.flatnonzero(b < 0))
+        if not any(len(t) for t in todo):
             return out
         kernel = self.kernel
         if kernel is not None and hasattr(kernel, "local_grads_rows"):
-            for x, o, miss in zip(points, out, todo):
-                if miss:
-                    js = np.asarray(miss, dtype=np.int64)
+            for x, o, js in zip(points, out, todo):
+                if len(js):
                     got = kernel.local_grads_rows(np.ascontiguousarray(x, dtype=np.float64), rows[js] + start)
                     o[js] = check_output(got, (len(js), d), "kernel.local_grads_rows(x, rows)")
         elif hasattr(self.problem, "local_grad"):
-            sets = [set(miss) for miss in todo]
+            miss = [set(js.tolist()) for js in todo]
             for j, r in enumerate(rows.tolist()):  # a worker's points in turn
-                for x, o, miss in zip(points, out, sets):
-                    if j in miss:
+                for x, o, mk in zip(points, out, miss):
+                    if j in mk:
                         o[j] = check_output(self.problem.local_grad(start + r, x), (d,), f"problem.local_grad({start + r}, x)")
         else:
-            for k, (x, miss) in enumerate(zip(points, todo)):
-                if miss:
+            for k, (x, js) in enumerate(zip(points, todo)):
+                if len(js):
                     out[k] = self.local_grads(x)[rows]
-        for x, o, miss in zip(points, out, todo):
-            if miss:
-                kept = self._partial_at(x, create=True)
-                for j in miss:
-                    kept[int(rows[j])] = o[j]
+        for x, o, js in zip(points, out, todo):
+            if len(js):
+                self._keep(x, rows[js], o[js] if len(js) < m else o)
         return out
 
-    def _partial_at(self, x: Array, create: bool = False) -> dict[int, Array]:
-        """The rows kept at the point ``x`` (worker → row), of the last two points evaluated row
-        by row; a new entry for ``x`` with ``create`` (the oldest dropped)."""
+    def _partial_at(self, x: Array) -> tuple[list[Array], Array, Array] | None:
+        """The rows kept at the point ``x``: ``(blocks, block_of, row_of)``, held worker ``r``'s
+        row ``blocks[block_of[r]][row_of[r]]`` (``block_of[r] < 0``: not kept), or None."""
         for cx, kept in self._partial:
             if cx is x:
                 return kept
-        if not create:
-            return {}
-        kept = {}
-        self._partial = [(x, kept)] + self._partial[:1]
-        return kept
+        return None
+
+    def _keep(self, x: Array, rows: Array, block: Array) -> None:
+        """Keep the rows ``block`` of the held workers ``rows`` at the point ``x`` (the rows of
+        the last two points evaluated row by row are kept)."""
+        kept = self._partial_at(x)
+        if kept is None:
+            held = len(self.workers)
+            kept = ([], np.full(held, -1, dtype=np.int64), np.zeros(held, dtype=np.int64))
+            self._partial = [(x, kept)] + self._partial[:1]
+        blocks, block_of, row_of = kept
+        block_of[rows] = len(blocks)
+        row_of[rows] = np.arange(len(rows))
+        blocks.append(block)
 
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
         """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``
