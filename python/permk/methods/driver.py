@@ -53,8 +53,11 @@ class RunResult:
     expected_bits_per_worker
         The same in expectation over the coins.
     oracle_calls
-        The gradient-oracle calls (sample gradients) one worker has made after round t, cumulative,
-        as :class:`~permk.methods.RoundInfo` counts them; the start's gradients are not counted.
+        The gradient-oracle calls (sample gradients) after round t: each round's count for its
+        busiest worker, summed (cumulative; :class:`~permk.methods.RoundInfo` defines a round's
+        count: a full local gradient is ``max_i m_i`` calls, a minibatch gradient ``b``, a
+        gradient kept from an earlier round is not counted again; the start's gradients are not
+        counted).
     coins
         MARINA's coin of every round run (True: full gradients); None for methods without one.
     x
@@ -211,9 +214,16 @@ def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x
 
 def start(method: Algorithm, backend: Backend, compressor: Compressor, params: RunParams[Any], begin: State | Array,
           seed: int) -> State:
-    """The run's first state from what :func:`check_start` returned: the resumed state, or
+    """The run's first state from what :func:`check_start` returned: the resumed state (whose
+    per-worker rows must be in the run's ``shift_dtype``, where the method has one), or
     ``method.init`` at the starting point (its exchanges)."""
     if isinstance(begin, State):
+        want = getattr(params.own, "shift_dtype", None)
+        for name in begin.per_worker_arrays() if want is not None else ():
+            got = np.asarray(getattr(begin, name)).dtype
+            if got != np.dtype(want):
+                raise ValueError(f"the resumed state's {name} is {got} and this run keeps its per-worker rows in {want}: "
+                                 f"pass shift_dtype={got.name!r} to continue it")
         return begin
     return method.init(begin, backend, compressor, params, seed=check_seed(seed))
 

@@ -714,6 +714,8 @@ class GroupedAutoencoder:
         self.n = ae.n_splits
         self.d = ae.d
         self.x0 = ae.x0
+        #: The autoencoder's dtype (the methods keep their estimators in it: ``shift_dtype``).
+        self.dtype = ae.dtype
         self._mult = ae.n_splits * ae.weights
 
     @property
