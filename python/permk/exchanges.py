@@ -47,7 +47,7 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
   ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
   round instead of ``O(nd)``;
 * ``"dense"`` — whole local gradients, then the compressor — those of the workers that send in
-  the round only (a round's participants, :class:`permk.compressors.Participation`; PermK's
+  the round only (a round's participants, :class:`~permk.Participation`; PermK's
   workers with a block when ``n > d``); without a shared plan (TopK) and
   without ``y``, in blocks of workers when the problem gives its gradients so
   (``local_grad_blocks``), each block handed to :meth:`Compressor.compress_shifted_rows`,
@@ -278,7 +278,7 @@ def _active_of(r: Round, backend: Transport) -> Array | None:
 def _senders(compressor: Compressor, backend: Transport, seed: int, round: int) -> Array | None:
     """The held workers (counted from the first held one) that send in a round without a shared
     plan, for a compressor that names them (``participants(n, *, seed, round)``, as
-    :class:`permk.compressors.Participation` does), or None (all of them)."""
+    :class:`~permk.Participation` does), or None (all of them)."""
     who = getattr(compressor, "participants", None)
     if who is None:
         return None
@@ -469,7 +469,7 @@ _BY_NAME: dict[str, Path] = {p.name: p for p in (RUST, FUSED, DENSE)}
 def native_rounds(compressor: Compressor) -> bool:
     """Whether the compressor's rounds are the core's (``permk._core.Round``), which the Rust
     path's kernels read: a compressor with a native kernel and a shared plan, or one that says
-    so (``native_rounds``: :class:`permk.compressors.Participation` around such a compressor)."""
+    so (``native_rounds``: :class:`~permk.Participation` around such a compressor)."""
     return bool(compressor.capabilities.shared_plan and (compressor.kernel is not None or getattr(compressor, "native_rounds", False)))
 
 
