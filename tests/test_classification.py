@@ -307,7 +307,6 @@ _FUSED_METHODS = {
     "diana": (permk.diana, {}),
     "dasha": (permk.dasha, {}),
     "pp-marina": (permk.marina, {"p": 0.2, "participation": 3}),
-    "dasha-pp": (permk.dasha, {"participation": 3}),
 }
 
 
@@ -326,6 +325,16 @@ def test_fused_and_dense_paths_give_the_same_iterates_bit_for_bit(name: str, spa
     dense = run(p, comp, rounds=40, seed=2, path="dense", gamma=0.05, **options)
     assert fused.params.path == "fused" and fused.x.tobytes() == dense.x.tobytes(), np.abs(fused.x - dense.x).max()
     assert fused.grad_norm_sq.tobytes() == dense.grad_norm_sq.tobytes()
+
+
+def test_dasha_pp_has_one_path_and_says_why() -> None:
+    """DASHA-PP keeps every participant's whole gradient (its h_i), so it evaluates the
+    participants' whole rows (issue 35, item 1) and has no coordinate (fused) path: a forced
+    ``path="fused"`` is refused with the reason, and ``auto`` runs the dense path."""
+    p = _make("logistic", n=5, sparse=False, dtype=np.float64)
+    with pytest.raises(ValueError, match="path='fused' is not available .* given rows"):
+        permk.dasha(p, permk.RandK(2), rounds=2, seed=2, path="fused", gamma=0.05, participation=3)
+    assert permk.dasha(p, permk.RandK(2), rounds=2, seed=2, gamma=0.05, participation=3).params.path == "dense"
 
 
 @pytest.mark.parametrize("sparse", [False, True])
