@@ -1,5 +1,5 @@
-"""The honest comparison: permk's DDP hooks against all-reduce, fp16/bf16 and PowerSGD, by steps,
-bytes and wall-clock seconds on a bandwidth-limited network.
+"""permk's DDP hooks compared with all-reduce, fp16/bf16 and PowerSGD: training loss against steps,
+bytes per rank and wall-clock seconds on a bandwidth-limited network (the page ``ddp-comparison``).
 
 ``--ranks`` gloo processes (default 4) train the same network with torch DDP, one model per
 method, all from the same initial point and the same minibatches (common random numbers), steps
@@ -13,17 +13,19 @@ interleaved method by method:
   its shard of SGD and the parameters are all-gathered), ``RandK + DIANA`` (shared-seed RandK with
   ``k = ⌈d/n⌉``, the DIANA shift: EF21's α = 1 needs a contractive compressor, and RandK scaled by
   d/k is not) and ``TopK + EF21`` (``shift="ef21"``, ``k = ⌈d/(2n)⌉``: as index–value pairs its
-  message has PermK's bytes).
+  message has PermK's bytes), and ``BlockPermK`` (``comm_hook(BlockPermK(n))``: each rank one
+  contiguous block of the bucket, drawn at random each round; PermK's constants, an O(n) plan).
 
 Two networks on Fashion-MNIST (60,000 training images, the 10,000 test images for accuracy):
 the authors' two-layer network (784 → 32, sigmoid, → 10; 25,450 parameters) and an MLP
 784 → 512 → 256 → 10 with ReLU (535,818 parameters). Shards: ``iid`` (a random equal split)
 and ``skew`` (the images sorted by label and cut into equal contiguous shards: each rank holds
 two or three classes). Plain SGD, batch ``--batch`` per rank, two learning rates per network,
-``--seeds`` seeds (the initial point, the minibatches and the compressors' seeds). Every
+``--seeds`` seeds (default 3; the initial point, the minibatches and the compressors' seeds). Every
 ``--eval-every`` steps: the training loss on a fixed subset of the training set (the objective of
 all ranks together), the test loss and test accuracy. A method whose training loss is not finite
-or above ten times the start's stops (``diverged at``).
+or above ten times the start's stops (``diverged at``). The tables' final values are each seed's
+mean over its last three evaluations (steps 250-300 by default), averaged over the seeds.
 
 **Bytes per rank** are what a rank hands to the collectives, counted by wrapping
 ``torch.distributed``'s functions, priced as bandwidth-optimal algorithms send them: an all-reduce
@@ -41,7 +43,7 @@ the wall-clock stage is skipped.
 Writes ``benches/results/bench_ddp_compare.json`` (:mod:`record`: machine, date, load, seeds; the
 curves and timings under ``curves`` and ``timings``) and ``docs/figures/ddp_compare_*.png``.
 
-    python benches/bench_ddp_compare.py                       # the grid (~40-60 min on 2 cores)
+    python benches/bench_ddp_compare.py                       # the grid (~45 min on 2 cores, 3 seeds)
     python benches/bench_ddp_compare.py --stage report        # the table and figures from the work files
     python benches/bench_ddp_compare.py --smoke               # seconds; no namespace, no files
 """
@@ -72,7 +74,7 @@ FIGURES = HERE.parent / "docs" / "figures"
 WORK = HERE / "results" / "ddp_compare_work"
 
 METHODS = ["all-reduce", "fp16", "bf16", "PowerSGD r1", "PowerSGD r4", "PermK", "PermK + DIANA", "PermK sharded",
-           "RandK + DIANA", "TopK + EF21"]
+           "RandK + DIANA", "TopK + EF21", "BlockPermK"]
 MODELS = {"two-layer": "two-layer network (784-32-10, sigmoid; 25,450 parameters)",
           "mlp": "MLP 784-512-256-10 (ReLU; 535,818 parameters)"}
 #: two learning rates per network (plain SGD): a moderate one and a large one
@@ -217,6 +219,7 @@ class Method:
             self.ddp.register_comm_hook(self.state, powerSGD_hook.powerSGD_hook)
         elif name != "all-reduce":
             comp, shift = {"PermK": (permk.PermK(), None), "PermK + DIANA": (permk.PermK(), "diana"),
+                           "BlockPermK": (permk.BlockPermK(n), None),
                            "RandK + DIANA": (permk.RandK(-(-d // n)), "diana"),
                            "TopK + EF21": (permk.TopK(-(-d // (2 * n))), "ef21")}[name]
             self.state, hook = pt.comm_hook(comp, seed=seed, shift=shift)
@@ -378,8 +381,9 @@ def time_cell(job: dict[str, Any], data: dict[str, Any], rank: int, n: int, coun
     idx = batches(data["y"].numpy(), n, rank, "iid", seed, reps + warmup, job["batch"])
     X, Y = data["X"], data["y"]
     times: dict[str, list[float]] = {m: [] for m in methods}
-    counter.bytes.clear()
     for r in range(reps + warmup):
+        if r == warmup:
+            counter.bytes.clear()  # the bytes of the timed steps (PowerSGD's first steps are all-reduces)
         xb, yb = X[idx[r]], Y[idx[r]]
         for m in methods:
             dist.barrier()
@@ -394,7 +398,7 @@ def time_cell(job: dict[str, Any], data: dict[str, Any], rank: int, n: int, coun
     if rank == 0:
         print(f"[{time.strftime('%H:%M:%S')}] {job['rate_label']} {model}: "
               + ", ".join(f"{m} {statistics.median(v):.3f} s" for m, v in times.items()), flush=True)
-    steps = reps + warmup
+    steps = reps
     return {"kind": "time", "model": model, "rate": job["rate"], "rate_label": job["rate_label"], "d": d, "ranks": n,
             "reps": reps, "warmup": warmup, "batch": job["batch"], "times": times,
             "median": {m: statistics.median(v) for m, v in times.items()},
@@ -437,12 +441,16 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def stage_train(args: argparse.Namespace, work: Path) -> None:
-    done = {(r["model"], r["split"], r["lr"], r["seed"]) for r in read_jsonl(work / "train.jsonl")}
+    have: dict[tuple[Any, ...], set[str]] = {}  # the methods run so far per (model, split, lr, seed)
+    for r in read_jsonl(work / "train.jsonl"):
+        have.setdefault((r["model"], r["split"], r["lr"], r["seed"]), set()).update(r["curves"])
     for model in args.models:
         for split in args.splits:
             jobs = [{"kind": "train", "model": model, "split": split, "lr": lr, "seed": seed, "steps": args.steps[model],
-                     "batch": args.batch, "eval_every": args.eval_every, "methods": args.methods}
-                    for lr in args.lrs[model] for seed in args.seeds if (model, split, lr, seed) not in done]
+                     "batch": args.batch, "eval_every": args.eval_every,
+                     "methods": [m for m in args.methods if m not in have.get((model, split, lr, seed), set())]}
+                    for lr in args.lrs[model] for seed in args.seeds]
+            jobs = [j for j in jobs if j["methods"]]
             if jobs:
                 launch({"ranks": args.ranks, "jobs": jobs, "out": str(work / "train.jsonl"), "samples": args.samples,
                         "data": args.data, "eval_samples": args.eval_samples})
@@ -478,18 +486,24 @@ def aggregate(cells: list[dict[str, Any]]) -> dict[tuple[str, str, float], dict[
     for c in cells:
         key = (c["model"], c["split"], c["lr"])
         entry = out.setdefault(key, {"d": c["d"], "steps": c["steps"], "seeds": [], "methods": {}})
-        entry["seeds"].append(c["seed"])
+        if c["seed"] not in entry["seeds"]:  # a later run may add methods to a (cell, seed)
+            entry["seeds"].append(c["seed"])
         for m, cur in c["curves"].items():
             entry["methods"].setdefault(m, []).append(cur)
     return out
 
 
+#: the final values are the mean of the last LAST evaluations (steps 250, 275, 300 by default): one
+#: evaluation of an SGD trajectory at a large step is noisy
+LAST = 3
+
+
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """One method's seeds: the final values (mean, min, max over the seeds that did not diverge),
-    how many diverged, bytes per step."""
+    """One method's seeds: the final values (each seed's mean over its last ``LAST`` evaluations;
+    mean, min, max over the seeds that did not diverge), how many diverged, bytes per step."""
     ok = [r for r in runs if r["diverged_at"] is None]
-    fin = [r["train_loss"][-1] for r in ok]
-    acc = [r["test_acc"][-1] for r in ok]
+    fin = [float(np.mean(r["train_loss"][-LAST:])) for r in ok]
+    acc = [float(np.mean(r["test_acc"][-LAST:])) for r in ok]
     last = runs[0]
     per_step = last["bytes"][-1] / last["step"][-1] if last["step"][-1] else float("nan")
     return {"seeds": len(runs), "diverged": len(runs) - len(ok), "loss": float(np.mean(fin)) if fin else float("nan"),
@@ -521,7 +535,8 @@ def mean_curve(runs: list[dict[str, Any]], key: str) -> tuple[np.ndarray, np.nda
 STYLE = {"all-reduce": ("black", "-", "s"), "fp16": ("0.45", "--", None), "bf16": ("0.65", ":", None),
          "PowerSGD r1": ("tab:cyan", "-", None), "PowerSGD r4": ("tab:blue", "-", None),
          "PermK": ("tab:red", "-", "o"), "PermK + DIANA": ("tab:orange", "--", "o"), "PermK sharded": ("darkred", ":", "o"),
-         "RandK + DIANA": ("tab:green", "-", "^"), "TopK + EF21": ("tab:purple", "-", "D")}
+         "RandK + DIANA": ("tab:green", "-", "^"), "TopK + EF21": ("tab:purple", "-", "D"),
+         "BlockPermK": ("tab:brown", "-.", "v")}
 
 
 def plot_lines(ax: Any, xs: np.ndarray, ys: np.ndarray, m: str, **kw: Any) -> None:
@@ -615,7 +630,10 @@ def figures(agg: dict[tuple[str, str, float], dict[str, Any]], timings: list[dic
                 plain_ticks(ax, x_log=True)
                 ax.set_xlabel("wall-clock seconds (log scale) = step × median step time at this bandwidth")
                 ax.set_ylabel("training loss (log scale)")
-                ax.set_title(f"{MODELS[model]}\niid shards; the 4 ranks share one {rate} link", fontsize=9.5)
+                step_bytes = max(t["bytes_per_step"].values()) * t["ranks"]  # all ranks' bytes in the largest step
+                burst = (f"\n(a step moves at most {step_bytes / 1e6:.1f} MB, near the token bucket's 0.5 MB burst: "
+                         "partly not rate-limited)") if t["rate"] == "100mbit" and step_bytes < 4 * 512e3 else ""
+                ax.set_title(f"{MODELS[model]}\niid shards; the 4 ranks share one {rate} link{burst}", fontsize=9.5)
                 ax.grid(True, which="both", alpha=0.3)
         handles, names = axes[0][0].get_legend_handles_labels()
         fig.legend(handles, names, loc="lower center", ncol=5, fontsize=9, frameon=False)
@@ -630,9 +648,9 @@ def figures(agg: dict[tuple[str, str, float], dict[str, Any]], timings: list[dic
     return written
 
 
-COLUMNS = ["network", "shards", "lr", "method", "seeds", "diverged", "final training loss (mean)", "min", "max",
-           "test accuracy (mean)", "MB per rank per step", "bytes / all-reduce bytes", "steps to all-reduce's final loss (mean curve)",
-           "MB per rank to all-reduce's final loss"]
+COLUMNS = ["network", "shards", "lr", "method", "seeds", "diverged", "final training loss (mean over seeds)", "min", "max",
+           "final test accuracy (mean)", "MB per rank per step", "bytes / all-reduce bytes",
+           "steps to all-reduce's final loss (seeds' mean curve)", "MB per rank to all-reduce's final loss"]
 TIME_COLUMNS = ["network", "bandwidth", "method", "s per step (median)", "step / all-reduce step", "MB per rank per step",
                 "s to all-reduce's final loss (iid, better lr)", "load before / after"]
 
@@ -656,8 +674,7 @@ def tables(agg: dict[tuple[str, str, float], dict[str, Any]], timings: list[dict
             s = summary(e["methods"][m])
             steps_to = mb_to = None
             if ref is not None and ref["diverged"] == 0:
-                _, _, v = mean_curve(e["methods"]["all-reduce"], "train_loss")
-                steps_to, b_to = reach(e["methods"][m], float(v[-1]))
+                steps_to, b_to = reach(e["methods"][m], ref["loss"])
                 mb_to = None if b_to is None else round(b_to / 1e6, 3)
             rows.append([model, split, lr, m, s["seeds"], s["diverged"], round(s["loss"], 4), round(s["loss_min"], 4),
                          round(s["loss_max"], 4), round(s["acc"], 4), round(s["bytes_per_step"] / 1e6, 4),
@@ -668,8 +685,7 @@ def tables(agg: dict[tuple[str, str, float], dict[str, Any]], timings: list[dict
         lr_ref = best_lr(agg, model, "iid", "all-reduce")
         target = None
         if lr_ref is not None:
-            _, _, v = mean_curve(agg[(model, "iid", lr_ref)]["methods"]["all-reduce"], "train_loss")
-            target = float(v[-1])
+            target = summary(agg[(model, "iid", lr_ref)]["methods"]["all-reduce"])["loss"]
         for m in methods:
             if m not in t["median"]:
                 continue
@@ -732,6 +748,17 @@ def markdown(columns: list[str], rows: list[list[Any]]) -> str:
                      + ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows])
 
 
+def rounded(obj: Any, digits: int = 5) -> Any:
+    """``obj`` with every float rounded to ``digits`` significant digits (a smaller results file)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}") if math.isfinite(obj) else obj
+    if isinstance(obj, list):
+        return [rounded(v, digits) for v in obj]
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    return obj
+
+
 def stage_report(args: argparse.Namespace, work: Path, *, write: bool) -> None:
     cells = read_jsonl(work / "train.jsonl")
     timings = read_jsonl(work / "time.jsonl")
@@ -778,9 +805,12 @@ def stage_report(args: argparse.Namespace, work: Path, *, write: bool) -> None:
                                    f"limit); every method's step interleaved, slowest rank, median of {args.time_reps} after 2 "
                                    "warm-up steps; seconds to the target = the first evaluated step whose mean loss reaches "
                                    "all-reduce's final loss (iid shards, each method's better lr) × the median step time."},
-               "summary": {"columns": scols, "rows": srows}, "curves": cells, "timings": timings},
+               "summary": {"columns": scols, "rows": srows}, "curves": rounded(cells), "timings": rounded(timings),
+               # earlier runs of the wall-clock stage kept beside this one (time-*.jsonl), for their spread
+               "timings_earlier": {p.stem: read_jsonl(p) for p in sorted(work.glob("time-*.jsonl"))}},
     )
     print(f"wrote {path}")
+    Path(args.figures).mkdir(parents=True, exist_ok=True)
     for p in figures(agg, timings, args.methods, models, splits, Path(args.figures), args.lrs):
         print(f"wrote {p}")
 
@@ -793,7 +823,7 @@ def main() -> int:
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--splits", nargs="+", default=SPLITS, choices=SPLITS)
     ap.add_argument("--methods", nargs="+", default=METHODS, choices=METHODS)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, nargs=2, default=[300, 300], metavar=("TWO_LAYER", "MLP"))
     ap.add_argument("--batch", type=int, default=32, help="minibatch per rank (default 32)")
     ap.add_argument("--eval-every", type=int, default=25)
