@@ -15,7 +15,8 @@ float32, it times per round:
   the floor; the workers' gradients at a new point (``local_grads``: EF21's start, MPI full rounds
   with ``reduce="ordered"``), the sum a rank sends in an MPI full round with
   ``reduce="allreduce"`` (``local_grad_sum``, closed form; here for a rank holding every worker)
-  ``permk.ef21`` + TopK(⌈d/n⌉) on the grouped problem (as ``permk autoencoder`` runs it) and on
+  ``permk.ef21`` + TopK(⌈d/n⌉) on the grouped problem (as ``permk autoencoder`` runs it; its
+  estimators in the problem's dtype, the default, and in float64, ``shift_dtype="float64"``) and on
   the problem itself, one row of estimators per worker (the route of an MPI rank, which holds
   workers, not distinct splits: at p̂ > 0 workers sharing a split read its gradient row in
   place) — against the full floor;
@@ -34,7 +35,7 @@ unless set (``permk._blas``): OpenBLAS's threads then sleep right after each pro
 spinning on the cores the Rust passes between products need (``OPENBLAS_THREAD_TIMEOUT=28`` is
 OpenBLAS's default).
 
-    python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick] [--threads N]
+    python benches/bench_autoencoder.py [--data DIR] [--reps 7] [--quick] [--threads N] [--dtype float32] [--p-hat 0 0.5]
     python benches/bench_autoencoder.py --smoke   # 1,000 images, n = 10, p̂ = 0, one repetition (CI); no table written
 
 The table goes to ``benches/results/bench_autoencoder.json`` (:mod:`record`; the floors are the
@@ -187,10 +188,11 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
     grouped = ae.grouped()
     ef = permk.ef21(grouped, permk.TopK(k), rounds=1, seed=0, gamma=1e-5).state
     ef_w = permk.ef21(ae, permk.TopK(k), rounds=1, seed=0, gamma=1e-5).state
+    ef64 = permk.ef21(grouped, permk.TopK(k), rounds=1, seed=0, gamma=1e-5, shift_dtype="float64").state
     rng = np.random.default_rng(1)
     x_np = ae.x0.copy()
     _, G_old = numpy_round(ae, X, x_np, np.zeros((ae.n, ae.d), dtype=ae.dtype), rng)
-    t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "gradients", "gradient sum", "ef21-topk", "ef21-workers", "numpy")}
+    t: dict[str, list[float]] = {key: [] for key in ("floor", "full floor", *comps, "gradients", "gradient sum", "ef21-topk", "ef21-f64", "ef21-workers", "numpy")}
     clock, ef_clock = RoundClock(ae), RoundClock(grouped)
 
     def marina(m: str) -> None:
@@ -199,6 +201,10 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
     def ef21() -> None:
         nonlocal ef
         ef = permk.ef21(grouped, permk.TopK(k), rounds=rounds, seed=0, gamma=1e-5, state=ef).state
+
+    def ef21_f64() -> None:  # the estimators in float64 (shift_dtype="float64"), whatever the problem's dtype
+        nonlocal ef64
+        ef64 = permk.ef21(grouped, permk.TopK(k), rounds=rounds, seed=0, gamma=1e-5, shift_dtype="float64", state=ef64).state
 
     def ef21_workers() -> None:
         nonlocal ef_w
@@ -213,6 +219,7 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
         t["gradients"].append(timed(lambda: ae.local_grads(xs)))
         t["gradient sum"].append(timed(lambda: ae.local_grad_sum(xs)))
         t["ef21-topk"].append(ef_clock.per_round(ef21))
+        t["ef21-f64"].append(ef_clock.per_round(ef21_f64))
         t["ef21-workers"].append(clock.per_round(ef21_workers))
         if r < numpy_reps:
             x_np = x_np + 1e-4 * rng.standard_normal(ae.d)
@@ -221,7 +228,7 @@ def measure(ae: LinearAutoencoder, X: np.ndarray, reps: int, rounds: int, numpy_
     out = {key: float(np.median(v)) for key, v in t.items()}
     # ratios per repetition (a round and its floor timed back to back), then their median
     for key, ref in (("marina-permk", "floor"), ("marina-randk", "floor"), ("gradients", "full floor"), ("gradient sum", "full floor"),
-                     ("ef21-topk", "full floor"), ("ef21-workers", "full floor")):
+                     ("ef21-topk", "full floor"), ("ef21-f64", "full floor"), ("ef21-workers", "full floor")):
         out[f"{key} ratio"] = float(np.median(np.divide(t[key], t[ref])))
     return out
 
@@ -244,6 +251,8 @@ def main() -> None:
     ap.add_argument("--p-hat", type=float, nargs="+", default=[0.0, 0.5, 0.9, 1.0])
     ap.add_argument("--threads", type=int, default=None, help="BLAS and Rust threads (default: the machine's cores)")
     ap.add_argument("--smoke", action="store_true", help="1,000 images, n = 10, p̂ = 0, one repetition: checks that the bench runs; no table written")
+    ap.add_argument("--dtype", choices=["float64", "float32"], nargs="+", default=["float64", "float32"],
+                    help="the problem's dtypes (default both; the methods keep their per-worker rows in it)")
     ap.add_argument("--json", default=None, help="where to write the table (default benches/results/bench_autoencoder.json)")
     args = ap.parse_args()
     if args.threads is not None:
@@ -259,22 +268,23 @@ def main() -> None:
           f"{os.cpu_count()} cores, {permk._core.get_num_threads()} thread(s), numpy {np.__version__}, load average {os.getloadavg()[0]:.1f}, "
           f"OPENBLAS_THREAD_TIMEOUT={os.environ.get('OPENBLAS_THREAD_TIMEOUT')}")
     print("| dtype | p̂ | splits | floor (2 products) | MARINA+PermK | MARINA+RandK | full floor (4 products) | workers' gradients | "
-          "rank's gradient sum | EF21+TopK | EF21+TopK, per worker | numpy round | PermK / floor | RandK / floor | gradients / full floor | "
-          "sum / full floor | EF21 / full floor | EF21 per worker / full floor | numpy / PermK |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "rank's gradient sum | EF21+TopK | EF21+TopK, float64 rows | EF21+TopK, per worker | numpy round | PermK / floor | RandK / floor | "
+          "gradients / full floor | sum / full floor | EF21 / full floor | EF21 float64 rows / full floor | EF21 per worker / full floor | numpy / PermK |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     table = []
-    keys = ["floor", "marina-permk", "marina-randk", "full floor", "gradients", "gradient sum", "ef21-topk", "ef21-workers", "numpy",
-            "marina-permk ratio", "marina-randk ratio", "gradients ratio", "gradient sum ratio", "ef21-topk ratio", "ef21-workers ratio"]
-    for dtype in (np.float64, np.float32):
+    keys = ["floor", "marina-permk", "marina-randk", "full floor", "gradients", "gradient sum", "ef21-topk", "ef21-f64", "ef21-workers", "numpy",
+            "marina-permk ratio", "marina-randk ratio", "gradients ratio", "gradient sum ratio", "ef21-topk ratio", "ef21-f64 ratio",
+            "ef21-workers ratio"]
+    for dtype in (np.dtype(name).type for name in args.dtype):
         for p_hat in args.p_hat:
             ae = LinearAutoencoder(X, n, p_hat, 1e-3, dtype=dtype)
             r = measure(ae, X, reps, args.rounds, min(args.numpy_reps, reps))
             table.append([np.dtype(dtype).name, p_hat, ae.n_splits, *(r[key] for key in keys), r["numpy"] / r["marina-permk"]])
             ms = {key: f"{v * 1e3:,.1f} ms" for key, v in r.items() if not key.endswith("ratio")}
             print(f"| {np.dtype(dtype).name} | {p_hat:g} | {ae.n_splits} | {ms['floor']} | {ms['marina-permk']} | {ms['marina-randk']} | "
-                  f"{ms['full floor']} | {ms['gradients']} | {ms['gradient sum']} | {ms['ef21-topk']} | {ms['ef21-workers']} | {ms['numpy']} | "
+                  f"{ms['full floor']} | {ms['gradients']} | {ms['gradient sum']} | {ms['ef21-topk']} | {ms['ef21-f64']} | {ms['ef21-workers']} | {ms['numpy']} | "
                   f"{r['marina-permk ratio']:.2f}× | {r['marina-randk ratio']:.2f}× | "
-                  f"{r['gradients ratio']:.2f}× | {r['gradient sum ratio']:.3f}× | {r['ef21-topk ratio']:.2f}× | {r['ef21-workers ratio']:.2f}× | "
+                  f"{r['gradients ratio']:.2f}× | {r['gradient sum ratio']:.3f}× | {r['ef21-topk ratio']:.2f}× | {r['ef21-f64 ratio']:.2f}× | {r['ef21-workers ratio']:.2f}× | "
                   f"{r['numpy'] / r['marina-permk']:,.0f}× |", flush=True)
     err = f32_error(X, n)
     print(f"float32 split gradients: largest error {err:.1e} of the largest float64 entry (p̂ = 0, x⁰ + 0.05·noise)")
@@ -283,9 +293,9 @@ def main() -> None:
         return
     names = {"floor": "floor (2 products) s", "marina-permk": "MARINA+PermK s", "marina-randk": "MARINA+RandK s",
              "full floor": "full floor (4 products) s", "gradients": "workers' gradients s", "gradient sum": "rank's gradient sum s",
-             "ef21-topk": "EF21+TopK s", "ef21-workers": "EF21+TopK per worker s", "numpy": "numpy round s",
+             "ef21-topk": "EF21+TopK s", "ef21-f64": "EF21+TopK float64 rows s", "ef21-workers": "EF21+TopK per worker s", "numpy": "numpy round s",
              "marina-permk ratio": "PermK / floor", "marina-randk ratio": "RandK / floor", "gradients ratio": "gradients / full floor",
-             "gradient sum ratio": "sum / full floor", "ef21-topk ratio": "EF21 / full floor",
+             "gradient sum ratio": "sum / full floor", "ef21-topk ratio": "EF21 / full floor", "ef21-f64 ratio": "EF21 float64 rows / full floor",
              "ef21-workers ratio": "EF21 per worker / full floor"}
     path = record.write_table(
         "bench_autoencoder", title=f"LinearAutoencoder(N={X.shape[0]:,} images, n={n}, d_e=16, λ=1e-3): seconds per round",

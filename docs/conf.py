@@ -6,6 +6,7 @@ check of every internal link of the built HTML.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -66,8 +67,13 @@ autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 autodoc_class_signature = "mixed"
 autodoc_default_options = {"exclude-members": "__init__, __new__, __weakref__, __dict__, __module__"}
+# The docstrings are NumPy style, parsed by napoleon's NumpyDocstring from _numpy_docstring below
+# rather than from napoleon's own handler (hence its two switches off): napoleon reads the first
+# line of an attribute's, a property's or a module constant's docstring as ``type: description``
+# (its "inline attribute" style), and this package writes prose there ("``L_−``: the smoothness
+# constant of f"), its types being the annotations.
 napoleon_google_docstring = False
-napoleon_numpy_docstring = True
+napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 add_module_names = False
 python_use_unqualified_type_names = True
@@ -116,12 +122,93 @@ def _public_bases(app, name, obj, options, bases):  # noqa: ANN001
     bases[:] = out or [object]
 
 
-def _array_alias(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
-    """``Array``, the modules' alias of ``numpy.ndarray`` in their annotations, as numpy's name."""
-    sub = (lambda s: None if s is None else re.sub(r"\bArray\b", "numpy.ndarray", s))
+def _factory_default(field) -> str:  # noqa: ANN001
+    """A dataclass field's ``default_factory`` written as Python: the value it makes when that
+    reads in one short line (``()``, ``SearchOptions(tol=0.001)``), else its type with ``...``."""
+    try:
+        value = field.default_factory()
+    except Exception:  # noqa: BLE001 - a factory that needs more than a call: name it only
+        return "..."
+    text = repr(value)
+    if len(text) <= 48 and "<" not in text:
+        return text
+    return f"{type(value).__name__}(...)"
+
+
+def _signature(app, what, name, obj, options, signature, return_annotation):  # noqa: ANN001, ANN201
+    """Three rewrites of the signatures autodoc writes, so that they say what the reader passes
+    and Sphinx can parse them:
+
+    * ``Array`` and ``Tensor``, the modules' aliases of ``numpy.ndarray`` and ``torch.Tensor`` in
+      their annotations, as the classes' names (``_ALIASES``);
+    * a dataclass field's ``default_factory``, which autodoc writes ``<factory>`` (not Python:
+      Sphinx then falls back to splitting the signature at its commas and reads the pieces of
+      ``tuple[int, int]`` as class names), as the value the factory makes;
+    * a class whose signature autodoc reads from a catch-all ``__new__(*args, **kwargs)``: its
+      ``__init__``'s arguments."""
+    if what == "class" and signature is not None and re.fullmatch(r"\(\*args(: [~\w.]+)?, \*\*kwargs(: [~\w.]+)?\)", signature) \
+            and getattr(obj, "__init__", object.__init__) is not object.__init__:
+        # a catch-all __new__ (the compressors' check that a class defines compress or plan)
+        # is what autodoc reads first; the constructor's arguments are __init__'s
+        from sphinx.util.inspect import signature as read_signature, stringify_signature
+
+        signature = stringify_signature(read_signature(obj.__init__, bound_method=True), show_return_annotation=False)
+    if signature is not None and "<factory>" in signature and dataclasses.is_dataclass(obj):
+        made = [_factory_default(f) for f in dataclasses.fields(obj) if f.init and f.default_factory is not dataclasses.MISSING]
+        parts = signature.split("<factory>")
+        if len(parts) == len(made) + 1:
+            signature = "".join(p + m for p, m in zip(parts, made)) + parts[-1]
+    def sub(text: str | None) -> str | None:
+        if text is None:
+            return None
+        for alias, full in _ALIASES.items():
+            text = re.sub(rf"(?<![\w.]){alias}\b", full, text)
+        return text
+
     return sub(signature), sub(return_annotation)
 
 
+#: The modules' short aliases of outside classes in their annotations (``Array = np.ndarray``,
+#: ``Tensor = torch.Tensor``), which autodoc writes as the alias: written as the class's name.
+_ALIASES = {"Array": "numpy.ndarray", "Tensor": "torch.Tensor"}
+
+
+def _python_object_of_another_type(app, env, node, contnode):  # noqa: ANN001, ANN201
+    """A reference to a class that Python's inventory lists under another type or name: the types
+    of :func:`functools.singledispatch` registrations (``types.LambdaType``, ``functools.partial``)
+    are classes at run time, but the standard library's documentation declares them as data or
+    functions, so a ``py:class`` reference to them misses; and a class defined in a submodule is
+    documented under its package's name. Looked up again as any Python object, then under the
+    parent package, in the inventories only (a name of permk's must resolve as what it is)."""
+    if node.get("refdomain") != "py" or node.get("reftype") != "class" or node["reftarget"].startswith("permk"):
+        return None
+    from sphinx.ext.intersphinx import resolve_reference_any_inventory
+
+    anything = node.deepcopy()
+    anything["reftype"] = "obj"
+    found = resolve_reference_any_inventory(env, True, anything, contnode)
+    if found is None:
+        # a class the standard library documents under its package's name, which annotations
+        # write under the module that defines it (concurrent.futures.thread.ThreadPoolExecutor is
+        # concurrent.futures.ThreadPoolExecutor in Python's documentation)
+        *module, name = node["reftarget"].split(".")
+        if len(module) >= 2:
+            anything["reftarget"] = ".".join([*module[:-1], name])
+            found = resolve_reference_any_inventory(env, True, anything, contnode)
+    return found
+
+
+def _numpy_docstring(app, what, name, obj, options, lines):  # noqa: ANN001, ANN201
+    """napoleon's NumPy-style sections (Parameters, Attributes, Returns, ...) for every docstring;
+    an attribute, property or constant is parsed as any other object's docstring (see above)."""
+    from sphinx.ext.napoleon.docstring import NumpyDocstring
+
+    kind = "object" if what in ("attribute", "data", "property") else what
+    lines[:] = NumpyDocstring(lines, app.config, app, kind, name, obj, options).lines()
+
+
 def setup(app):  # noqa: ANN001, ANN201
+    app.connect("autodoc-process-docstring", _numpy_docstring)
     app.connect("autodoc-process-bases", _public_bases)
-    app.connect("autodoc-process-signature", _array_alias)
+    app.connect("autodoc-process-signature", _signature)
+    app.connect("missing-reference", _python_object_of_another_type, priority=900)

@@ -188,7 +188,7 @@ def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.M
     """local_message_blocks gives, block by block, compress_shifted_rows on the blocks of
     local_grad_blocks bit for bit (Rust TopK and RandK: the gradients finished and compressed
     in one pass; a Python compressor: on the written rows), for a block of workers inside n,
-    β = 1, 0.3 and no H; None for a block whose input is not finite."""
+    β = 1, 0.3 and no H, H float64 or float32; None for a block whose input is not finite."""
     import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
@@ -199,7 +199,8 @@ def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.M
         rows = np.concatenate([G.copy() for _, _, G in prob.local_grad_blocks(x)])
         H = 0.5 * rows + np.random.default_rng(2).standard_normal(rows.shape)
         for comp in (permk.TopK(k), permk.RandK(k), PyTopK(k)):
-            for Hb, beta in ((H, 1.0), (H, 0.3), (None, 1.0)):
+            H32 = H.astype(np.float32)  # float32 estimators (a float32 problem's EF21 state): the same messages every way
+            for Hb, beta in ((H, 1.0), (H, 0.3), (None, 1.0), (H32, 1.0), (H32, 0.3)):
                 got = list(prob.local_message_blocks(x, comp, Hb, beta, start=3, n_workers=prob.n + 5, seed=1, round=4))
                 want = [(lo, hi, comp.compress_shifted_rows(G, None if Hb is None else Hb[lo:hi], beta=beta, start=3 + lo,
                                                             n_workers=prob.n + 5, seed=1, round=4))
@@ -218,7 +219,7 @@ def test_message_blocks_are_the_compressed_gradient_blocks(monkeypatch: pytest.M
     for kw, exc, match in ((dict(compressor="topk"), TypeError, "compressor must be a permk.Compressor"),
                            (dict(seed=-1), ValueError, "seed"), (dict(round=1.5), TypeError, "round"),
                            (dict(start=g.n), ValueError, "start"), (dict(beta=float("nan")), ValueError, "beta"),
-                           (dict(H=np.zeros((2, g.d))), ValueError, "^H: "), (dict(H=np.zeros((g.n, g.d), np.float32)), TypeError, "^H must be")):
+                           (dict(H=np.zeros((2, g.d))), ValueError, "^H: "), (dict(H=np.zeros((g.n, g.d), np.int64)), TypeError, "^H must be")):
         args: dict[str, Any] = dict(compressor=permk.TopK(k), H=None, beta=1.0, start=0, n_workers=g.n, seed=0, round=0) | kw
         with pytest.raises(exc, match=match):
             list(g.local_message_blocks(x, args.pop("compressor"), args.pop("H"), args.pop("beta"), **args))
@@ -230,7 +231,8 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
                                                                              p_hat: float) -> None:
     """local_grad_blocks gives local_grads' rows bit for bit (several blocks: a small block size),
     and EF21+TopK on the problem's own messages (local_message_blocks) and on the blocks (never an
-    (n, d) array) has the iterates and estimators of EF21 on whole rows, also when it diverges."""
+    (n, d) array) has the iterates and estimators of EF21 on whole rows, also when it diverges,
+    with estimators in float64 or float32."""
     import permk.problems.autoencoder as mod
 
     monkeypatch.setattr(mod, "_BLOCK_BYTES", 8 * D_F * D_E * 2)  # two splits per block
@@ -242,10 +244,11 @@ def test_gradient_blocks_are_the_whole_rows_and_ef21_runs_on_them_bit_for_bit(mo
         assert len(blocks) > 1 or (prob is ae and p_hat > 0)  # shared splits: one block of local_grads
         np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), prob.local_grads(x))
         k = -(-ae.d // ae.n)
-        for gamma in (1e-3, 5.0):
-            a = permk.ef21(prob, permk.TopK(k), rounds=25, seed=0, gamma=gamma)  # local_message_blocks
+        for gamma, shifts in ((1e-3, "float64"), (1e-3, "float32"), (5.0, "float64"), (5.0, "float32")):
+            a = permk.ef21(prob, permk.TopK(k), rounds=25, seed=0, gamma=gamma, shift_dtype=shifts)  # local_message_blocks
+            assert a.state.G.dtype == shifts
             for route in (_GradBlocks, _WholeGrads):
-                b = permk.ef21(route(prob), permk.TopK(k), rounds=25, seed=0, gamma=gamma)
+                b = permk.ef21(route(prob), permk.TopK(k), rounds=25, seed=0, gamma=gamma, shift_dtype=shifts)
                 assert a.diverged_at == b.diverged_at and (gamma < 1 or a.diverged_at is not None)
                 np.testing.assert_array_equal(a.x, b.x)
                 np.testing.assert_array_equal(a.state.G, b.state.G)

@@ -59,6 +59,44 @@ def test_small_grid_writes_records_and_both_figures(small: Path) -> None:
     assert figs >= {"classify_best.png", "classify_best_oracle_calls.png"}
 
 
+def test_figures_read_without_the_paper(small: Path) -> None:
+    """SGD, which sends whole vectors every round, does not stretch the bits axis (its curve is
+    cut where the compressed methods' longest run ends, and its legend says so); the figure
+    against oracle calls has a log axis (b calls a round against a whole shard) and says its
+    runs are the bits figure's."""
+    from permk.experiments.plotting import experiment_figures, uncompressed
+
+    root = small / "classify"
+    figs = dict(experiment_figures(root, every_step=False))
+    bits = figs["classify_best"]
+    (ax,) = [a for a in bits.axes if a.axison]
+    recs = load_experiment(root)[1]["equal"]
+    compressed = [r for r in recs if not uncompressed(r)]
+    assert {r["method"] for r in recs if uncompressed(r)} == {"sgd"}
+    assert ax.get_xlim()[1] <= max(float(r["summary"]["bits_sent"]) for r in compressed) * (1 + 1e-9)
+    texts = {t.get_text().partition(",")[0]: " ".join(t.get_text().split()) for t in ax.get_legend().get_texts()}
+    assert "whole vectors every round: cut here" in texts["SGD"] and "cut here" not in texts["MARINA + PermK"]
+    calls = figs["classify_best_oracle_calls"]
+    (ax,) = [a for a in calls.axes if a.axison]
+    assert ax.get_xscale() == "log" and "log scale" in ax.get_xlabel()
+    assert calls.get_suptitle().startswith("The same runs against gradient-oracle calls")
+
+
+def test_noisy_curves_are_drawn_smoothed_over_their_points() -> None:
+    import numpy as np
+
+    from permk.experiments.plotting import _noisy, _smooth
+
+    rng = np.random.default_rng(0)
+    steady = np.geomspace(1.0, 1e-4, 200)
+    assert not _noisy(steady) and not _noisy(steady[::-1])  # falling, or rising steadily (a diverging run)
+    noisy = steady * np.exp(rng.normal(size=200))
+    assert _noisy(noisy)
+    smooth, w = _smooth(noisy)
+    assert w == 10 and smooth.shape == noisy.shape and smooth[0] == noisy[0]
+    assert np.allclose(smooth[w - 1], np.exp(np.mean(np.log(noisy[:w]))))  # a geometric mean of the last w points
+
+
 def test_second_run_resumes_without_new_work(small: Path) -> None:
     runs = small / "classify" / "runs" / "equal.jsonl"
     before = runs.read_bytes()
@@ -85,7 +123,7 @@ def test_quick_run(tmp_path: Path) -> None:
 def test_estimate_prints_a_projection_and_writes_nothing(tmp_path: Path) -> None:
     r = run_cli("classify", *SMALL, "--estimate", "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
-    assert "projected time of `permk classify`" in r.stdout and "grid: at most" in r.stdout
+    assert "projected time of `permk classify`" in r.stdout and "grid: expected" in r.stdout
     assert "vr_marina-permk" in r.stdout and "sgd" in r.stdout
     assert not (tmp_path / "o").exists()
 

@@ -140,4 +140,6 @@ def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
         assert sorted(ax.get_title() for ax in panels) == ["λ = 0.001, p̂ = 0", "λ = 0.001, p̂ = 1"]
         for ax in panels:
             for t in ax.get_legend().get_texts():
-                assert re.fullmatch(r"(MARINA|EF21) \+ (PermK|RandK|TopK), γ = \d+ × theory = [\d.e-]+", t.get_text()), t.get_text()
+                # (a note in parentheses where the curve needs one: a run that ends before the axis does)
+                assert re.fullmatch(r"(MARINA|EF21) \+ (PermK|RandK|TopK), γ = \d+ × theory = [\d.e-]+( \(.*\))?", t.get_text(),
+                                    flags=re.S), t.get_text()

@@ -75,7 +75,8 @@ def test_error_feedback_is_the_unit_shifted_exchange(c: permk.Compressor) -> Non
     want = ex.shifted(Simulator(q, path="dense"), c, H.copy(), x, seed=2, round=3)
     for path, (m, h) in got.items():
         assert np.array_equal(m, want[0]) and np.array_equal(h, want[1]), path
-    assert ("rust" in got) == (not c.capabilities.shared_plan), "EF21's native worker step serves compressors without a shared plan"
+    # the native kernel serves both: EF21's worker step without a shared plan, the shifted values with one
+    assert "rust" in got
 
 
 @pytest.mark.parametrize("c", COMPRESSORS[:3] + COMPRESSORS[4:5], ids=lambda c: c.name)
@@ -131,8 +132,11 @@ def test_a_forced_path_that_is_not_available_names_what_it_needs() -> None:
     q = _problem()
     with pytest.raises(ValueError, match="path='fused' is not available for shifted with TopK"):
         ex.shifted.path(Simulator(q, path="fused"), permk.TopK(2))
-    with pytest.raises(ValueError, match="path='rust' is not available for shifted with PermK"):
-        ex.shifted.path(Simulator(q, path="rust"), permk.PermK())
+    with pytest.raises(ValueError, match="path=.rust. is not available for shifted with QSGD.*runs only EF21.s exchange"):
+        ex.shifted.path(Simulator(q, path="rust"), permk.QSGD(4))
+    assert ex.shifted.path(Simulator(q, path="rust"), permk.PermK()) == "rust"  # the shifted values, natively
+    with pytest.raises(ValueError, match="path='rust' is not available for shifted_rows with PermK: this exchange's inputs are given rows"):
+        ex.shifted_rows.path(Simulator(q, path="rust"), permk.PermK())
     assert ex.mean_grad.path(Simulator(q, path="fused")) == "dense"
 
 

@@ -364,8 +364,9 @@ def test_figures_name_the_runs_own_d_and_n(small_grid: Path) -> None:
                           "n = 20 workers, noise scale s = 0, L± = 0"]
         for ax in _panels(fig):
             assert ax.get_xlabel() == "bits sent per worker" and ax.get_yscale() == "log"
-        # the cell left out of the grid is an empty panel that says so
-        assert [t.get_text() for ax in fig.axes if not ax.axison for t in ax.texts] == ["left out of this grid"]
+        # the cell left out of the grid is an empty panel that says which cell it is and why
+        assert [t.get_text() for ax in fig.axes if not ax.axison for t in ax.texts] == [
+            "n = 20, s = 0.5: not run\n(the grid skips this cell, as --quick does;\n`permk quadratic` without --quick runs it)"]
 
 
 def test_figure_legends_name_method_compressor_and_step(small_grid: Path) -> None:
@@ -374,8 +375,15 @@ def test_figure_legends_name_method_compressor_and_step(small_grid: Path) -> Non
     for ax in _panels(best):
         texts = [t.get_text() for t in ax.get_legend().get_texts()]
         assert [t.partition(",")[0] for t in texts] == ["MARINA + PermK", "MARINA + Identity", "EF21 + Identity"]
-        assert all(re.fullmatch(r"[A-Z0-9]+ \+ \w+, γ = \d+ × theory", t) for t in texts), texts
-        assert len(ax.get_lines()) == 3 + 1  # a curve per method and the target's dotted line
+        # a note in parentheses where the curve needs one (Identity sends whole vectors: cut at the
+        # end of PermK's run, where the x axis ends)
+        assert all(re.fullmatch(r"[A-Z0-9]+ \+ \w+, γ = \d+ × theory( \(.*\))?", t, flags=re.S) for t in texts), texts
+        assert "(" not in texts[0]
+        lines = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+        assert len(lines) == 3  # a curve per method (the target's dotted line and faint points have no label)
+        end = ax.get_xlim()[1]
+        for line, t in zip(lines, texts):
+            assert ("whole vectors every round: cut here" in " ".join(t.split())) == (line.get_xdata()[-1] > end * (1 + 1e-9))
     steps = figs["quadratic_steps_ef21-identity_vs_marina-permk"]
     assert steps.get_suptitle().startswith("Every step of MARINA + PermK and EF21 + Identity")
     recs = load_experiment(small_grid)[1]
@@ -388,6 +396,22 @@ def test_figure_legends_name_method_compressor_and_step(small_grid: Path) -> Non
         assert len(leg.get_texts()) == len(drawn)  # every non-diverged step, one entry each
         n_div = len(mine) - len(drawn)
         assert leg.get_title().get_text() == (f"{n_div} diverged step{'s' if n_div > 1 else ''} not drawn" if n_div else "")
+
+
+def test_coinciding_curves_say_so(tmp_path: Path) -> None:
+    """With identical workers (s = 0) PermK and BlockPermK(n) give the exact mean, so their runs
+    coincide: the second is drawn dashed over the first, and its legend says whose iterates it
+    repeats."""
+    g = QuadraticGrid(ns=(10,), noise_scales=(0.0,), d=40, methods=("marina-permk", "marina-blockpermk"), max_multipliers=1,
+                      options=SearchOptions(max_rounds=200, budget_factor=3.0, tol=1e-4))
+    root = run_quadratic(g, tmp_path, progress=False, plot=False)
+    fig = dict(experiment_figures(root, every_step=False))["quadratic_best"]
+    (ax,) = _panels(fig)
+    texts = [" ".join(t.get_text().split()) for t in ax.get_legend().get_texts()]
+    assert texts[0].startswith("MARINA + PermK,") and "(" not in texts[0]
+    assert texts[1].startswith("MARINA + BlockPermK,") and texts[1].endswith("(the same iterates as MARINA + PermK: drawn over it)")
+    first, second = [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+    assert np.array_equal(first.get_ydata(), second.get_ydata()) and first.get_linestyle() != second.get_linestyle()
 
 
 def test_one_figure_file_per_method_compressor_pair(small_grid: Path, tmp_path: Path) -> None:

@@ -51,6 +51,30 @@ def test_participants_are_s_distinct_workers_from_seed_and_round(n: int, s: int)
         participants(n, s, seed=3, round=0)[0] = 0  # read-only: the cached set is shared
 
 
+def test_the_draw_is_numpys_default_rng_permutation() -> None:
+    """The pinned stream: the sorted first s of numpy's default_rng([seed, round, tag])
+    .permutation(n), which the core computes natively (numpy's SeedSequence, PCG64 and shuffle),
+    on seeds and rounds of one and two 32-bit words, n from 1 to past 2**16 (the 32-bit and
+    masked draws), every s."""
+    from permk._core import numpy_permutation_head
+    from permk.compressors.participation import _SAMPLING_TAG, _sample_numpy
+
+    rng = np.random.default_rng(0)
+    cases = [(n, s, seed, t) for n in (1, 2, 3, 10, 64, 65, 1000) for s in {1, n // 2 or 1, n}
+             for seed in (0, 1, 2**32 - 1, 2**32, 2**63 + 5) for t in (0, 1, 17, 2**40)]
+    cases += [(70_000, 3, 5, 9), (2**17 + 3, 2**16, 1, 2)]
+    cases += [(int(rng.integers(1, 300)), 1, int(rng.integers(2**63)), int(rng.integers(2**63))) for _ in range(50)]
+    for n, s, seed, t in cases:
+        np.testing.assert_array_equal(numpy_permutation_head([seed, t, _SAMPLING_TAG], n, s), _sample_numpy(n, s, seed, t),
+                                      err_msg=str((n, s, seed, t)))
+        np.testing.assert_array_equal(participants(n, s, seed=seed, round=t), _sample_numpy(n, s, seed, t))
+    order = np.random.default_rng([3, 4, 5]).permutation(20)  # the order itself, one head at a time
+    for s in range(1, 21):
+        np.testing.assert_array_equal(numpy_permutation_head([3, 4, 5], 20, s), np.sort(order[:s]))
+    with pytest.raises(ValueError, match="s"):
+        numpy_permutation_head([1], 3, 4)
+
+
 def test_participants_differ_across_rounds_and_seeds() -> None:
     sets = {tuple(participants(10, 3, seed=seed, round=t)) for seed in (0, 1) for t in range(50)}
     assert len(sets) > 40

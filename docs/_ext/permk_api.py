@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
+import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,10 +194,34 @@ def _module_page(api: Api, modname: str, clashes: set[str]) -> str:
     return "\n".join(lines)
 
 
+_ROLE = re.compile(r"(?P<role>:[\w:]+:)`(?P<body>[^`]+)`")
+
+
+def _qualified(mod: types.ModuleType, m: re.Match[str]) -> str:
+    """A cross-reference of ``mod``'s docstring, to be shown on another page (the parent
+    module's list of submodules): a target relative to ``mod`` (``.quadratic``) or a name
+    of ``mod``'s namespace (``Estimate``) written out in full, its text unchanged."""
+    role, body = m.group("role"), m.group("body")
+    title, _, target = body.rpartition("<") if body.endswith(">") else ("", "", body)
+    target = target.rstrip(">") if title else target
+    tilde = target.startswith("~")
+    bare = target.lstrip("~")
+    if bare.startswith("."):
+        full = mod.__name__ + bare
+    elif bare.split(".")[0] and hasattr(mod, bare.split(".")[0]) and not bare.startswith(mod.__name__.split(".")[0] + "."):
+        full = f"{mod.__name__}.{bare}"
+    else:
+        return m.group(0)
+    shown = title.strip() or (bare.rpartition(".")[2] if tilde else bare.lstrip("."))
+    return f"{role}`{shown} <{full}>`"
+
+
 def _first_line(mod: types.ModuleType) -> str:
     doc = inspect.getdoc(mod) or ""
     para = doc.split("\n\n", 1)[0].replace("\n", " ").strip()
-    return para[:-1] if para.endswith("::") else para  # a literal block's marker, without its block
+    para = _ROLE.sub(lambda m: _qualified(mod, m), para)
+    # the colon that introduces a literal block or a list, shown without them: a full stop
+    return para.rstrip(":") + "." if para.endswith(":") else para
 
 
 def _write(path: Path, text: str) -> None:
@@ -294,9 +320,29 @@ def resolve(app: Sphinx, env: Any, node: nodes.Element, contnode: nodes.Element)
         if node["reftype"] == "mod":
             continue
         new = _canonical_target(api, cand)
+        if new is not None and new not in domain.objects:
+            new = _inherited_target(api, new)
         if new is not None and new in domain.objects:
             return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], new,
                                        _with_target(node, new), contnode)
+    return None
+
+
+def _inherited_target(api: Api, target: str) -> str | None:
+    """``Class.member`` where ``Class`` inherits ``member`` (documented only on the class that
+    defines it): the documented name of that class's member (``permk.Compose.plan`` →
+    ``permk.Compressor.plan``)."""
+    owner, _, member = target.rpartition(".")
+    try:
+        cls = _lookup(owner)
+    except LookupError:
+        return None
+    if not inspect.isclass(cls):
+        return None
+    for base in cls.__mro__[1:]:
+        if member in vars(base):
+            canonical = api.canonical.get(id(base))
+            return None if canonical is None else f"{canonical}.{member}"
     return None
 
 
@@ -329,9 +375,78 @@ def check(app: Sphinx, env: Any) -> None:
     logger.info(f"permk_api: every public name has a page ({sum(map(len, api.entries.values()))} names)")
 
 
+# ---- a docstring's names, read where the docstring is written ------------------------------------
+
+_PY_ROLE = re.compile(r"(?P<role>:(?:py:)?(?:func|meth|class|attr|data|obj|exc|const|mod):)`(?P<body>[^`<>]+?)`")
+
+
+def _scope(what: str, name: str, obj: Any) -> tuple[str | None, Any]:
+    """Where the docstring of ``obj``, documented as ``name``, is written: its module's name and
+    its class (or None). A re-exported object's page (``permk.best_runs``) is in another module
+    than its docstring (``permk.experiments.search``), whose names that docstring uses."""
+    if what == "module":
+        return name, None
+    if what in ("class", "exception"):
+        return obj.__module__, obj
+    if what == "function":
+        return getattr(obj, "__module__", None), None
+    # a member (method, property, attribute) or a module's data: read in its owner
+    try:
+        owner = _lookup(name.rpartition(".")[0])
+    except LookupError:
+        return None, None
+    if inspect.isclass(owner):
+        return owner.__module__, owner
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__, None
+    return None, None
+
+
+def _absolute(m: re.Match[str], module: str | None, cls: Any, parens: bool) -> str:
+    role, target = m.group("role"), m.group("body")
+    tilde = target.startswith("~")
+    bare = target.lstrip("~")
+    head = bare.split(".")[0]
+    if not head or bare.startswith("permk.") or module is None:
+        return m.group(0)
+    kind = role.rstrip(":").rpartition(":")[2]
+    namespace = sys.modules.get(module)
+    rest = bare[len(head):]
+    if cls is not None and hasattr(cls, head) and (kind in ("meth", "attr", "obj") or not hasattr(namespace, head)):
+        full = f"{cls.__module__}.{cls.__qualname__}.{bare}"
+    elif hasattr(namespace, head):
+        found = getattr(namespace, head)
+        if isinstance(found, types.ModuleType):  # an imported module: ``functools.partial``
+            full = found.__name__ + rest
+        elif not str(getattr(found, "__module__", module)).startswith("permk") and hasattr(found, "__qualname__"):
+            full = f"{found.__module__}.{found.__qualname__}{rest}"  # imported from outside: ``Path``
+        else:
+            full = f"{module}.{bare}"
+    else:
+        return m.group(0)  # a name Python would not find there: left to Sphinx (and its warning)
+    if tilde or "." not in bare:
+        return f"{role}`~{full}`"  # shown as written: the last component (with parentheses)
+    shown = bare + ("()" if parens and kind in ("func", "meth") else "")
+    return f"{role}`{shown} <{full}>`"
+
+
+def absolute_names(app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """The cross-references of a docstring written relative to where it is (``:meth:`plan```
+    in a class, ``:func:`score``` in a module) made absolute, their text unchanged, so that they
+    resolve wherever the docstring is shown: on the page of a name that re-exports the object,
+    in another module's summary table, in a subclass that inherits the docstring. A name that
+    Python would not find in the docstring's module or class is left as written."""
+    module, cls = _scope(what, name, obj)
+    if module is None or not module.startswith(app.config.permk_api_package):
+        return
+    parens = bool(app.config.add_function_parentheses)
+    lines[:] = [_PY_ROLE.sub(lambda m: _absolute(m, module, cls, parens), line) for line in lines]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_config_value("permk_api_package", "permk", "env")
     app.connect("builder-inited", generate)
+    app.connect("autodoc-process-docstring", absolute_names, priority=600)
     app.connect("missing-reference", resolve)
     app.connect("env-check-consistency", check)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -23,6 +23,10 @@ from .parallel import apply_env_threads as _apply_env_threads
 _apply_env_threads()  # PERMK_THREADS=N: this process's Rust pool and BLAS (permk.parallel)
 from .compressors import *  # noqa: F403 - every compressor (compressors.__all__): a new one needs no line here
 from .compressors import __all__ as _compressors
+
+# the catalog of compressors stays permk.compressors.catalog (permk.methods.catalog is the methods')
+del catalog  # noqa: F821
+_compressors = [name for name in _compressors if name != "catalog"]
 from .methods import (
     CountedState as CountedState,
     DashaPPState as DashaPPState,

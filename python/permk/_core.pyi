@@ -88,8 +88,9 @@ class Spec:
         rows: npt.NDArray[np.int64] | None = None,
     ) -> _Messages | None:
         """The messages of workers ``start .. start + m`` whose inputs are ``G − beta·H`` (``G``
-        without ``H``; both ``(m, d)``, one dtype; ``G − H`` when ``beta == 1``, else
-        ``G − H·beta``, in that dtype), each formed in a buffer, checked and compressed in one
+        without ``H``; both ``(m, d)``, one dtype — or ``G`` float64 and ``H`` float32, a float32
+        problem's estimators, ``H·beta`` then rounded to float32 first as numpy does; ``G − H``
+        when ``beta == 1``, else ``G − H·beta``, in ``G``'s dtype), each formed in a buffer, checked and compressed in one
         pass on the core's threads: bit for bit :meth:`compress_rows` of that array, which is
         never formed. None when an input (or a message) is not finite. With ``rows`` (int64,
         ``m`` values) worker ``r``'s row of ``G`` is ``G[rows[r]]`` (``H`` one row per worker):
@@ -178,6 +179,12 @@ class Round:
         it for any other mismatch; every argument is checked before anything is written. Large
         outputs are computed on the core's threads (when more than one), chunk by chunk; the
         result never depends on the number of threads."""
+    def restricted(self, workers: npt.NDArray[np.int64], factor: float) -> Round:
+        """This round restricted to ``workers`` (strictly increasing, each in ``range(n)``;
+        ValueError naming ``workers`` otherwise): they keep their coordinates in plan order,
+        their scales multiplied by ``factor`` (rounded once), every other worker sends nothing.
+        Partial participation's round (:class:`permk.compressors.Participation`, ``factor =
+        n/s``): the same plan as its ``plan``, ``O(n + values)``."""
     def mean(self, values: npt.NDArray[np.float64], *, out: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.float64]:
         """``(1/n) Σ_i C_i(a_i)`` from the values of all ``n`` workers concatenated in worker
         and plan order (``offsets()[n]`` of them, ValueError naming ``values`` otherwise):
@@ -248,7 +255,7 @@ def autoencoder_shifted_messages(
     reg_e: npt.NDArray[np.float64],
     cs: npt.NDArray[np.float64],
     rs: npt.NDArray[np.float64],
-    H: npt.NDArray[np.float64] | None,
+    H: npt.NDArray[np.floating] | None,
     beta: float,
     start: int,
     n_workers: int,
@@ -259,7 +266,8 @@ def autoencoder_shifted_messages(
 ) -> _Messages | None:
     """The messages of workers ``start … start + b − 1`` (of ``n_workers``) of ``spec`` on
     the inputs ``g_s − β·h_s``: ``g_s`` the rows :func:`autoencoder_split_grads` writes from
-    the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64, rows contiguous; without
+    the same arguments, ``h_s`` the rows of ``H`` (``(b, d)`` float64 or float32 — a float32
+    problem's estimators, read as float64, ``h·β`` rounded to float32 first —, rows contiguous; without
     ``H``, ``g_s``). Bit for bit ``spec.compress_shifted_rows`` on those rows, which are never
     written: each is finished, shifted, checked and compressed in a worker's buffer, on the
     core's threads (``on_caller`` as for :func:`autoencoder_split_grads`). None when an input
@@ -272,6 +280,10 @@ def permutation(seed: int, round: int, n: int) -> npt.NDArray[np.int64]:
     """A uniformly random permutation of ``range(n)`` shared by all workers: a pure function
     of ``(seed, round)`` (its own random stream; for the permutation of mappings)."""
 
+def numpy_permutation_head(entropy: list[int], n: int, s: int) -> npt.NDArray[np.int64]:
+    """The sorted first ``s`` of ``numpy.random.default_rng(entropy).permutation(n)``, computed
+    natively and bit for bit (numpy's SeedSequence, PCG64 and shuffle): partial participation's
+    draw of a round's participants. ``s <= n`` (ValueError naming ``s``)."""
 def set_num_threads(k: int) -> None:
     """Use ``k`` threads (``1 <= k <= 1024``) for the core's parallel kernels. Results never
     depend on the number of threads."""
@@ -316,6 +328,9 @@ class Tridiagonal:
         kernel's ``n`` workers) and sets ``G_i += c_i`` in place. Returns the messages
         ``(offsets (m+1,), indices, values)`` in worker order and ``finite``; when a residual
         is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged."""
+    def local_grads_rows(self, x: npt.NDArray[np.float64], rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+        """The local gradients of the workers ``rows`` (each in ``range(n)``), one row each in
+        that order: those rows of :meth:`local_grads`, bit for bit."""
     def round_values(
         self,
         round: Round,
@@ -324,6 +339,11 @@ class Tridiagonal:
         start: int,
         stop: int,
         *,
+        coef: float = 1.0,
+        H: npt.NDArray[np.float64] | None = None,
+        row0: int = 0,
+        beta: float = 1.0,
+        alpha: float | None = None,
         divide: int | None = None,
         out: npt.NDArray[np.float64] | None = None,
     ) -> npt.NDArray[np.float64]:
@@ -336,8 +356,32 @@ class Tridiagonal:
         ``scale_i * ∇f_i(x)_j``. ``x`` and ``y`` have length ``round.d`` (ValueError naming
         them).
 
+        With a shift ``H`` (float64 ``(m, d)``: the rows of workers ``row0 .. row0 + m``,
+        which must hold ``start..stop``; ValueError naming ``H`` otherwise): ``scale_i ·
+        ((∇f_i(x)_j − coef·∇f_i(y)_j) − beta·H[i − row0, j])``, each operation in that order
+        (the shifted exchange's, :mod:`permk.exchanges`); ``coef``, ``beta``, ``row0`` and
+        ``alpha`` need ``H`` (ValueError). ``alpha``: then ``H[i − row0, j] += alpha·v`` for
+        every value ``v`` (before ``divide``), in place (``H`` writeable and C-ordered or not),
+        in one sequential pass; each worker's coordinates are distinct, so every entry is
+        updated at most once.
+
         ``divide`` and ``out`` as in :meth:`Round.gather` (float64 only; ``out`` must not
-        share memory with ``x`` or ``y``): one pass computes, scales, optionally takes
+        share memory with ``x``, ``y`` or ``H``): one pass computes, scales, optionally takes
         ``(v + 0.0) / k`` and writes; bit for bit ``(round_values(...) + 0.0) / k``."""
+    def round_mean(
+        self,
+        round: Round,
+        x: npt.NDArray[np.float64],
+        y: npt.NDArray[np.float64] | None,
+        *,
+        coef: float = 1.0,
+        H: npt.NDArray[np.float64] | None = None,
+        row0: int = 0,
+        beta: float = 1.0,
+        alpha: float | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """``round.mean(round_values(round, x, y, 0, n, ...))`` in one call (the shift's
+        options as there; with ``alpha`` ``H`` is updated in place): the whole round's
+        average in the simulator, the same bits. ``(d,)``."""
     def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]:
         """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)``."""

@@ -30,7 +30,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("common options")
     g.add_argument("--quick", action="store_true",
                    help="a reduced grid and only its best-step figure (quadratic: ~12 s on 2 cores; `permk plot` draws the rest)")
-    g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: 20000 for the quadratic, 4000 with --quick)")
+    g.add_argument("--rounds", type=_positive, default=None, help="the most rounds of any run (default: quadratic 20000, 4000 with --quick; autoencoder 3000, 300 with --quick; "
+                        "classify 5000, 300 with --quick)")
     g.add_argument("--seed", type=_nonnegative_int, default=None, help="seed of the problem instances and of the methods' shared randomness (default 0)")
     g.add_argument("--jobs", type=_positive, default=1, help="cells run in this many processes (default 1)")
     g.add_argument("--threads", type=_thread_count, default=None,
@@ -40,9 +41,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-plot", action="store_true", help="write the result files only (draw later with `permk plot`)")
     g.add_argument("--pdf", action="store_true", help="write each figure as PDF too (PNG only by default)")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
-    g.add_argument("--tol", type=_positive_float, default=None, help="target ‖∇f‖² ≤ tol·‖∇f(x⁰)‖² of the best-run criterion (default 1e-6)")
+    g.add_argument("--tol", type=_positive_float, default=None, help="target ‖∇f‖² ≤ tol·‖∇f(x⁰)‖² of the best-run criterion (default: quadratic 1e-6; autoencoder 1e-3, "
+                        "1e-2 with --quick; classify 1e-3, 3e-3 with --quick)")
     g.add_argument("--budget-factor", type=_positive_float, default=None,
-                   help="bits budget of a cell: this many times the fewest bits any of its runs needed to reach the target (default 20; 10 with --quick)")
+                   help="bits budget of a cell: this many times the fewest bits any of its runs needed to reach the target "
+                        "(default 20; with --quick 10, the autoencoder's 5)")
     g.add_argument("--max-multipliers", type=_nonnegative_int, default=None,
                    help="try only the K largest step multipliers 2^j below the stability edge (0: all)")
     g.add_argument("--methods", nargs="+", type=_method_spec, default=None, metavar="METHOD-COMPRESSOR",
@@ -406,16 +409,17 @@ def _estimate(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> int:
 
 
 def _projection(exp: Any, name: str, grid: Any, args: argparse.Namespace) -> str:
-    """The first line of a run: the first cell's projected time (upper bound) from a few timed
-    rounds, and the grid's if every cell cost as much (``--estimate`` times every cell)."""
+    """The first line of a run: the first cell's time if every run went to ``--rounds`` (an upper
+    bound, from a few timed rounds). Not extrapolated to the grid: the cells differ (the
+    quadratic's run heaviest first), and runs that reach the bits budget stop much sooner;
+    ``--estimate`` projects every cell's expected time."""
     from .experiments.estimate import Estimate, estimate_grid, format_duration, projected_seconds
 
     cells = grid.cells()
     quick = Estimate(warmup=1, min_rounds=3, timed_seconds=0.02 if args.quick else 0.1, pilot_seconds=0.0)
     most, _ = projected_seconds(estimate_grid(getattr(exp, f"{name}_cell"), grid.to_json(), cells[:1], quick))
-    par = f", about 1/{args.jobs} of it with --jobs {args.jobs}" if args.jobs > 1 else ""
-    return (f"projected: the first cell, {cells[0]['id']}, at most {format_duration(most)} from its timed rounds; "
-            f"{len(cells)} cells like it: {format_duration(most * len(cells))} in one process{par} (--estimate times every cell)")
+    return (f"projected: the first cell, {cells[0]['id']} (of {len(cells)}), at most {format_duration(most)} from its timed rounds "
+            f"(every run to --rounds; `permk {name} --estimate` projects the expected time of every cell)")
 
 
 def _cmd_quadratic(args: argparse.Namespace) -> int:

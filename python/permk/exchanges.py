@@ -20,8 +20,9 @@ evaluates the held workers' oracles and moves numbers between them:
   :func:`minibatch_grads_pair`): the dense path alone, as the inputs are given whole;
   :data:`shifted_rows` ``(backend, c, H, rows, *, beta, alpha)`` the same with the shifted
   exchange's ``h_i`` (DASHA-PAGE, DASHA-MVR);
-* :func:`local_grads`, :func:`mean_rows` — the held workers' gradients and the mean of per-worker
-  rows (the methods' initial exchanges, SGD's round);
+* :func:`local_grads`, :func:`local_grads_of`, :func:`mean_rows` — the held workers' gradients
+  (all, or some: a round's participants) and the mean of per-worker rows (the methods' initial
+  exchanges, SGD's round, DASHA-PP's estimators);
 * :func:`minibatch_grads`, :func:`minibatch_grads_pair` — the held workers' minibatch gradients
   from a finite-sum problem's oracle (:class:`permk.FiniteSumProblem`): each process
   evaluates only the workers it holds.
@@ -35,13 +36,19 @@ Paths, fastest first (``path=`` of a run forces one; the path a run used is in
 (:func:`available_paths`, from the capabilities of the problem and the compressor):
 
 * ``"rust"`` — the problem has a native kernel (``problem.kernel``, a
-  :class:`permk.transport.NativeKernel`) and the compressor one: the values of an unshifted
-  exchange with a shared plan, or EF21's whole worker step without one, are computed in Rust;
+  :class:`permk.transport.NativeKernel`) and the compressor's rounds are native
+  (:func:`native_rounds`: a compressor with a Rust kernel and a shared plan, or partial
+  participation around one): the values of any exchange of the problem's gradients — with
+  ``y``, with a shift's term and its update ``h_i += α m_i`` in the same pass — are computed in
+  Rust (in the simulator the whole round's mean in one call); without a shared plan, EF21's
+  whole worker step;
 * ``"fused"`` — the compressor's coordinates are a pure function of ``(seed, round)``
   (``capabilities.shared_plan``) and the problem has the coordinate oracle
   ``local_grad_coords(x, rows, cols)``: only the sent coordinates are evaluated, ``O(d)`` per
   round instead of ``O(nd)``;
-* ``"dense"`` — whole local gradients, then the compressor; without a shared plan (TopK) and
+* ``"dense"`` — whole local gradients, then the compressor — those of the workers that send in
+  the round only (a round's participants, :class:`~permk.Participation`; PermK's
+  workers with a block when ``n > d``); without a shared plan (TopK) and
   without ``y``, in blocks of workers when the problem gives its gradients so
   (``local_grad_blocks``), each block handed to :meth:`Compressor.compress_shifted_rows`,
   which forms, checks and compresses each worker's input ``g_i − β h_i`` in turn (in Rust,
@@ -71,6 +78,7 @@ from .transport.base import PATHS, Transport
 
 __all__ = [
     "PATHS",
+    "CHUNK_BYTES",
     "Exchange",
     "MeanGrad",
     "CompressedMean",
@@ -78,7 +86,12 @@ __all__ = [
     "Shifted",
     "CompressedMeanRows",
     "ShiftedRows",
+    "CompressedExchange",
+    "Inputs",
     "Path",
+    "Rust",
+    "Fused",
+    "Dense",
     "mean_grad",
     "compressed_mean",
     "compressed_mean_diff",
@@ -87,10 +100,13 @@ __all__ = [
     "compressed_mean_rows",
     "shifted_rows",
     "local_grads",
+    "local_grads_of",
+    "local_grads_pair_of",
     "minibatch_grads",
     "minibatch_grads_pair",
     "mean_rows",
     "available_paths",
+    "native_rounds",
     "choose_path",
 ]
 
@@ -102,9 +118,10 @@ CHUNK_BYTES = 1 << 24
 
 
 def _held_rows(a: Any, backend: Transport, what: str) -> Array:
-    """``a`` as float64 rows of the held workers (the same array when it already is one), or an
-    error naming ``what``: a TypeError for values that are not real numbers (complex, strings,
-    None), a ValueError for the wrong shape. A transport whose arrays are not numpy's (the DDP
+    """``a`` as float64 rows of the held workers — float32 rows kept float32 (a method's shifts
+    in a float32 problem's dtype) — the same array when it already is one, or an error naming
+    ``what``: a TypeError for values that are not real numbers (complex, strings, None), a
+    ValueError for the wrong shape. A transport whose arrays are not numpy's (the DDP
     transport's tensors) checks its own (``backend.rows_of``)."""
     rows_of = getattr(backend, "rows_of", None)
     if rows_of is not None:
@@ -114,18 +131,33 @@ def _held_rows(a: Any, backend: Transport, what: str) -> Array:
         raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
     if arr.shape != (len(backend.workers), backend.d):
         raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {arr.shape}")
+    return np.asarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
+
+
+def _given_rows(a: Any, m: int, d: int) -> Array:
+    """``a`` as float64 rows of ``m`` listed workers (an exchange's given rows), checked."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"rows must hold real numbers, got dtype {arr.dtype}")
+    if arr.shape != (m, d):
+        raise ValueError(f"rows must hold the {m} listed workers' rows of length {d}, got shape {arr.shape}")
     return np.asarray(arr, dtype=np.float64)
 
 
 def _combine(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
     """``(gx − coef·gy) − β·h`` (the terms present), the one order every path uses."""
     with np.errstate(invalid="ignore", over="ignore"):
-        v = gx
-        if gy is not None:
-            v = v - (gy if coef == 1.0 else coef * gy)
-        if h is not None:
-            v = v - (h if beta == 1.0 else beta * h)
-        return v
+        return _combine_raw(gx, gy, coef, h, beta)
+
+
+def _combine_raw(gx: Array, gy: Array | None, coef: float, h: Array | None, beta: float) -> Array:
+    """:func:`_combine` under the caller's ``np.errstate``."""
+    v = gx
+    if gy is not None:
+        v = v - (gy if coef == 1.0 else coef * gy)
+    if h is not None:
+        v = v - (h if beta == 1.0 else beta * h)
+    return v
 
 
 def _add_at(H: Array, rows: Array, cols: Array, vals: Array) -> None:
@@ -155,21 +187,38 @@ def _concat_messages(pieces: list[Messages]) -> Messages:
 class Inputs:
     """One compressed exchange's inputs: held worker ``i``'s is ``v_i − β h_i`` with
     ``v_i = ∇f_i(x) − coef·∇f_i(y)`` (the terms present) or, for an exchange of given rows
-    (``given``), ``v_i = x_i``; ``H`` the held rows ``h_i`` (None: no shift)."""
+    (``given``), ``v_i = x_i``; ``H`` the held rows ``h_i`` (None: no shift), updated by
+    ``h_i += α m_i`` when ``alpha`` is set (``update``). ``active``: the held workers (counted
+    from the first held one, increasing) whose inputs the round reads — the others send nothing
+    (partial participation, idle workers), so their gradients are never evaluated — or None
+    for all; given rows then hold the active workers' rows only."""
 
     def __init__(self, backend: Transport, x: Array, y: Array | None, coef: float, H: Array | None, beta: float,
-                 given: bool) -> None:
+                 given: bool, alpha: float | None = None, active: Array | None = None) -> None:
         self.backend, self.x, self.y, self.coef, self.H, self.beta, self.given = backend, x, y, coef, H, beta, given
+        self.alpha, self.active = alpha, active
         self._whole: Array | None = None
 
+    @property
+    def update(self) -> bool:
+        """Whether the round updates the shift rows (``h_i += α m_i``)."""
+        return self.alpha is not None and self.alpha != 0.0
+
     def whole(self) -> Array:
-        """Every held worker's input as one ``(workers, d)`` array (computed once)."""
+        """Every held worker's input as one ``(workers, d)`` array — the active workers' only,
+        ``(len(active), d)``, when ``active`` is set — computed once."""
         if self._whole is None:
+            b, act = self.backend, self.active
+            H = None if self.H is None else (self.H if act is None else self.H[act])
             if self.given:
-                self._whole = _combine(self.x, None, self.coef, self.H, self.beta)
+                self._whole = _combine(self.x, None, self.coef, H, self.beta)
+            elif act is None:
+                gy = None if self.y is None else b.local_grads(self.y)
+                self._whole = _combine(b.local_grads(self.x), gy, self.coef, H, self.beta)
+            elif self.y is None:
+                self._whole = _combine(b.local_grads_rows(self.x, act), None, self.coef, H, self.beta)
             else:
-                gy = None if self.y is None else self.backend.local_grads(self.y)
-                self._whole = _combine(self.backend.local_grads(self.x), gy, self.coef, self.H, self.beta)
+                self._whole = _combine(*b.local_grads_rows_pair(self.x, self.y, act), self.coef, H, self.beta)
         return self._whole
 
     def blocks(self) -> Iterator[tuple[int, int, Array, Array | None]]:
@@ -178,15 +227,28 @@ class Inputs:
         worker ``i``'s input is ``G_i − β h_i``, which the compressor forms
         (:meth:`Compressor.compress_shifted_rows`). Given rows, one block; with ``y``, one block
         ``∇f_i(x) − c·∇f_i(y)`` (the transport keeps the last two points' gradients whole);
-        otherwise the transport's blocks of gradients (from the problem's ``local_grad_blocks``
-        when it has them: never the whole ``(workers, d)`` array) in blocks of at most
-        :data:`CHUNK_BYTES`."""
+        with ``active``, one block whose inactive rows are zeros (their messages are empty);
+        otherwise the transport's blocks of gradients (from the problem's
+        ``local_grad_blocks`` when it has them: never the whole ``(workers, d)`` array) in
+        blocks of at most :data:`CHUNK_BYTES`."""
         backend, H = self.backend, self.H
+        m = len(backend.workers)
+        if self.active is not None:
+            G = np.zeros((m, backend.d))
+            act = self.active
+            if self.given:
+                G[act] = self.x
+            elif self.y is None:
+                G[act] = backend.local_grads_rows(self.x, act)
+            else:
+                G[act] = _combine(*backend.local_grads_rows_pair(self.x, self.y, act), self.coef, None, 1.0)
+            yield 0, m, G, H
+            return
         if self.given:
-            yield 0, len(backend.workers), self.x, H
+            yield 0, m, self.x, H
             return
         if self.y is not None:
-            yield 0, len(backend.workers), _combine(backend.local_grads(self.x), backend.local_grads(self.y), self.coef, None, 1.0), H
+            yield 0, m, _combine(backend.local_grads(self.x), backend.local_grads(self.y), self.coef, None, 1.0), H
             return
         rows = max(1, CHUNK_BYTES // (8 * backend.d))
         for lo, hi, G in backend.grad_blocks(self.x):
@@ -196,17 +258,41 @@ class Inputs:
 
     def own_messages(self, compressor: Compressor, seed: int, round: int) -> Iterator[tuple[int, int, Messages | None]] | None:
         """The problem's own messages on ``∇f_i(x) − β h_i`` (``backend.message_blocks``), or
-        None: given rows, or with ``y``, the inputs are not the problem's gradients at a point."""
-        if self.given or self.y is not None:
+        None: given rows, with ``y``, or with ``active``, the inputs are not the problem's
+        gradients at a point for every held worker."""
+        if self.given or self.y is not None or self.active is not None:
             return None
         return self.backend.message_blocks(compressor, self.x, self.H, self.beta, seed, round)
 
 
+def _active_of(r: Round, backend: Transport) -> Array | None:
+    """The held workers (counted from the first held one) with a message in round ``r``, or
+    None when every held worker has one."""
+    ws = backend.workers
+    sizes = np.diff(np.asarray(r.offsets())[ws.start : ws.stop + 1])
+    if sizes.all():
+        return None
+    return np.flatnonzero(sizes)
+
+
+def _senders(compressor: Compressor, backend: Transport, seed: int, round: int) -> Array | None:
+    """The held workers (counted from the first held one) that send in a round without a shared
+    plan, for a compressor that names them (``participants(n, *, seed, round)``, as
+    :class:`~permk.Participation` does), or None (all of them)."""
+    who = getattr(compressor, "participants", None)
+    if who is None:
+        return None
+    ws = backend.workers
+    p = np.asarray(who(backend.n, seed=seed, round=round), dtype=np.int64)
+    held = p[(p >= ws.start) & (p < ws.stop)] - ws.start
+    return None if len(held) == len(ws) else held
+
+
 class Path(abc.ABC):
     """One way to compute a compressed exchange: the values of a shared plan's round
-    (:meth:`values`, and :meth:`direct` where the path can also divide and write them in the same
-    pass), the messages of a round without a shared plan (:meth:`messages`), and whole rounds it
-    computes at once (:meth:`whole`)."""
+    (:meth:`values`, and :meth:`direct` where the path can also update the shifts, divide and
+    write them in the same pass), the messages of a round without a shared plan
+    (:meth:`messages`), and whole rounds it computes at once (:meth:`whole`)."""
 
     name: ClassVar[str]
 
@@ -215,9 +301,9 @@ class Path(abc.ABC):
         return None
 
     def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
-        """Workers ``start..stop``'s values of an unshifted round, each ``(v + 0)/divide`` when
-        ``divide`` is given, written into ``out`` when given, in one pass; None where the path
-        computes them with :meth:`values` only."""
+        """Workers ``start..stop``'s values, the shift rows updated with them (``inputs.update``),
+        each ``(v + 0)/divide`` when ``divide`` is given, written into ``out`` when given, in
+        one pass; None where the path computes them with :meth:`values` only."""
         return None
 
     @abc.abstractmethod
@@ -225,7 +311,7 @@ class Path(abc.ABC):
         """Workers ``start..stop``'s values of round ``r`` in plan order: ``scale_i`` times their
         inputs at their coordinates."""
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         """The held workers' messages of a round without a shared plan, and whether ``H`` was
         updated with them already: the dense path's (see :class:`Dense`)."""
@@ -233,25 +319,45 @@ class Path(abc.ABC):
 
 
 class Rust(Path):
-    """The problem's native kernel computes the values (an unshifted exchange with a shared plan),
-    MARINA's whole difference round in one process, or EF21's whole worker step (no shared plan)."""
+    """The problem's native kernel computes the values (with the shift's term and its update,
+    in one pass), MARINA's whole difference round in one process, or EF21's whole worker step
+    (no shared plan)."""
 
     name = "rust"
 
     def whole(self, inputs: Inputs, compressor: Compressor, seed: int, round: int) -> Array | None:
         b = inputs.backend
-        if not (b.local and inputs.y is not None and inputs.coef == 1.0 and inputs.H is None):
+        if not b.local:
             return None
-        # nothing travels: the plan, the values and their sum in one native call (the same bits)
-        return b.kernel.compressed_mean_diff(compressor.kernel, inputs.x, inputs.y, seed, round)  # type: ignore[union-attr]
+        # nothing travels: the plan, the values (the shifts updated) and their sum in one or two
+        # native calls (the same bits)
+        if inputs.y is not None and inputs.coef == 1.0 and inputs.H is None and compressor.kernel is not None:
+            return b.kernel.compressed_mean_diff(compressor.kernel, inputs.x, inputs.y, seed, round)  # type: ignore[union-attr]
+        r = b.plan(compressor, seed, round)
+        return b.kernel.round_mean(r, inputs.x, inputs.y, **self._shift(inputs))  # type: ignore[union-attr,no-any-return]
+
+    @staticmethod
+    def _shift(inputs: Inputs) -> dict[str, Any]:
+        """The native kernel's shift arguments of ``inputs`` (none without ``H``)."""
+        if inputs.H is None:
+            return {}
+        shift: dict[str, Any] = {"H": inputs.H, "row0": inputs.backend.workers.start, "beta": inputs.beta}
+        if inputs.y is not None:
+            shift["coef"] = inputs.coef
+        if inputs.update:
+            shift["alpha"] = inputs.alpha
+        return shift
 
     def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
-        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop, divide=divide, out=out)  # type: ignore[union-attr]
+        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop, divide=divide, out=out,  # type: ignore[union-attr,no-any-return]
+                                                  **self._shift(inputs))
 
     def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
-        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop)  # type: ignore[union-attr]
+        if inputs.update:
+            raise RuntimeError("the Rust path updates the shifts in direct(): values() would not")
+        return inputs.backend.kernel.round_values(r, inputs.x, inputs.y, start, stop, **self._shift(inputs))  # type: ignore[union-attr,no-any-return]
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         b = inputs.backend
         assert inputs.H is not None  # EF21's exchange: the estimators
@@ -271,11 +377,12 @@ class Fused(Path):
         gy = None if inputs.y is None else b.coords(inputs.y, rows, cols)
         h = None if inputs.H is None else inputs.H[rows - b.workers.start, cols]
         with np.errstate(invalid="ignore", over="ignore"):
-            return _combine(gx, gy, inputs.coef, h, inputs.beta) * r.scales()[rows]
+            return _combine_raw(gx, gy, inputs.coef, h, inputs.beta) * r.scales()[rows]
 
 
 class Dense(Path):
-    """Whole inputs, then the compressor (see the module docstring)."""
+    """Whole inputs, then the compressor (see the module docstring); with active workers
+    (:class:`Inputs`), theirs only."""
 
     name = "dense"
 
@@ -289,16 +396,49 @@ class Dense(Path):
         return whole[start - ws.start : stop - ws.start]
 
     def direct(self, inputs: Inputs, r: Round, start: int, stop: int, divide: int | None, out: Array | None) -> Array | None:
+        if inputs.update or inputs.active is not None:
+            return None
         rows = self._rows(inputs, start, stop)
         return None if rows is None else r.gather(rows, start, divide=divide, out=out)
 
     def values(self, inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        if inputs.active is not None:
+            return self._active_values(inputs, r, start, stop)
         rows = self._rows(inputs, start, stop)
         if rows is None:
             return np.full(int(r.offsets()[stop] - r.offsets()[start]), np.nan)
         return r.gather(rows, start)
 
-    def messages(self, exchange: _Compressed, inputs: Inputs, compressor: Compressor, seed: int,
+    @staticmethod
+    def _active_values(inputs: Inputs, r: Round, start: int, stop: int) -> Array:
+        """The values of workers ``start..stop`` from the active workers' whole gradients or
+        given rows (the others have none), each formed at its coordinate only:
+        ``scale_i · ((g_ij − coef·g'_ij) − β h_ij)``, the arithmetic of :meth:`Round.gather` on
+        :meth:`Inputs.whole`; every value NaN when an active worker's gradient (given row) is
+        not finite anywhere (divergence), a shift's non-finite entry reaching the values it is
+        sent in (as on the coordinate paths)."""
+        b, act = inputs.backend, inputs.active
+        assert act is not None
+        ws = b.workers
+        rows, cols = r.rows(start, stop), r.coords(start, stop)
+        if inputs.given:
+            gx, gy = inputs.x, None
+        elif inputs.y is None:
+            gx, gy = b.local_grads_rows(inputs.x, act), None
+        else:
+            gx, gy = b.local_grads_rows_pair(inputs.x, inputs.y, act)
+        if not (all_finite(gx) and (gy is None or all_finite(gy))):
+            return np.full(len(rows), np.nan)
+        at = np.full(len(ws), -1, dtype=np.int64)
+        at[act] = np.arange(len(act))
+        k = at[rows - ws.start]
+        if (k < 0).any():
+            raise ValueError("the round gives values to workers that were not given inputs (not among the active workers)")
+        h = None if inputs.H is None else inputs.H[rows - ws.start, cols]
+        with np.errstate(invalid="ignore", over="ignore"):
+            return _combine_raw(gx[k, cols], None if gy is None else gy[k, cols], inputs.coef, h, inputs.beta) * r.scales()[rows]
+
+    def messages(self, exchange: CompressedExchange, inputs: Inputs, compressor: Compressor, seed: int,
                  round: int) -> tuple[Messages, bool]:
         # each worker's message depends on its own input only: the inputs are formed and
         # compressed one block of workers at a time (from the problem's blocks of gradients when
@@ -326,14 +466,22 @@ RUST, FUSED, DENSE = Rust(), Fused(), Dense()
 _BY_NAME: dict[str, Path] = {p.name: p for p in (RUST, FUSED, DENSE)}
 
 
+def native_rounds(compressor: Compressor) -> bool:
+    """Whether the compressor's rounds are the core's (``permk._core.Round``), which the Rust
+    path's kernels read: a compressor with a native kernel and a shared plan, or one that says
+    so (``native_rounds``: :class:`~permk.Participation` around such a compressor)."""
+    return bool(compressor.capabilities.shared_plan and (compressor.kernel is not None or getattr(compressor, "native_rounds", False)))
+
+
 def available_paths(exchange: Exchange, backend: Transport, compressor: Compressor | None) -> dict[str, str | None]:
     """Every path of :data:`PATHS` for ``exchange`` on ``backend`` with ``compressor``: None where
     it is available, else why not. The one place the paths are decided, from capabilities: the
     dense path always; the fused path for a shared plan (``capabilities.shared_plan``) and a
-    problem with the coordinate oracle; the Rust path for a problem with a native kernel and a
-    compressor with one, either an unshifted exchange with a shared plan or EF21's exchange
-    without one. An exchange whose inputs are given (not the problem's gradients), or that sends
-    whole gradients, has the dense path alone."""
+    problem with the coordinate oracle; the Rust path for a problem with a native kernel and
+    either a compressor whose rounds are native (:func:`native_rounds`: any exchange of the
+    problem's gradients, shifted or not) or EF21's exchange with a compressor with a native
+    kernel and no shared plan. An exchange whose inputs are given (not the problem's
+    gradients), or that sends whole gradients, has the dense path alone."""
     if compressor is None or not exchange.reads_oracle:
         reason = "this exchange sends whole gradients" if compressor is None else "this exchange's inputs are given rows, not the problem's gradients"
         return {"rust": reason, "fused": reason, "dense": None}
@@ -341,10 +489,10 @@ def available_paths(exchange: Exchange, backend: Transport, compressor: Compress
     why_rust = []
     if backend.kernel is None:
         why_rust.append("the problem has no native kernel (Quadratic.synthetic has one)")
-    if compressor.kernel is None:
+    if shared and not native_rounds(compressor):
+        why_rust.append(f"{compressor.name}'s rounds are not native (no Rust kernel)")
+    if not shared and compressor.kernel is None:
         why_rust.append(f"{compressor.name} has no Rust kernel")
-    if shared and exchange.shifts:
-        why_rust.append(f"the Rust path has no shifted exchange ({exchange.name}) with a shared plan: use path='fused'")
     if not shared and not exchange.unit:
         why_rust.append(f"without a shared plan the Rust path runs only EF21's exchange (error_feedback), not {exchange.name}")
     why_fused = []
@@ -403,36 +551,42 @@ class MeanGrad(Exchange):
         return backend.mean_grad(x)
 
 
-class _Compressed(Exchange):
+class CompressedExchange(Exchange):
     """The arithmetic of the compressed exchanges: worker ``i``'s input
     ``v_i = (∇f_i(x) − coef·∇f_i(y)) − β h_i`` (the terms present; given rows ``v_i`` for an
-    exchange of rows), compressed, averaged; with ``alpha`` the rows ``h_i + α m_i`` too."""
+    exchange of rows), compressed, averaged; with ``alpha`` (not 0) the rows ``h_i + α m_i``
+    too."""
 
     def _mean(self, backend: Transport, compressor: Compressor, x: Array, y: Array | None, coef: float,
-              H: Array | None, beta: float, alpha: float | None, seed: int, round: int) -> tuple[Array, Array | None]:
-        """``(1/n) Σ_i m_i`` and, with ``alpha``, the held rows ``H + α M`` (``H`` owned)."""
+              H: Array | None, beta: float, alpha: float | None, seed: int, round: int,
+              active: Array | None = None) -> tuple[Array, Array | None]:
+        """``(1/n) Σ_i m_i`` and the held rows: ``H + α M`` (``H`` owned) when ``alpha`` is set
+        and not 0, else ``H`` as given. ``active``: the held workers whose (given) rows ``x``
+        holds (see :class:`Inputs`)."""
         path = _BY_NAME[self.path(backend, compressor)]
-        if alpha is not None:
+        inputs = Inputs(backend, x, y, coef, H, beta, given=not self.reads_oracle, alpha=alpha, active=active)
+        if inputs.update:
             assert H is not None
-            H = backend.own(H)
-        inputs = Inputs(backend, x, y, coef, H, beta, given=not self.reads_oracle)
+            H = inputs.H = backend.own(H)
         if compressor.capabilities.shared_plan:
-            whole = path.whole(inputs, compressor, seed, round) if alpha is None else None
+            whole = path.whole(inputs, compressor, seed, round)
             if whole is not None:
                 return whole, H
             r = backend.plan(compressor, seed, round)
             ws = backend.workers
+            if path is DENSE and active is None and not inputs.given:
+                inputs.active = _active_of(r, backend)  # evaluate only the workers that send
 
             def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
-                if alpha is None:
-                    done = path.direct(inputs, r, start, stop, divide, out)
-                    if done is not None:
-                        return done
+                done = path.direct(inputs, r, start, stop, divide, out)
+                if done is not None:
+                    return done
                 vals = path.values(inputs, r, start, stop)
-                if alpha is not None:  # h_i += α m_i at the worker's coordinates (distinct within a worker)
+                if inputs.update:  # h_i += α m_i at the worker's coordinates (distinct within a worker)
                     assert H is not None
                     rows, cols = r.rows(start, stop), r.coords(start, stop)
-                    H[rows - ws.start, cols] += vals if alpha == 1.0 else alpha * vals
+                    with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
+                        H[rows - ws.start, cols] += vals if alpha == 1.0 else alpha * vals
                 if divide is not None:  # the worker-order sum's term 0 + v, divided by n
                     vals = vals + 0.0
                     vals /= divide
@@ -442,16 +596,19 @@ class _Compressed(Exchange):
                 return out
 
             return backend.mean_values(compressor, r, fill), H
+        if active is None and not inputs.given:
+            inputs.active = _senders(compressor, backend, seed, round)
         msgs, updated = path.messages(self, inputs, compressor, seed, round)
-        if alpha is not None and not updated:
+        if inputs.update and not updated:
             assert H is not None
             rows = np.repeat(np.arange(len(backend.workers)), np.diff(msgs.offsets))
             vals = msgs.values if alpha == 1.0 else alpha * msgs.values
-            getattr(backend, "add_at", _add_at)(H, rows, msgs.indices, vals)
+            with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
+                getattr(backend, "add_at", _add_at)(H, rows, msgs.indices, vals)
         return backend.mean_pairs(compressor, msgs), H
 
 
-class CompressedMean(_Compressed):
+class CompressedMean(CompressedExchange):
     """``(1/n) Σ_i C_i(∇f_i(x))`` (DCGD)."""
 
     name = "compressed_mean"
@@ -460,7 +617,7 @@ class CompressedMean(_Compressed):
         return self._mean(backend, compressor, x, None, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class CompressedMeanDiff(_Compressed):
+class CompressedMeanDiff(CompressedExchange):
     """``(1/n) Σ_i C_i(∇f_i(x) − ∇f_i(y))`` (MARINA's compressed rounds)."""
 
     name = "compressed_mean_diff"
@@ -469,10 +626,12 @@ class CompressedMeanDiff(_Compressed):
         return self._mean(backend, compressor, x, y, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class Shifted(_Compressed):
+class Shifted(CompressedExchange):
     """The shifted exchange: worker ``i`` sends ``m_i = C_i(v_i − β h_i)``,
     ``v_i = ∇f_i(x) − c·∇f_i(y)`` (``∇f_i(x)`` without ``y``), and keeps ``h_i + α m_i``;
     the server mirrors it. Returns ``((1/n) Σ_i m_i, H + α M)`` for the held rows ``H``.
+    ``alpha=0``: fixed shifts (shifted DCGD, RandDIANA between refreshes), ``H`` returned as
+    given, never written.
 
     :data:`error_feedback` is EF21's form (``β = α = 1``, no ``y``), whose worker step has a
     native kernel for compressors without a shared plan (TopK): the ``"rust"`` path."""
@@ -502,7 +661,7 @@ class ErrorFeedback(Shifted):
         return super().__call__(backend, compressor, H, x, seed=seed, round=round)
 
 
-class CompressedMeanRows(_Compressed):
+class CompressedMeanRows(CompressedExchange):
     """``(1/n) Σ_i C_i(v_i)`` of the rows ``v_i`` the method computed for the held workers
     (VR-MARINA's ``∇f_{iB}(x⁺) − ∇f_{iB}(x)``). The inputs are given whole: the dense path."""
 
@@ -513,19 +672,31 @@ class CompressedMeanRows(_Compressed):
         return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
 
 
-class ShiftedRows(_Compressed):
+class ShiftedRows(CompressedExchange):
     """The shifted exchange of given rows: worker ``i`` sends ``m_i = C_i(v_i − β h_i)`` for the
     row ``v_i`` the method computed (DASHA-PAGE's and DASHA-MVR's ``h_i^{t+1} − (1 − a)h_i^t``)
-    and keeps ``h_i + α m_i``; returns ``((1/n) Σ_i m_i, H + α M)``. The dense path."""
+    and keeps ``h_i + α m_i``; returns ``((1/n) Σ_i m_i, H + α M)``. The dense path. With
+    ``workers`` (increasing indices of held workers, from the first held one), ``rows`` holds
+    those workers' rows only, and every other held worker must send nothing this round
+    (DASHA-PP's participants: the others' rows are never formed)."""
 
     name = "shifted_rows"
     reads_oracle = False
     shifts = True
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,
-                 beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
+                 beta: float = 1.0, alpha: float = 1.0, seed: int, round: int, workers: Array | None = None) -> tuple[Array, Array]:
         H = _held_rows(H, backend, "H")
-        mean, new = self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, H, float(beta), float(alpha), seed, round)
+        active = None
+        if workers is not None:
+            active = np.asarray(workers, dtype=np.int64)
+            m = len(backend.workers)
+            if active.ndim != 1 or (active.size and (active.min() < 0 or active.max() >= m or (np.diff(active) <= 0).any())):
+                raise ValueError(f"workers must be increasing indices of the {m} held workers (from the first held one), got {workers!r}")
+            rows = _given_rows(rows, len(active), backend.d)
+        else:
+            rows = _held_rows(rows, backend, "rows")
+        mean, new = self._mean(backend, compressor, rows, None, 1.0, H, float(beta), float(alpha), seed, round, active=active)
         assert new is not None
         return mean, new
 
@@ -543,6 +714,18 @@ shifted_rows = ShiftedRows()
 def local_grads(backend: Transport, x: Array) -> Array:
     """The held workers' gradients at ``x`` (a method's initial exchange)."""
     return backend.local_grads(x)
+
+
+def local_grads_of(backend: Transport, x: Array, rows: Array) -> Array:
+    """The gradients at ``x`` of the held workers ``rows`` (counted from the first held one,
+    increasing), theirs only (a round's participants)."""
+    return backend.local_grads_rows(x, rows)
+
+
+def local_grads_pair_of(backend: Transport, x: Array, y: Array, rows: Array) -> tuple[Array, Array]:
+    """:func:`local_grads_of` at ``x`` and ``y`` (the two points of a difference), each worker's
+    two gradients one after the other."""
+    return backend.local_grads_rows_pair(x, y, rows)
 
 
 def mean_rows(backend: Transport, rows: Array) -> Array:

@@ -26,7 +26,7 @@ import warnings
 from ._core import set_num_threads
 from ._validate import check_int
 
-__all__ = ["cores", "threads_per_process", "limit_threads", "env_threads", "apply_env_threads", "use_threads", "busy_threads"]
+__all__ = ["MAX_THREADS", "cores", "threads_per_process", "limit_threads", "env_threads", "apply_env_threads", "use_threads", "busy_threads"]
 
 #: The environment variable that fixes the threads of every permk process.
 ENV = "PERMK_THREADS"

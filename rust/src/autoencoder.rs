@@ -119,7 +119,7 @@ impl<'a, T: Real> Block<'a, T> {
     /// values at every vector width, as Rust never contracts `a·b + c` into a fused
     /// multiply-add and a transpose only moves values).
     #[inline]
-    fn fill(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift) {
+    fn fill<U: Real>(&self, s: usize, out: &mut [f64], h: Option<&[U]>, shift: Shift) {
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avx2") {
@@ -131,18 +131,18 @@ impl<'a, T: Real> Block<'a, T> {
     }
 
     #[inline(always)]
-    fn fill_shifted<X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift, x: X) {
+    fn fill_shifted<U: Real, X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[U]>, shift: Shift, x: X) {
         match h {
-            None => self.fill_row(s, out, None, |v, _| v, x),
-            Some(h) if shift.is_one() => self.fill_row(s, out, Some(h), |v, y| v - y, x),
-            Some(h) => self.fill_row(s, out, Some(h), |v, y| shift.apply(v, y), x),
+            None => self.fill_row(s, out, None::<&[U]>, |v, _| v, x),
+            Some(h) if shift.is_one() => self.fill_row(s, out, Some(h), |v, y: U| v - y.f64(), x),
+            Some(h) => self.fill_row(s, out, Some(h), |v, y: U| shift.apply_mixed(v, y), x),
         }
     }
 
     /// Writes split `s`'s gradient row `g` into `out`, or `op(g, h)` value by value with a row
     /// `h` (subtracted as each part is written, while the row is in L1).
     #[inline(always)]
-    fn fill_row<F: Fn(f64, f64) -> f64 + Copy, X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[f64]>, op: F, x: X) {
+    fn fill_row<U: Real, F: Fn(f64, U) -> f64 + Copy, X: Transpose>(&self, s: usize, out: &mut [f64], h: Option<&[U]>, op: F, x: X) {
         let (d_f, d_e) = (self.d_f, self.d_e);
         let k1 = d_f * d_e;
         let (c, r) = (self.cs[s], self.rs[s]);
@@ -276,7 +276,7 @@ unsafe fn transpose_avx2(src: &Tile, dst: &mut Tile) {
 /// The CPU must support AVX2.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn fill_avx2<T: Real>(block: &Block<'_, T>, s: usize, out: &mut [f64], h: Option<&[f64]>, shift: Shift, x: Avx2) {
+unsafe fn fill_avx2<T: Real, U: Real>(block: &Block<'_, T>, s: usize, out: &mut [f64], h: Option<&[U]>, shift: Shift, x: Avx2) {
     block.fill_shifted(s, out, h, shift, x)
 }
 
@@ -290,7 +290,7 @@ pub fn split_grads<T: Real>(block: &Block<'_, T>, mut out: ArrayViewMut2<f64>) -
         return Ok(());
     }
     let rows = out.as_slice_mut().ok_or_else(|| CoreError::invalid("out", "must be C-contiguous"))?;
-    let write = |(s, row): (usize, &mut [f64])| block.fill(s, row, None, Shift::ONE);
+    let write = |(s, row): (usize, &mut [f64])| block.fill(s, row, None::<&[f64]>, Shift::ONE);
     if threads::spread(b, b * d, PAR_MIN)? {
         threads::install(|| rows.par_chunks_mut(d).enumerate().for_each(write))?;
     } else {
@@ -305,10 +305,10 @@ pub fn split_grads<T: Real>(block: &Block<'_, T>, mut out: ArrayViewMut2<f64>) -
 /// writing them: each row is finished, shifted, checked and compressed in a worker's buffer.
 /// `None` when an input is not finite.
 #[allow(clippy::too_many_arguments)]
-pub fn shifted_messages<T: Real>(
+pub fn shifted_messages<T: Real, U: Real>(
     spec: &Spec,
     block: &Block<'_, T>,
-    h: Option<ArrayView2<f64>>,
+    h: Option<ArrayView2<U>>,
     beta: f64,
     start: usize,
     n: usize,
@@ -332,7 +332,7 @@ pub fn shifted_messages<T: Real>(
 mod tests {
     use super::*;
     use crate::compress::{compress_shifted_rows, Quantizer, RandK, TopK};
-    use ndarray::{s, Array2, Array3};
+    use ndarray::{s, Array2, Array3, ArrayView2};
 
     type Inputs = (Array3<f64>, Array3<f64>, Array2<f64>, Array2<f64>, Array2<f64>);
 
@@ -455,8 +455,16 @@ mod tests {
                             assert_eq!(got, want, "{sp:?} beta={beta} start={start}");
                         }
                     }
-                    let want = compress_shifted_rows(sp, g.view(), None, None, 1.0, start, n, 5, 2).unwrap();
-                    assert_eq!(shifted_messages(sp, &block(&inp, &cs, &rs), None, 1.0, start, n, 5, 2).unwrap(), want);
+                    // float32 estimators (EF21's state of a float32 problem): h·β in float32, then subtracted in float64
+                    let h32 = h.mapv(|v| v as f32);
+                    for beta in [1.0, 0.3] {
+                        let v = Array2::from_shape_fn(g.dim(), |(i, j)| g[[i, j]] - if beta == 1.0 { h32[[i, j]] as f64 } else { (h32[[i, j]] * beta as f32) as f64 });
+                        let want = compress_shifted_rows(sp, v.view(), None, None::<ArrayView2<f64>>, 1.0, start, n, 5, 2).unwrap();
+                        assert_eq!(compress_shifted_rows(sp, g.view(), None, Some(h32.view()), beta, start, n, 5, 2).unwrap(), want);
+                        assert_eq!(shifted_messages(sp, &block(&inp, &cs, &rs), Some(h32.view()), beta, start, n, 5, 2).unwrap(), want, "{sp:?} f32 h");
+                    }
+                    let want = compress_shifted_rows(sp, g.view(), None, None::<ArrayView2<f64>>, 1.0, start, n, 5, 2).unwrap();
+                    assert_eq!(shifted_messages(sp, &block(&inp, &cs, &rs), None::<ArrayView2<f64>>, 1.0, start, n, 5, 2).unwrap(), want);
                 }
             }
         }
@@ -471,7 +479,7 @@ mod tests {
                 let mut inp = inputs(b, d_f, d_e);
                 inp.0[[s, k, j]] = bad; // a value of Z_sᵀA_s or W_sᵀA_s, wherever it is
                 let (cs, rs) = coefs(b);
-                assert_eq!(shifted_messages(&sp, &block(&inp, &cs, &rs), None, 1.0, 0, b, 0, 0).unwrap(), None);
+                assert_eq!(shifted_messages(&sp, &block(&inp, &cs, &rs), None::<ArrayView2<f64>>, 1.0, 0, b, 0, 0).unwrap(), None);
             }
         }
         let inp = inputs(b, d_f, d_e);
@@ -485,7 +493,7 @@ mod tests {
         assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.view()), f64::NAN, 0, b, 0, 0).is_err());
         assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.slice(s![..3, ..])), 1.0, 0, b, 0, 0).is_err());
         assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), Some(h.slice(s![.., ..;2])), 1.0, 0, b, 0, 0).is_err());
-        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), None, 1.0, 1, b, 0, 0).is_err());
+        assert!(shifted_messages(&sp, &block(&inp, &cs, &rs), None::<ArrayView2<f64>>, 1.0, 1, b, 0, 0).is_err());
         // beyond n
     }
 

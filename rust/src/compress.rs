@@ -396,18 +396,19 @@ pub const SHIFTED_PAR_MIN: usize = 1 << 16;
 
 /// The messages of workers `start .. start + m` whose inputs are `v_i = g_i − β·h_i` (`g_i`
 /// the rows of `g`, or `g[rows[i]]` with `rows`, `m = rows.len()`; `h_i` the rows of `h`, one per
-/// worker; `v_i = g_i` without `h`), for `n` workers in all: for each worker the values and order
+/// worker, in `T` or another dtype (float32 estimators: [`Shift::apply_mixed`]); `v_i = g_i`
+/// without `h`), for `n` workers in all: for each worker the values and order
 /// of [`compress_rows`] on the `(m, d)` array of the `v_i`, bit for bit (`g − h` when `β = 1`,
 /// else `g − h·β`, in `T`), without forming that array (see [`compress_filled_rows`]), nor the
 /// gathered `g[rows]`: workers sharing a row of `g` (the autoencoder's workers sharing a split)
 /// read it in place. `None` when an input is not finite (no worker's message is then
 /// meaningful: the caller handles the divergence).
 #[allow(clippy::too_many_arguments)]
-pub fn compress_shifted_rows<T: Real>(
+pub fn compress_shifted_rows<T: Real, U: Real>(
     spec: &Spec,
     g: ArrayView2<T>,
     rows: Option<&[usize]>,
-    h: Option<ArrayView2<T>>,
+    h: Option<ArrayView2<U>>,
     beta: f64,
     start: usize,
     n: usize,
@@ -432,8 +433,8 @@ pub fn compress_shifted_rows<T: Real>(
     compress_filled_rows(spec, m, d, start, n, seed, round, |r, buf: &mut [T]| match &h {
         None => buf.iter_mut().zip(row(r)).for_each(|(v, &x)| *v = x),
         Some(h) => match (row(r).to_slice(), h.row(r).to_slice()) {
-            (Some(gs), Some(hs)) => buf.iter_mut().zip(gs).zip(hs).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
-            _ => buf.iter_mut().zip(row(r)).zip(h.row(r)).for_each(|((v, &x), &y)| *v = shift.apply(x, y)),
+            (Some(gs), Some(hs)) => buf.iter_mut().zip(gs).zip(hs).for_each(|((v, &x), &y)| *v = shift.apply_mixed(x, y)),
+            _ => buf.iter_mut().zip(row(r)).zip(h.row(r)).for_each(|((v, &x), &y)| *v = shift.apply_mixed(x, y)),
         },
     })
 }
@@ -470,6 +471,19 @@ impl Shift {
             g - h
         } else {
             g - h * T::of(self.beta)
+        }
+    }
+
+    /// `g − β·h` for a shift `h` kept in its own dtype `U` (float32 estimators of a float64
+    /// input): `h·β` in `U`, then converted, then subtracted in `T` — numpy's `g − h·β` of a
+    /// float32 `h` and a Python float (NEP 50: the product stays float32); [`Shift::apply`]
+    /// when `U` is `T`.
+    #[inline(always)]
+    pub fn apply_mixed<T: Real, U: Real>(self, g: T, h: U) -> T {
+        if self.beta == 1.0 {
+            g - T::of(h.f64())
+        } else {
+            g - T::of((h * U::of(self.beta)).f64())
         }
     }
 }
@@ -1004,8 +1018,8 @@ mod tests {
                     let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, Some(hs), beta, start, n, 7, 3).unwrap();
                     assert_eq!(compress_shifted_rows(&sp, g.view(), Some(r), Some(hs), beta, start, n, 7, 3).unwrap(), want, "{sp:?}");
                 }
-                let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, None, 1.0, start, n, 7, 3).unwrap();
-                assert_eq!(compress_shifted_rows(&sp, g.view(), Some(r), None, 1.0, start, n, 7, 3).unwrap(), want);
+                let want = compress_shifted_rows(&sp, gathered.slice(s![start..stop, ..]), None, None::<ArrayView2<f64>>, 1.0, start, n, 7, 3).unwrap();
+                assert_eq!(compress_shifted_rows(&sp, g.view(), Some(r), None::<ArrayView2<f64>>, 1.0, start, n, 7, 3).unwrap(), want);
             }
         }
         let sp = spec(TopK { k: 2 });
@@ -1031,7 +1045,7 @@ mod tests {
                     assert_eq!(compress_shifted_rows(&sp, gs, None, Some(hs), beta, start, n, 7, 3).unwrap(), Some(want), "{sp:?} beta={beta}");
                 }
                 let want = compress_rows(&sp, gs, start, n, 7, 3).unwrap();
-                assert_eq!(compress_shifted_rows(&sp, gs, None, None, 1.0, start, n, 7, 3).unwrap(), Some(want));
+                assert_eq!(compress_shifted_rows(&sp, gs, None, None::<ArrayView2<f64>>, 1.0, start, n, 7, 3).unwrap(), Some(want));
                 // float32 inputs: the arithmetic in float32
                 let (g32, h32) = (gs.mapv(|v| v as f32 / 3.0), hs.mapv(|v| v as f32 / 7.0));
                 let want = compress_rows(&sp, shifted(g32.view(), h32.view(), 0.3).view(), start, n, 7, 3).unwrap();
@@ -1067,9 +1081,9 @@ mod tests {
         assert_eq!(compress_shifted_rows(&spec(TopK { k: 2 }), huge.view(), None, Some((-&huge).view()), 1.0, 0, n, 0, 0).unwrap(), None); // overflow
         let sp = spec(TopK { k: 2 });
         assert!(compress_shifted_rows(&sp, g.view(), None, Some(g.slice(s![..3, ..])), 1.0, 0, n, 0, 0).is_err());
-        assert!(compress_shifted_rows(&sp, g.view(), None, None, 1.0, 1, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&sp, g.view(), None, None::<ArrayView2<f64>>, 1.0, 1, n, 0, 0).is_err());
         assert!(compress_shifted_rows(&sp, g.view(), None, Some(g.view()), f64::NAN, 0, n, 0, 0).is_err());
-        assert!(compress_shifted_rows(&spec(TopK { k: 51 }), g.view(), None, None, 1.0, 0, n, 0, 0).is_err());
+        assert!(compress_shifted_rows(&spec(TopK { k: 51 }), g.view(), None, None::<ArrayView2<f64>>, 1.0, 0, n, 0, 0).is_err());
         // strided rows are read as they are
         let wide = data(n, 2 * d);
         let (gs, hs) = (wide.slice(s![.., ..;2]), wide.slice(s![.., 1..;2]));

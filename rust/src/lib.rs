@@ -14,7 +14,8 @@
 //! - [`quadratic`]: the synthetic quadratic's oracles and fused method steps;
 //! - [`rowdots`]: dot products of selected rows (the linear autoencoder's coordinates);
 //! - [`autoencoder`]: the linear autoencoder's split gradients from a block's products;
-//! - [`rng`]: the pinned random streams; [`mem`]: the memory guard; [`threads`]: the pool;
+//! - [`rng`]: the pinned random streams; [`numpy_rng`]: numpy's `default_rng(...).permutation`
+//!   natively (partial participation's draw); [`mem`]: the memory guard; [`threads`]: the pool;
 //!   [`params`]: compressor parameters; [`error`]: the one error type.
 
 pub mod autoencoder;
@@ -23,6 +24,7 @@ pub mod compress;
 pub mod error;
 pub mod kernels;
 pub mod mem;
+pub mod numpy_rng;
 pub mod params;
 pub mod plan;
 pub mod quadratic;

@@ -246,12 +246,12 @@ impl PySpec {
         rows: Option<PyReadonlyArray1<'py, i64>>,
     ) -> PyResult<Option<MessageArrays<'py>>> {
         #[allow(clippy::too_many_arguments)]
-        fn go<'py, T: Real + numpy::Element>(
+        fn go<'py, T: Real + numpy::Element, U: Real>(
             py: Python<'py>,
             spec: &Spec,
             g: ArrayView2<T>,
             rows: Option<&[usize]>,
-            h: Option<ArrayView2<T>>,
+            h: Option<ArrayView2<U>>,
             beta: f64,
             start: usize,
             n: usize,
@@ -275,11 +275,13 @@ impl PySpec {
         let rows = rows.as_deref();
         let h = H.map(|h| arr2(h, "H")).transpose()?;
         match (arr2(G, "G")?, h) {
-            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
-            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), rows, None, beta, start, n_workers, seed, round),
+            (Arr2::F64(g), None) => go(py, &self.0, g.as_array(), rows, None::<ArrayView2<f64>>, beta, start, n_workers, seed, round),
+            (Arr2::F32(g), None) => go(py, &self.0, g.as_array(), rows, None::<ArrayView2<f64>>, beta, start, n_workers, seed, round),
             (Arr2::F64(g), Some(Arr2::F64(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
             (Arr2::F32(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
-            _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32)")),
+            // float32 estimators of float64 inputs (a float32 problem's EF21 state): h·β in float32, the rest in float64
+            (Arr2::F64(g), Some(Arr2::F32(h))) => go(py, &self.0, g.as_array(), rows, Some(h.as_array()), beta, start, n_workers, seed, round),
+            _ => Err(PyTypeError::new_err("G and H must have the same dtype (float64 or float32), or H float32 with G float64")),
         }
     }
 
@@ -474,6 +476,17 @@ impl PyRound {
             Arr2::F64(x) => go(py, &self.0, x.as_array(), start, divide, out, "float64 (a's dtype)"),
             Arr2::F32(x) => go(py, &self.0, x.as_array(), start, divide, out, "float32 (a's dtype)"),
         }
+    }
+
+    /// This round restricted to `workers` (strictly increasing), their scales times `factor`;
+    /// the other workers send nothing (partial participation's round).
+    fn restricted(&self, py: Python<'_>, workers: PyReadonlyArray1<'_, i64>, factor: f64) -> PyResult<PyRound> {
+        let w = workers.as_array();
+        let ws: Vec<usize> = w
+            .iter()
+            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("workers: worker {i} is outside [0, {})", self.0.n()))))
+            .collect::<PyResult<_>>()?;
+        Ok(PyRound(py.detach(|| self.0.restricted(&ws, factor))?))
     }
 
     /// The average of all workers' values (`out`: written there and returned).
@@ -681,13 +694,13 @@ fn autoencoder_shifted_messages<'py>(
     on_caller: bool,
 ) -> PyResult<Option<MessageArrays<'py>>> {
     #[allow(clippy::too_many_arguments)]
-    fn go<'py, T: Real + numpy::Element>(
+    fn go<'py, T: Real + numpy::Element, U: Real>(
         py: Python<'py>,
         spec: &Spec,
         zwa: PyReadonlyArray3<'_, T>,
         gram: PyReadonlyArray3<'_, T>,
         c: &Coefs<'_>,
-        h: Option<ArrayView2<'_, f64>>,
+        h: Option<ArrayView2<'_, U>>,
         args: (f64, usize, usize, u64, u64, bool),
     ) -> PyResult<Option<MessageArrays<'py>>> {
         let (beta, start, n, seed, round, on_caller) = args;
@@ -696,14 +709,24 @@ fn autoencoder_shifted_messages<'py>(
         Ok(m.map(|m| message_arrays(py, m)))
     }
     let (products, coefs) = autoencoder_args(zwa, gram, dec, reg_d, reg_e, cs, rs)?;
-    let h =
-        H.map(|h| h.extract::<PyReadonlyArray2<'py, f64>>().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 numpy array or None"))).transpose()?;
-    let hv = h.as_ref().map(|h| h.as_array());
+    // the estimators in float64, or in float32 (a float32 problem's EF21 state)
+    let h = H.map(|h| arr2(h, "H")).transpose().map_err(|_| PyTypeError::new_err("H must be a 2-D float64 or float32 numpy array or None"))?;
     let args = (beta, start, n_workers, seed, round, on_caller);
-    match products {
-        Products::F64(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
-        Products::F32(a, g) => go(py, &spec.0, a, g, &coefs, hv, args),
+    match (products, h) {
+        (Products::F64(a, g), None) => go(py, &spec.0, a, g, &coefs, None::<ArrayView2<'_, f64>>, args),
+        (Products::F32(a, g), None) => go(py, &spec.0, a, g, &coefs, None::<ArrayView2<'_, f64>>, args),
+        (Products::F64(a, g), Some(Arr2::F64(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F32(a, g), Some(Arr2::F64(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F64(a, g), Some(Arr2::F32(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
+        (Products::F32(a, g), Some(Arr2::F32(h))) => go(py, &spec.0, a, g, &coefs, Some(h.as_array()), args),
     }
+}
+
+/// The sorted first `s` of `numpy.random.default_rng(entropy).permutation(n)`, natively and bit
+/// for bit (partial participation's draw of a round's participants).
+#[pyfunction]
+fn numpy_permutation_head<'py>(py: Python<'py>, entropy: Vec<u64>, n: usize, s: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    Ok(py.detach(|| crate::numpy_rng::first_sorted(&entropy, n, s))?.into_pyarray(py))
 }
 
 /// Sets the number of threads of the core's pool.
@@ -744,6 +767,17 @@ impl PyTridiagonal {
         let x = x.as_array();
         let stop = stop.unwrap_or(self.0.n());
         Ok(py.detach(|| self.0.local_grads(x, start, stop))?.into_pyarray(py))
+    }
+
+    /// The local gradients of the workers `rows`, one row each in that order.
+    fn local_grads_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
+        let x = x.as_array();
+        let rows: Vec<usize> = rows
+            .as_array()
+            .iter()
+            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("rows: worker {i} is outside [0, {})", self.0.n()))))
+            .collect::<PyResult<_>>()?;
+        Ok(py.detach(|| self.0.local_grads_rows(x, &rows))?.into_pyarray(py))
     }
 
     fn local_grad_coords<'py>(
@@ -792,10 +826,11 @@ impl PyTridiagonal {
     }
 
     /// The values of workers `start..stop` of `round` in plan order:
-    /// `scale_i * (∇f_i(x)_j − ∇f_i(y)_j)` (`scale_i * ∇f_i(x)_j` when `y` is None);
-    /// `divide`: each `(v + 0) / k`; `out`: written there and returned.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (round, x, y, start, stop, *, divide=None, out=None))]
+    /// `scale_i * ((∇f_i(x)_j − coef·∇f_i(y)_j) − beta·H[i − row0, j])` (the terms present);
+    /// `alpha`: `H[i − row0, j] += alpha·v` in place (H writeable); `divide`: each
+    /// `(v + 0) / k`; `out`: written there and returned.
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    #[pyo3(signature = (round, x, y, start, stop, *, coef=1.0, H=None, row0=0, beta=1.0, alpha=None, divide=None, out=None))]
     fn round_values<'py>(
         &self,
         py: Python<'py>,
@@ -804,22 +839,99 @@ impl PyTridiagonal {
         y: Option<PyReadonlyArray1<'py, f64>>,
         start: usize,
         stop: usize,
+        coef: f64,
+        H: Option<&Bound<'py, PyAny>>,
+        row0: usize,
+        beta: f64,
+        alpha: Option<f64>,
         divide: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let divide = divisor(divide)?;
         let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
-        let Some(out) = out else {
-            return Ok(py.detach(|| self.0.round_values_div(&round.0, x, y, start, stop, divide))?.into_pyarray(py));
-        };
         let mut inputs = vec![("x", extent(&x))];
         if let Some(y) = &y {
             inputs.push(("y", extent(y)));
         }
+        let Some(H) = H else {
+            if coef != 1.0 || beta != 1.0 || alpha.is_some() || row0 != 0 {
+                return Err(PyValueError::new_err("coef, beta, alpha and row0 are the shift's options: pass H with them (coef needs y)"));
+            }
+            let Some(out) = out else {
+                return Ok(py.detach(|| self.0.round_values_div(&round.0, x, y, start, stop, divide))?.into_pyarray(py));
+            };
+            let mut w = out_array::<f64>(out, "float64", &inputs)?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| self.0.round_values_into(&round.0, x, y, start, stop, divide, o))?;
+            return Ok(out.cast::<PyArray1<f64>>()?.clone());
+        };
+        if let Some(alpha) = alpha {
+            // updated in place: a writeable float64 (m, d) array
+            let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
+                PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
+            })?;
+            let hm = hw.as_array_mut();
+            inputs.push(("H", extent(&hm.view())));
+            let Some(out) = out else {
+                return Ok(py.detach(|| self.0.round_values_update(&round.0, x, y, coef, hm, row0, beta, alpha, start, stop, divide, None))?.into_pyarray(py));
+            };
+            let mut w = out_array::<f64>(out, "float64", &inputs)?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| self.0.round_values_update(&round.0, x, y, coef, hm, row0, beta, alpha, start, stop, divide, Some(o)))?;
+            return Ok(out.cast::<PyArray1<f64>>()?.clone());
+        }
+        let hr = H
+            .extract::<PyReadonlyArray2<'py, f64>>()
+            .map_err(|_| PyTypeError::new_err(format!("H: must be a float64 numpy array of 2 dimensions, got {}", type_name(H))))?;
+        let hv = hr.as_array();
+        inputs.push(("H", extent(&hv)));
+        let Some(out) = out else {
+            return Ok(py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, hv, row0, beta, start, stop, divide, None))?.into_pyarray(py));
+        };
         let mut w = out_array::<f64>(out, "float64", &inputs)?;
         let o = out_slice(&mut w)?;
-        py.detach(|| self.0.round_values_into(&round.0, x, y, start, stop, divide, o))?;
+        py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, hv, row0, beta, start, stop, divide, Some(o)))?;
         Ok(out.cast::<PyArray1<f64>>()?.clone())
+    }
+
+    /// `(1/n) Σ_i C_i(·)` of the whole round `round` from the values of
+    /// [`PyTridiagonal::round_values`] for every worker (`H` with `alpha`: updated in place).
+    #[allow(clippy::too_many_arguments, non_snake_case)]
+    #[pyo3(signature = (round, x, y, *, coef=1.0, H=None, row0=0, beta=1.0, alpha=None))]
+    fn round_mean<'py>(
+        &self,
+        py: Python<'py>,
+        round: &PyRound,
+        x: PyReadonlyArray1<'py, f64>,
+        y: Option<PyReadonlyArray1<'py, f64>>,
+        coef: f64,
+        H: Option<&Bound<'py, PyAny>>,
+        row0: usize,
+        beta: f64,
+        alpha: Option<f64>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let (x, y) = (x.as_array(), y.as_ref().map(|y| y.as_array()));
+        let Some(H) = H else {
+            if coef != 1.0 || beta != 1.0 || alpha.is_some() || row0 != 0 {
+                return Err(PyValueError::new_err("coef, beta, alpha and row0 are the shift's options: pass H with them (coef needs y)"));
+            }
+            return Ok(py.detach(|| self.0.round_mean(&round.0, x, y, 1.0, None))?.into_pyarray(py));
+        };
+        if alpha.is_none() {
+            let hr = H
+                .extract::<PyReadonlyArray2<'py, f64>>()
+                .map_err(|_| PyTypeError::new_err(format!("H: must be a float64 numpy array of 2 dimensions, got {}", type_name(H))))?;
+            let h = hr.as_array();
+            let n = round.0.n();
+            let mean = py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, h, row0, beta, 0, n, None, None).and_then(|v| round.0.mean(&v)))?;
+            return Ok(mean.into_pyarray(py));
+        }
+        let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
+            PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
+        })?;
+        let h = hw.as_array_mut();
+        let shift = quadratic::MeanShift { h, row0, beta, alpha };
+        Ok(py.detach(|| self.0.round_mean(&round.0, x, y, coef, Some(shift)))?.into_pyarray(py))
     }
 
     /// Solves `((1/n) Σ A_i) x = rhs` in `O(d)`.
@@ -843,6 +955,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(row_dots, m)?)?;
     m.add_function(wrap_pyfunction!(autoencoder_split_grads, m)?)?;
     m.add_function(wrap_pyfunction!(autoencoder_shifted_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(numpy_permutation_head, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(get_num_threads, m)?)?;
     Ok(())

@@ -7,29 +7,120 @@
 //! last. The kernel holds no method: MARINA, EF21 and the others are defined once in Python
 //! (`permk.methods`) over these exchanges; whole rounds appear only in the tests, as references.
 
-use ndarray::{Array1, Array2, ArrayView1, ArrayViewMut2};
+use ndarray::{Array1, Array2, ArrayView1, ArrayView2, ArrayViewMut2};
 use rayon::prelude::*;
 
 use crate::compress::{self, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
 use crate::error::{CoreError, Result};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
-use crate::round::{with_post, Divisor, Emit, Post, Round};
+use crate::round::{with_post, Divisor, Emit, Keep, Post, Round, Seg};
 use crate::threads;
 
-/// The plan values of [`Tridiagonal::round_values`], then `post`'s ([`crate::round::Post`]).
-struct GradValues<'a, P> {
+/// The shift of the round's values ([`Tridiagonal::round_values_shifted`]): worker `i`'s
+/// `h_i` is row `i − row0` of `h`, subtracted times `beta`.
+#[derive(Clone, Copy)]
+struct ShiftRows<'a> {
+    h: ArrayView2<'a, f64>,
+    row0: usize,
+    beta: f64,
+}
+
+impl ShiftRows<'_> {
+    /// Prefetches `h_ij` (worker `i`'s row), when worker `i` is held.
+    #[inline(always)]
+    fn ahead(&self, i: usize, j: usize) {
+        let r = i.wrapping_sub(self.row0);
+        if r < self.h.nrows() && j < self.h.ncols() {
+            let s = self.h.strides();
+            crate::kernels::prefetch(self.h.as_ptr().wrapping_offset(r as isize * s[0] + j as isize * s[1]));
+        }
+    }
+}
+
+/// The shift of [`Tridiagonal::round_mean`]: the rows `h` from worker `row0`, times `beta`,
+/// updated by `alpha` when given.
+pub struct MeanShift<'a> {
+    pub h: ArrayViewMut2<'a, f64>,
+    pub row0: usize,
+    pub beta: f64,
+    pub alpha: Option<f64>,
+}
+
+/// The inputs of a round's values: the points `x`, `y` (optional, times `coef`) and the shift.
+struct Terms<'a, 'h> {
+    x: ArrayView1<'a, f64>,
+    y: Option<ArrayView1<'a, f64>>,
+    coef: f64,
+    shift: Option<ShiftRows<'h>>,
+}
+
+/// The plan values of [`Tridiagonal::round_values`], then `post`'s ([`crate::round::Post`]):
+/// `scale_i · ((∇f_i(x)_j − coef·∇f_i(y)_j) − β h_ij)`, the terms present.
+struct GradValues<'a, 'h, P> {
     f: &'a Tridiagonal,
     x: &'a [f64],
     y: Option<&'a [f64]>,
+    coef: f64,
+    h: Option<ShiftRows<'h>>,
     post: P,
 }
 
-impl<P> GradValues<'_, P> {
+impl<P> GradValues<'_, '_, P> {
     /// `∇f_i(x)_j` as [`Tridiagonal::local_grad_coords`] computes it.
     #[inline(always)]
     fn g(&self, x: &[f64], i: usize, j: usize) -> f64 {
         self.f.grad_coord(x, i, j)
+    }
+
+    /// `(∇f_i(x)_j − coef·∇f_i(y)_j) − β h_ij` (the terms present), before the scale: the
+    /// order of every path (`permk.exchanges`).
+    #[inline(always)]
+    fn raw(&self, i: usize, j: usize) -> f64 {
+        let v = match self.y {
+            None => self.g(self.x, i, j),
+            Some(y) => self.g(self.x, i, j) - self.coef * self.g(y, i, j),
+        };
+        match &self.h {
+            None => v,
+            Some(s) => v - s.beta * s.h[[i - s.row0, j]],
+        }
+    }
+
+    /// [`Self::raw`] of worker `i` on the coordinates `lo..hi` into `out`: the interior
+    /// `1 <= j < d − 1` without branches (`(2x_j − x_{j−1}) − x_{j+1}`, the order of
+    /// [`t_at`]), the ends through [`Self::raw`].
+    fn raw_range(&self, i: usize, lo: usize, hi: usize, out: &mut [f64]) {
+        let d = self.x.len();
+        let a = lo.max(1).min(hi);
+        let b = hi.min(d.saturating_sub(1)).max(a);
+        for j in (lo..a).chain(b..hi) {
+            out[j - lo] = self.raw(i, j);
+        }
+        if a == b {
+            return;
+        }
+        let (ai, c, coef) = (self.f.a[i], self.f.c, self.coef);
+        let g = |l: &[f64], m: &[f64], r: &[f64], k: usize| ai * (2.0 * m[k] - l[k] - r[k]) + c * m[k];
+        let o = &mut out[a - lo..b - lo];
+        let len = o.len();
+        // slices of the output's length: the loops below index them without bounds checks
+        let (xl, xm, xr) = (&self.x[a - 1..b - 1][..len], &self.x[a..b][..len], &self.x[a + 1..b + 1][..len]);
+        match self.y {
+            None => o.iter_mut().enumerate().for_each(|(k, o)| *o = g(xl, xm, xr, k)),
+            Some(y) => {
+                let (yl, ym, yr) = (&y[a - 1..b - 1][..len], &y[a..b][..len], &y[a + 1..b + 1][..len]);
+                o.iter_mut().enumerate().for_each(|(k, o)| *o = g(xl, xm, xr, k) - coef * g(yl, ym, yr, k));
+            }
+        }
+        if let Some(s) = &self.h {
+            let row = s.h.row(i - s.row0);
+            let beta = s.beta;
+            match row.as_slice() {
+                Some(r) => o.iter_mut().zip(&r[a..b]).for_each(|(o, &h)| *o -= beta * h),
+                None => o.iter_mut().zip(a..b).for_each(|(o, j)| *o -= beta * row[j]),
+            }
+        }
     }
 }
 
@@ -41,46 +132,26 @@ fn residual_at(ai: f64, bi: f64, tx: &[f64], cx: &[f64], j: usize, g: f64) -> f6
     (if j == 0 { v - bi } else { v }) - g
 }
 
-impl<P: Post<f64>> Emit<f64> for GradValues<'_, P> {
+impl<P: Post<f64>> Emit<f64> for GradValues<'_, '_, P> {
     #[inline(always)]
     fn one(&self, i: usize, j: usize, scale: f64) -> f64 {
-        self.post.apply(match self.y {
-            None => self.g(self.x, i, j) * scale,
-            Some(y) => (self.g(self.x, i, j) - self.g(y, i, j)) * scale,
-        })
+        self.post.apply(self.raw(i, j) * scale)
     }
 
-    /// The interior `1 <= j < d − 1` without branches (`(2x_j − x_{j−1}) − x_{j+1}`, the
-    /// order of [`t_at`]), the ends through [`Emit::one`].
+    /// The shift's entry `h_ij` is read at random (a worker's row at its coordinate): fetched
+    /// ahead.
+    #[inline(always)]
+    fn ahead(&self, i: usize, j: usize) {
+        if let Some(s) = &self.h {
+            s.ahead(i, j);
+        }
+    }
+
+    /// [`GradValues::raw_range`], then the scale and `post`.
     fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [f64]) {
-        let d = self.x.len();
-        let a = lo.max(1).min(hi);
-        let b = hi.min(d.saturating_sub(1)).max(a);
-        for j in (lo..a).chain(b..hi) {
-            out[j - lo] = self.one(i, j, scale);
-        }
-        if a == b {
-            return;
-        }
-        let (ai, c, p) = (self.f.a[i], self.f.c, self.post);
-        let g = |l: &[f64], m: &[f64], r: &[f64], k: usize| ai * (2.0 * m[k] - l[k] - r[k]) + c * m[k];
-        let o = &mut out[a - lo..b - lo];
-        let len = o.len();
-        // slices of the output's length: the loops below index them without bounds checks
-        let (xl, xm, xr) = (&self.x[a - 1..b - 1][..len], &self.x[a..b][..len], &self.x[a + 1..b + 1][..len]);
-        match self.y {
-            None => {
-                for (k, o) in o.iter_mut().enumerate() {
-                    *o = p.apply(g(xl, xm, xr, k) * scale);
-                }
-            }
-            Some(y) => {
-                let (yl, ym, yr) = (&y[a - 1..b - 1][..len], &y[a..b][..len], &y[a + 1..b + 1][..len]);
-                for (k, o) in o.iter_mut().enumerate() {
-                    *o = p.apply((g(xl, xm, xr, k) - g(yl, ym, yr, k)) * scale);
-                }
-            }
-        }
+        self.raw_range(i, lo, hi, out);
+        let p = self.post;
+        out.iter_mut().for_each(|o| *o = p.apply(*o * scale));
     }
 }
 
@@ -221,16 +292,30 @@ impl Tridiagonal {
         if start > stop {
             return Err(CoreError::invalid("start", format!("start = {start} exceeds stop = {stop}")));
         }
+        self.grad_rows(x, start..stop)
+    }
+
+    /// The local gradients of the workers `rows` (each `< n`), one row each in that order: the
+    /// rows of [`Self::local_grads`], bit for bit (partial participation evaluates only the
+    /// round's participants).
+    pub fn local_grads_rows(&self, x: ArrayView1<f64>, rows: &[usize]) -> Result<Array2<f64>> {
+        let n = self.n();
+        if let Some(&i) = rows.iter().find(|&&i| i >= n) {
+            return Err(CoreError::invalid("rows", format!("worker {i} is outside [0, {n})")));
+        }
+        self.grad_rows(x, rows.iter().copied())
+    }
+
+    fn grad_rows(&self, x: ArrayView1<f64>, workers: impl ExactSizeIterator<Item = usize>) -> Result<Array2<f64>> {
         let d = x.len();
         nonempty("x", d)?;
-        let rows = stop - start;
+        let rows = workers.len();
         Need::new().array::<f64>("the local gradients", &[rows, d]).array::<f64>("T x", &[d]).array::<f64>("a copy of x", &[d]).check()?;
         let mut buf = Vec::new();
         let x = contiguous(&x, &mut buf, "a copy of x")?;
         let tx = mem::collect("T x", d, (0..d).map(|j| t_at(x, j)))?;
         let mut out = mem::zeros::<f64>("the local gradients", &[rows, d])?;
-        for (r, row) in out.chunks_mut(d).enumerate() {
-            let i = start + r;
+        for (row, i) in out.chunks_mut(d).zip(workers) {
             for j in 0..d {
                 row[j] = self.a[i] * tx[j] + self.c * x[j];
             }
@@ -317,6 +402,137 @@ impl Tridiagonal {
         divide: Option<Divisor>,
         out: Option<&mut [f64]>,
     ) -> Result<Vec<f64>> {
+        let terms = Terms { x, y, coef: 1.0, shift: None };
+        self.values_with(round, terms, start, stop, divide, out)
+    }
+
+    /// The values of workers `start..stop` of `round` in plan order with a shift:
+    /// `scale_i · ((∇f_i(x)_j − coef·∇f_i(y)_j) − β h_ij)` (`y` and its term optional), `h_i`
+    /// row `i − row0` of `h` (the held workers' rows, `row0` the first held worker), each
+    /// operation in that order: bit for bit numpy's `((gx − coef·gy) − β·h) · scales[rows]` of
+    /// the coordinate oracle's values (`permk.exchanges`' order; a coefficient or a `β` of 1
+    /// multiplies exactly). `divide` and `out` as in [`Self::round_values_into`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn round_values_shifted(
+        &self,
+        round: &Round,
+        x: ArrayView1<f64>,
+        y: Option<ArrayView1<f64>>,
+        coef: f64,
+        h: ArrayView2<f64>,
+        row0: usize,
+        beta: f64,
+        start: usize,
+        stop: usize,
+        divide: Option<Divisor>,
+        out: Option<&mut [f64]>,
+    ) -> Result<Vec<f64>> {
+        Self::check_shift(round, h.dim(), row0, start, stop)?;
+        let terms = Terms { x, y, coef, shift: Some(ShiftRows { h, row0, beta }) };
+        self.values_with(round, terms, start, stop, divide, out)
+    }
+
+    /// Fails unless the `(rows, cols)` shift `h` holds `d` columns and the rows of workers
+    /// `start..stop` from `row0`.
+    fn check_shift(round: &Round, (rows, cols): (usize, usize), row0: usize, start: usize, stop: usize) -> Result<()> {
+        let d = round.d();
+        if cols != d {
+            return Err(CoreError::invalid("H", format!("must have the round's d = {d} columns, got {cols}")));
+        }
+        round.check_workers(start, stop)?;
+        if start < stop && (start < row0 || stop - row0 > rows) {
+            return Err(CoreError::invalid(
+                "H",
+                format!("holds the rows of workers {row0}..{} (row0 = {row0}), not those of workers {start}..{stop}", row0 + rows),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Self::round_values_shifted`], then `h_ij += α·v` for every value `v` (before
+    /// `divide`), in place: the shifted exchange's update (each worker's coordinates are
+    /// distinct, so every entry is updated at most once), in one sequential pass. Every
+    /// argument is checked before anything is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn round_values_update(
+        &self,
+        round: &Round,
+        x: ArrayView1<f64>,
+        y: Option<ArrayView1<f64>>,
+        coef: f64,
+        mut h: ArrayViewMut2<f64>,
+        row0: usize,
+        beta: f64,
+        alpha: f64,
+        start: usize,
+        stop: usize,
+        divide: Option<Divisor>,
+        out: Option<&mut [f64]>,
+    ) -> Result<Vec<f64>> {
+        Self::check_shift(round, h.dim(), row0, start, stop)?;
+        let d = round.d();
+        let (len, mut new, mut b1, mut b2) = (self.check_terms(round, &x, &y, start, stop, out.is_some())?, Vec::new(), Vec::new(), Vec::new());
+        if let Some(o) = &out {
+            round.check_out_len(start, stop, o.len())?;
+        }
+        let x = contiguous(&x, &mut b1, "a copy of x")?;
+        let y = match &y {
+            Some(y) => Some(contiguous(y, &mut b2, "a copy of y")?),
+            None => None,
+        };
+        let o: &mut [f64] = match out {
+            Some(o) => o,
+            None => {
+                new = mem::zeros::<f64>("the round's values", &[len])?;
+                &mut new
+            }
+        };
+        let e = GradValues { f: self, x, y, coef, h: None, post: Keep };
+        let (hp, strides, rows) = (h.as_ptr() as usize, (h.strides()[0], h.strides()[1]), h.nrows());
+        let ahead = |i: usize, j: usize| {
+            let r = i.wrapping_sub(row0);
+            if r < rows && j < d {
+                crate::kernels::prefetch((hp as *const f64).wrapping_offset(r as isize * strides.0 + j as isize * strides.1));
+            }
+        };
+        with_post!(divide, f64, post => round.visit_ahead(start, stop, ahead, |i, seg, pos| {
+            let (s, r) = (round.scale_of(i), i - row0);
+            let mut one = |j: usize, raw: f64, o: &mut f64| {
+                let v = (raw - beta * h[[r, j]]) * s;
+                h[[r, j]] += alpha * v;
+                *o = post.apply(v);
+            };
+            match seg {
+                Seg::One(j) => one(j, e.raw(i, j), &mut o[pos]),
+                Seg::Range(a, b) => {
+                    let seg = &mut o[pos..pos + (b - a)];
+                    e.raw_range(i, a, b, seg);
+                    seg.iter_mut().zip(a..b).for_each(|(o, j)| one(j, *o, o));
+                }
+                Seg::List(c) => c.iter().zip(o[pos..pos + c.len()].iter_mut()).for_each(|(&j, o)| one(j as usize, e.raw(i, j as usize), o)),
+            }
+        }))?;
+        Ok(new)
+    }
+
+    /// `(1/n) Σ_i C_i(v_i − β h_i)` of a whole round in one call (the simulator: every worker
+    /// here): the values of [`Self::round_values`] (no shift), [`Self::round_values_shifted`]
+    /// (`shift` without `alpha`) or [`Self::round_values_update`] (with it: `h` updated in
+    /// place), then [`Round::mean`] — bit for bit the values gathered and averaged.
+    pub fn round_mean(&self, round: &Round, x: ArrayView1<f64>, y: Option<ArrayView1<f64>>, coef: f64, shift: Option<MeanShift<'_>>) -> Result<Vec<f64>> {
+        let n = round.n();
+        Need::new().array::<f64>("the average", &[round.d()]).check()?;
+        let vals = match shift {
+            None => self.values_with(round, Terms { x, y, coef, shift: None }, 0, n, None, None)?,
+            Some(MeanShift { h, row0, beta, alpha: None }) => self.round_values_shifted(round, x, y, coef, h.view(), row0, beta, 0, n, None, None)?,
+            Some(MeanShift { h, row0, beta, alpha: Some(alpha) }) => self.round_values_update(round, x, y, coef, h, row0, beta, alpha, 0, n, None, None)?,
+        };
+        round.mean(&vals)
+    }
+
+    /// Checks the round, `x`, `y` and the memory of the values of workers `start..stop`
+    /// (`len`: the number of values; `has_out`: written into a given array).
+    fn check_terms(&self, round: &Round, x: &ArrayView1<f64>, y: &Option<ArrayView1<f64>>, start: usize, stop: usize, has_out: bool) -> Result<usize> {
         let d = round.d();
         if round.n() != self.n() {
             return Err(CoreError::invalid("round", format!("the round has {} workers but the problem has n = {}", round.n(), self.n())));
@@ -324,21 +540,29 @@ impl Tridiagonal {
         if x.len() != d {
             return Err(CoreError::invalid("x", format!("must have the round's d = {d} coordinates, got {}", x.len())));
         }
-        if let Some(y) = &y {
+        if let Some(y) = y {
             if y.len() != d {
                 return Err(CoreError::invalid("y", format!("must have the round's d = {d} coordinates, got {}", y.len())));
             }
         }
-        let len = match &out {
-            Some(o) => round.check_out_len(start, stop, o.len())?,
-            None => round.len_of(start, stop)?,
-        };
+        let len = round.len_of(start, stop)?;
         Need::new()
-            .array::<f64>("the round's values", &[if out.is_some() { 0 } else { len }])
+            .array::<f64>("the round's values", &[if has_out { 0 } else { len }])
             .bytes("the workers' positions", round.values_scratch(start, stop))
             .array::<f64>("a copy of x", &[d])
             .array::<f64>("a copy of y", &[if y.is_some() { d } else { 0 }])
             .check()?;
+        Ok(len)
+    }
+
+    /// The values of `terms` for workers `start..stop` (the checks, then [`Round::values`] or
+    /// [`Round::values_into`], on the pool's threads for large rounds).
+    fn values_with(&self, round: &Round, terms: Terms<'_, '_>, start: usize, stop: usize, divide: Option<Divisor>, out: Option<&mut [f64]>) -> Result<Vec<f64>> {
+        let Terms { x, y, coef, shift } = terms;
+        self.check_terms(round, &x, &y, start, stop, out.is_some())?;
+        if let Some(o) = &out {
+            round.check_out_len(start, stop, o.len())?;
+        }
         let (mut b1, mut b2) = (Vec::new(), Vec::new());
         let x = contiguous(&x, &mut b1, "a copy of x")?;
         let y = match &y {
@@ -346,7 +570,7 @@ impl Tridiagonal {
             None => None,
         };
         with_post!(divide, f64, post => {
-            let e = GradValues { f: self, x, y, post };
+            let e = GradValues { f: self, x, y, coef, h: shift, post };
             match out {
                 Some(o) => round.values_into(start, stop, &e, o).map(|_| Vec::new()),
                 None => round.values("the round's values", start, stop, &e),
@@ -893,6 +1117,82 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn shifted_round_values_are_the_exchanges_arithmetic() {
+        let mut specs = shared_specs();
+        specs.push(spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }));
+        for (n, d) in [(3, 7), (7, 3), (4, 10), (1, 5), (5, 5), (12, 4), (4, 5_000)] {
+            let q = problem_n(n);
+            let (x, y) = (vector(d, 1), vector(d, 2));
+            for sp in &specs {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let r = Round::new(sp, n, d, 7, 3).unwrap();
+                for (lo, hi) in [(0, n), (n / 2, n), (n - 1, n)] {
+                    // the held workers' rows lo..hi of a shift (row0 = lo)
+                    let h0 = Array2::from_shape_fn((hi - lo, d), |(i, j)| ((i * 31 + j * 7) % 13) as f64 * 0.37 - 2.0);
+                    let rows = ndarray::Array1::from(r.rows(lo, hi).unwrap());
+                    let cols = ndarray::Array1::from(r.coords(lo, hi).unwrap());
+                    let scales = r.scales().unwrap();
+                    let gx = q.local_grad_coords(x.view(), rows.view(), cols.view()).unwrap();
+                    let gy = q.local_grad_coords(y.view(), rows.view(), cols.view()).unwrap();
+                    for (coef, beta, with_y) in [(1.0, 1.0, true), (0.25, 0.5, true), (1.0, 0.3, false)] {
+                        // numpy's ((gx − coef·gy) − β·h) · scales[rows]
+                        let want: Vec<f64> = (0..rows.len())
+                            .map(|t| {
+                                let (i, j) = (rows[t] as usize, cols[t] as usize);
+                                let v = if with_y { gx[t] - coef * gy[t] } else { gx[t] };
+                                (v - beta * h0[[i - lo, j]]) * scales[i]
+                            })
+                            .collect();
+                        let yv = if with_y { Some(y.view()) } else { None };
+                        let got = q.round_values_shifted(&r, x.view(), yv, coef, h0.view(), lo, beta, lo, hi, None, None).unwrap();
+                        assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{sp:?} n={n} d={d}");
+                        // the update: h += α v at the values' coordinates, the values divided after
+                        for (alpha, k) in [(1.0, None), (0.5, Some(3u64)), (0.5, Some(4u64))] {
+                            let mut h = h0.clone();
+                            let div = k.map(|k| Divisor::new(k).unwrap());
+                            let mut out = vec![f64::NAN; want.len()];
+                            q.round_values_update(&r, x.view(), yv, coef, h.view_mut(), lo, beta, alpha, lo, hi, div, Some(&mut out)).unwrap();
+                            let mut h_want = h0.clone();
+                            for t in 0..rows.len() {
+                                h_want[[rows[t] as usize - lo, cols[t] as usize]] += alpha * want[t];
+                            }
+                            assert_eq!(h.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), h_want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+                            let vals: Vec<u64> = want.iter().map(|&v| k.map_or(v, |k| (v + 0.0) / k as f64).to_bits()).collect();
+                            assert_eq!(out.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), vals, "{sp:?} n={n} d={d} k={k:?}");
+                        }
+                    }
+                    // a shift without the held rows, or of the wrong width: errors, nothing written
+                    let err = |e: CoreError| match e {
+                        CoreError::InvalidArgument { name, .. } => name,
+                        other => panic!("{other:?}"),
+                    };
+                    let mut bad = Array2::<f64>::zeros((hi - lo, d + 1));
+                    assert_eq!(err(q.round_values_update(&r, x.view(), None, 1.0, bad.view_mut(), lo, 1.0, 1.0, lo, hi, None, None).unwrap_err()), "H");
+                    if lo > 0 {
+                        let mut h = h0.clone();
+                        assert_eq!(err(q.round_values_update(&r, x.view(), None, 1.0, h.view_mut(), lo, 1.0, 1.0, lo - 1, hi, None, None).unwrap_err()), "H");
+                        assert_eq!(h, h0);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn local_grads_rows_are_the_rows_of_local_grads() {
+        let q = problem_n(6);
+        let x = vector(9, 3);
+        let all = q.local_grads(x.view(), 0, 6).unwrap();
+        let some = q.local_grads_rows(x.view(), &[4, 1, 1, 5]).unwrap();
+        for (k, &i) in [4usize, 1, 1, 5].iter().enumerate() {
+            assert_eq!(some.row(k).iter().map(|v| v.to_bits()).collect::<Vec<_>>(), all.row(i).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        }
+        assert!(matches!(q.local_grads_rows(x.view(), &[6]), Err(CoreError::InvalidArgument { name, .. }) if name == "rows"));
     }
 
     #[test]

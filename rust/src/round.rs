@@ -29,6 +29,11 @@ use crate::threads;
 pub trait Emit<V>: Sync {
     fn one(&self, i: usize, j: usize, scale: f64) -> V;
 
+    /// A hint that worker `i`'s value at coordinate `j` comes soon (the owners' pass calls it
+    /// [`AHEAD`] coordinates ahead): an input read at random may be prefetched.
+    #[inline(always)]
+    fn ahead(&self, _i: usize, _j: usize) {}
+
     /// Worker `i`'s values on the coordinates `lo..hi` into `out` (`hi - lo` of them): the
     /// same values as [`Emit::one`], possibly computed with vector instructions.
     fn range(&self, i: usize, lo: usize, hi: usize, scale: f64, out: &mut [V]) {
@@ -59,6 +64,8 @@ const OWNERS_CHUNK: usize = 1 << 16;
 const SEL_BLOCK: usize = 1 << 12;
 /// Ranges up to this long are computed value by value ([`Emit::one`]).
 const SHORT_RANGE: usize = 4;
+/// How many coordinates ahead the owners' passes announce a value ([`Emit::ahead`]).
+pub const AHEAD: usize = 16;
 
 /// One round's plan of a spec with a shared plan, in the sparsifier's compact form.
 #[derive(Debug)]
@@ -76,6 +83,17 @@ pub struct Round {
     /// The sparsifier guarantees one range per worker ([`crate::sparsify::Sparsify::contiguous`]).
     contiguous: bool,
     disjoint: OnceLock<bool>,
+}
+
+/// A segment of one worker's coordinates in plan order ([`Round::visit`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Seg<'a> {
+    /// One coordinate.
+    One(usize),
+    /// The coordinates `lo..hi`.
+    Range(usize, usize),
+    /// These coordinates.
+    List(&'a [u32]),
 }
 
 /// The coordinates themselves.
@@ -485,7 +503,12 @@ impl Round {
             *p += 1;
         };
         if stop - start == self.n {
-            owner.iter().enumerate().for_each(|(j, &o)| put(o.idx(), j));
+            for (j, &o) in owner.iter().enumerate() {
+                if let Some(a) = owner.get(j + AHEAD) {
+                    e.ahead(a.idx(), j + AHEAD);
+                }
+                put(o.idx(), j);
+            }
             return Ok(());
         }
         // some workers (a rank's): their coordinates first, compacted without branches (whether
@@ -575,6 +598,142 @@ impl Round {
         // chunks of VALUES_CHUNK positions (a worker's values may span several: one worker's
         // block of a BlockPermK(n) round is split too)
         threads::install(|| out.par_chunks_mut(VALUES_CHUNK).enumerate().for_each(|(c, o)| run(base + c * VALUES_CHUNK, o)))
+    }
+
+    /// Every `(worker, coordinates, position)` of workers `start..stop` in plan order, one
+    /// sequential pass (the order of [`Round::values_into`]: `pos` counts from
+    /// `offsets[start]`): a segment of a worker's coordinates at a time ([`Seg`]). The caller
+    /// has checked the memory of [`Round::values_scratch`].
+    pub fn visit(&self, start: usize, stop: usize, f: impl FnMut(usize, Seg<'_>, usize)) -> Result<()> {
+        self.visit_ahead(start, stop, |_, _| {}, f)
+    }
+
+    /// [`Round::visit`], calling `ahead(i, j)` [`AHEAD`] coordinates ahead of an owner's value
+    /// (worker `i`'s at coordinate `j`: an input read at random may be prefetched).
+    pub fn visit_ahead(&self, start: usize, stop: usize, ahead: impl Fn(usize, usize), mut f: impl FnMut(usize, Seg<'_>, usize)) -> Result<()> {
+        self.check_workers(start, stop)?;
+        if start == stop {
+            return Ok(());
+        }
+        let base = self.offsets[start];
+        match &self.asg {
+            Assignment::Owners { owner, .. } => {
+                let mut fill = mem::collect("the workers' positions", stop - start, self.offsets[start..stop].iter().map(|&o| o - base))?;
+                let m = stop - start;
+                with_owner!(owner, v => {
+                    for (j, &o) in v.iter().enumerate() {
+                        if let Some(a) = v.get(j + AHEAD) {
+                            ahead(a.idx(), j + AHEAD);
+                        }
+                        let i = o.idx();
+                        if i.wrapping_sub(start) < m {
+                            let p = &mut fill[i - start];
+                            f(i, Seg::One(j), *p);
+                            *p += 1;
+                        }
+                    }
+                });
+            }
+            Assignment::Plan(plan) => {
+                for i in start..stop {
+                    let (pos, len) = (self.offsets[i] - base, self.offsets[i + 1] - self.offsets[i]);
+                    if len == 0 {
+                        continue;
+                    }
+                    if !self.starts.is_empty() {
+                        f(i, Seg::Range(self.starts[i], self.starts[i] + len), pos);
+                        continue;
+                    }
+                    match plan.worker(i).0 {
+                        Coords::All => f(i, Seg::Range(0, self.d), pos),
+                        Coords::Range(a, b) => f(i, Seg::Range(a, b), pos),
+                        Coords::List(c) => f(i, Seg::List(c), pos),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The scale of worker `i` (checked `i < n`).
+    pub fn scale_of(&self, i: usize) -> f64 {
+        match &self.asg {
+            Assignment::Owners { scale, .. } | Assignment::Plan(RoundPlan::Blocks { scale, .. }) => *scale,
+            Assignment::Plan(RoundPlan::All { .. }) => 1.0,
+            Assignment::Plan(RoundPlan::Csr { scales, .. }) => scales[i],
+        }
+    }
+
+    /// This round restricted to the workers `workers` (strictly increasing, each `< n`): they
+    /// keep their coordinates (in plan order) with their scales times `factor` (`scale ·
+    /// factor`, rounded once), every other worker sends nothing. Partial participation's round
+    /// (`permk.compressors.Participation`: `factor = n/s`), as a listed plan in `O(n + values)`.
+    pub fn restricted(&self, workers: &[usize], factor: f64) -> Result<Round> {
+        let (n, d) = (self.n, self.d);
+        if let Some(k) = workers.windows(2).position(|w| w[0] >= w[1]) {
+            return Err(CoreError::invalid("workers", format!("must be strictly increasing, got {} then {}", workers[k], workers[k + 1])));
+        }
+        if let Some(&w) = workers.iter().find(|&&w| w >= n) {
+            return Err(CoreError::invalid("workers", format!("worker {w} is outside [0, {n})")));
+        }
+        let mut len = 0usize;
+        for &w in workers {
+            len += self.offsets[w + 1] - self.offsets[w];
+        }
+        Need::new()
+            .array::<u32>("the restricted round's coordinates", &[len])
+            .array::<usize>("the restricted round's offsets", &[2 * (n + 1)])
+            .array::<f64>("the restricted round's scales", &[n])
+            .bytes("the workers' positions", self.values_scratch(0, n))
+            .check()?;
+        let mut coords = mem::vec::<u32>("the restricted round's coordinates", len)?;
+        let mut sizes = mem::filled("the restricted round's offsets", n + 1, 0usize)?;
+        let mut scales = mem::filled("the restricted round's scales", n, 0.0f64)?;
+        for (i, s) in scales.iter_mut().enumerate() {
+            *s = self.scale_of(i) * factor;
+        }
+        let mut member = mem::filled("the participants", n, false)?;
+        workers.iter().for_each(|&w| member[w] = true);
+        if let Assignment::Owners { owner, .. } = &self.asg {
+            // one pass over the coordinates, each participant's in increasing order (its plan order)
+            let mut fill = mem::filled("the workers' positions", n, 0usize)?;
+            let mut at = 0;
+            for &w in workers {
+                fill[w] = at;
+                at += self.offsets[w + 1] - self.offsets[w];
+            }
+            coords.resize(len, 0);
+            with_owner!(owner, v => {
+                for (j, &o) in v.iter().enumerate() {
+                    let i = o.idx();
+                    if member[i] {
+                        coords[fill[i]] = j as u32;
+                        fill[i] += 1;
+                    }
+                }
+            });
+        } else {
+            for &w in workers {
+                self.visit(w, w + 1, |_, seg, _| match seg {
+                    Seg::One(j) => coords.push(j as u32),
+                    Seg::Range(a, b) => coords.extend((a..b).map(|j| j as u32)),
+                    Seg::List(c) => coords.extend_from_slice(c),
+                })?;
+            }
+        }
+        for i in 0..n {
+            sizes[i + 1] = sizes[i] + if member[i] { self.offsets[i + 1] - self.offsets[i] } else { 0 };
+        }
+        let offsets = mem::copy("the restricted round's offsets", &sizes)?;
+        Ok(Round {
+            n,
+            d,
+            asg: Assignment::Plan(RoundPlan::Csr { offsets: sizes, coords, scales }),
+            offsets,
+            starts: Vec::new(),
+            contiguous: false,
+            disjoint: OnceLock::new(),
+        })
     }
 
     /// Checks `a` (`(m, d)` inputs of workers `start .. start + m`): `(stop, values)`.
@@ -1191,6 +1350,45 @@ mod tests {
         let id = Round::new(&spec(Identity), 1 << 20, 1 << 31, 0, 0).unwrap();
         assert!(matches!(id.coords(0, 1 << 20), Err(CoreError::Memory { .. })));
         assert!(matches!(Round::new(&spec(PermK::default()), 1 << 31, u32::MAX as usize, 0, 0), Err(CoreError::Memory { .. })));
+    }
+
+    #[test]
+    fn visits_and_restricted_rounds_are_the_plan() {
+        let mut specs = shared_specs();
+        specs.push(spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }));
+        for (n, d) in [(3, 7), (7, 3), (4, 10), (1, 5), (12, 4), (5, 2_000)] {
+            for sp in &specs {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                let r = Round::new(sp, n, d, 5, 2).unwrap();
+                for (lo, hi) in [(0, n), (n / 2, n), (0, n / 2)] {
+                    // the visit's (worker, coordinate, position) are those of rows/coords
+                    let (rows, cols) = (r.rows(lo, hi).unwrap(), r.coords(lo, hi).unwrap());
+                    let mut seen = vec![(usize::MAX, usize::MAX); rows.len()];
+                    r.visit(lo, hi, |i, seg, pos| match seg {
+                        Seg::One(j) => seen[pos] = (i, j),
+                        Seg::Range(a, b) => (a..b).enumerate().for_each(|(k, j)| seen[pos + k] = (i, j)),
+                        Seg::List(c) => c.iter().enumerate().for_each(|(k, &j)| seen[pos + k] = (i, j as usize)),
+                    })
+                    .unwrap();
+                    let want: Vec<(usize, usize)> = rows.iter().zip(&cols).map(|(&i, &j)| (i as usize, j as usize)).collect();
+                    assert_eq!(seen, want, "{sp:?} n={n} d={d} {lo}..{hi}");
+                }
+                // restricted to some workers: their coordinates and scales times the factor
+                let who: Vec<usize> = (0..n).filter(|i| i % 3 != 1).collect();
+                let f = n as f64 / who.len().max(1) as f64;
+                let p = r.restricted(&who, f).unwrap();
+                let (sc, ps) = (r.scales().unwrap(), p.scales().unwrap());
+                for i in 0..n {
+                    let mine = if who.contains(&i) { r.coords(i, i + 1).unwrap() } else { Vec::new() };
+                    assert_eq!(p.coords(i, i + 1).unwrap(), mine, "{sp:?} n={n} d={d} worker {i}");
+                    assert_eq!(ps[i].to_bits(), (sc[i] * f).to_bits());
+                }
+                assert!(r.restricted(&[1, 0], 1.0).is_err() || n < 2);
+                assert!(r.restricted(&[n], 1.0).is_err());
+            }
+        }
     }
 
     #[test]

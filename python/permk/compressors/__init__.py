@@ -80,6 +80,7 @@ __all__ = [
     "QSGD",
     "Compose",
     "aggregate_messages",
+    "catalog",
 ]
 
 

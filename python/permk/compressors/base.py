@@ -29,12 +29,13 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import numpy as np
 
-from .._core import Spec
 from .._validate import as_float_array, check_int, check_seed, index_array
 from ..registry import Catalog
 from .fingerprint import digest, encode
-from .kernels import Kernel, PlanKernel, WorkerKernel
+from .kernels import Kernel, PlanKernel, RustKernel, WorkerKernel
 from .messages import Message, Messages, PendingRound, Plan, Round, check_message, check_plan, scaled
+
+__all__ = ["Compressor", "Capabilities", "VarianceBound", "COMPRESSORS"]
 
 
 def ceil_log2(x: int) -> int:
@@ -51,11 +52,6 @@ class Capabilities:
       ``(seed, round, i)`` and its values are ``scale_i · x_j``: :meth:`Compressor.plan` exists,
       the receiver recomputes the coordinates (no indices travel), and the methods evaluate only
       the sent coordinates (``path="fused"``).
-
-    Two properties depend on ``(n, d)`` and the round, and so come with the round instead:
-    :attr:`Round.disjoint` (no coordinate sent by two workers: the aggregate is placed, not
-    summed — PermK with ``d ≥ n``) and :meth:`Round.ranges` (one contiguous range per worker,
-    in ``O(n)``: BlockPermK, PermK with ``n > d``).
     * ``fixed_size`` — every message has exactly ``floats_per_worker(n, d)`` values (TopK,
       RandK): the MPI backend exchanges no lengths.
     * ``random_size`` — the number of values a worker sends is random (CoordinateSampling):
@@ -72,6 +68,11 @@ class Capabilities:
       whose rounds send full gradients (``permk.gd``) takes only such a compressor.
     * ``tunable`` — the constructor argument that sets the message size (``"k"``), which
       :func:`permk.theory.complexity` optimises and the experiments set to ``⌈d/n⌉``.
+
+    Two properties depend on ``(n, d)`` and the round, and so come with the round instead:
+    :attr:`Round.disjoint` (no coordinate sent by two workers: the aggregate is placed, not
+    summed — PermK with ``d ≥ n``) and :meth:`Round.ranges` (one contiguous range per worker,
+    in ``O(n)``: BlockPermK, PermK with ``n > d``).
     """
 
     unbiased: bool = True
@@ -190,9 +191,9 @@ class Compressor(abc.ABC):
         return Capabilities(shared_plan=type(self).plan is not Compressor.plan, tunable=self.tunable)
 
     @property
-    def kernel(self) -> Spec | None:
-        """The native kernel (``permk._core.Spec``) of a built-in compressor, else None: the
-        ``"rust"`` paths use it."""
+    def kernel(self) -> RustKernel | None:
+        """The native kernel of a built-in compressor (a
+        :class:`~permk.compressors.kernels.RustKernel`), else None: the ``"rust"`` paths use it."""
         return None
 
     @functools.cached_property

@@ -12,6 +12,7 @@ import numpy as np
 from .._core import Spec
 from ..testing import magnitude_bound
 from .base import COMPRESSORS, Capabilities, Compressor
+from .kernels import RustKernel
 from .messages import Message
 from .rust import Quantizer, Sparsifier, native_compress
 
@@ -56,7 +57,7 @@ class Compose(Compressor):
         return dataclasses.replace(self.sparsifier.capabilities, shared_plan=False, deterministic=False, tunable=None)
 
     @cached_property
-    def kernel(self) -> Spec | None:  # type: ignore[override]
+    def kernel(self) -> RustKernel | None:  # type: ignore[override]
         if isinstance(self.sparsifier, Sparsifier):
             return Spec(**self.sparsifier.kernel_args(), **self.quantizer.quantizer_args())
         return None

@@ -22,10 +22,17 @@ from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 
+from .._core import Spec
 from .._validate import all_finite, as_float_array
 from .messages import Message, PendingRound, Plan, PlanRound, ReadyRound, Round, aggregate_messages, scaled
 
-__all__ = ["Kernel", "PlanKernel", "WorkerKernel"]
+__all__ = ["Kernel", "RustKernel", "PlanKernel", "WorkerKernel"]
+
+#: The Rust core's kernel of a built-in compressor (``permk._core.Spec``, made from the
+#: compressor's :meth:`~permk.RustCompressor.kernel_args`): :attr:`permk.Compressor.kernel`. It
+#: implements :class:`Kernel` natively, and the exchanges' ``"rust"`` path hands it to a
+#: problem's native kernel.
+RustKernel = Spec
 
 #: ``(offsets, indices, values)`` of a block of workers' messages (:class:`permk.Messages`).
 MessageArrays = tuple[np.ndarray, np.ndarray, np.ndarray]

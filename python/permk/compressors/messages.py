@@ -167,19 +167,32 @@ class Round(Protocol):
     ``scales()[i]``."""
 
     @property
-    def n(self) -> int: ...
+    def n(self) -> int:
+        """The number of workers."""
     @property
-    def d(self) -> int: ...
+    def d(self) -> int:
+        """The dimension."""
     @property
     def disjoint(self) -> bool:
         """No coordinate is sent by two workers this round (the module docstring)."""
-    def offsets(self) -> np.ndarray: ...
-    def scales(self) -> np.ndarray: ...
-    def coords(self, start: int, stop: int) -> np.ndarray: ...
-    def rows(self, start: int, stop: int) -> np.ndarray: ...
-    def ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None: ...
-    def gather(self, a: np.ndarray, start: int, *, divide: int | None = None, out: np.ndarray | None = None) -> np.ndarray: ...
-    def mean(self, values: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray: ...
+    def offsets(self) -> np.ndarray:
+        """The ``n + 1`` offsets of the workers' values in the round's values (``int64``)."""
+    def scales(self) -> np.ndarray:
+        """Each worker's scale (``n`` floats)."""
+    def coords(self, start: int, stop: int) -> np.ndarray:
+        """The coordinates workers ``start … stop − 1`` send, in plan order."""
+    def rows(self, start: int, stop: int) -> np.ndarray:
+        """The worker of each value of workers ``start … stop − 1`` (parallel to :meth:`coords`)."""
+    def ranges(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """``(starts, stops, scales)`` when every worker sends one contiguous range of
+        coordinates (BlockPermK, PermK with ``n > d``; computed in ``O(n)``), else None."""
+    def gather(self, a: np.ndarray, start: int, *, divide: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """The values of workers ``start … start + len(a) − 1``, read from their rows of ``a``
+        (one row per worker, ``d`` columns) at their coordinates and scaled, in plan order;
+        ``divide=k`` divides each by ``k`` (as ``(v + 0) / k``); ``out`` is written and returned."""
+    def mean(self, values: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+        """The average ``(1/n) Σ_i C_i`` in ``R^d`` of the round's values (all workers', in plan
+        order), summed in worker order; ``out`` is written and returned."""
 
 
 class PendingRound(Protocol):

@@ -47,10 +47,11 @@ from typing import Any
 
 import numpy as np
 
+from .._core import numpy_permutation_head
 from .._validate import as_float_array, check_int, check_seed
 from ..testing import magnitude_bound
 from .base import COMPRESSORS, Capabilities, Compressor, VarianceBound
-from .messages import Message, Plan
+from .messages import Message, PendingRound, Plan, ReadyRound, Round
 
 __all__ = ["Participation", "participants", "participation_mask", "check_participation"]
 
@@ -58,10 +59,17 @@ __all__ = ["Participation", "participants", "participation_mask", "check_partici
 _SAMPLING_TAG = 0x70617274  # "part"
 
 
+def _sample_numpy(n: int, s: int, seed: int, round: int) -> np.ndarray:
+    """The draw's definition: the sorted first ``s`` of numpy's
+    ``default_rng([seed, round, tag]).permutation(n)``."""
+    return np.sort(np.random.default_rng([seed, round, _SAMPLING_TAG]).permutation(n)[:s]).astype(np.int64)
+
+
 @functools.lru_cache(maxsize=16)
 def _sample(n: int, s: int, seed: int, round: int) -> np.ndarray:
-    chosen = np.random.default_rng([seed, round, _SAMPLING_TAG]).permutation(n)[:s]
-    out = np.sort(chosen).astype(np.int64)
+    """:func:`_sample_numpy`, computed by the core's native twin of numpy's generator (the same
+    numbers: tests/test_participation.py), without numpy's per-round generator construction."""
+    out = numpy_permutation_head([seed, round, _SAMPLING_TAG], n, s)
     out.flags.writeable = False
     return out
 
@@ -132,8 +140,10 @@ class Participation(Compressor):
             raise ValueError(f"partial participation needs an unbiased inner compressor; {self.inner.name} is biased")
         object.__setattr__(self, "s", check_participation(self.s, None))
 
-    @property
+    @functools.cached_property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
+        """The inner's capabilities, changed as the class docstring says (computed once: every
+        round's exchange reads them)."""
         caps = self.inner.capabilities
         # the round's largest message is a participant's: the inner's size when every message has it
         return dataclasses.replace(caps, fixed_size=False, random_size=caps.random_size or not caps.fixed_size,
@@ -214,6 +224,28 @@ class Participation(Compressor):
     def participants(self, n: int, *, seed: int, round: int) -> np.ndarray:
         """The round's participants (:func:`participants`)."""
         return participants(n, self.s, seed=seed, round=round)
+
+    @property
+    def native_rounds(self) -> bool:
+        """Whether :meth:`round` gives the core's rounds (``permk._core.Round``): an inner
+        compressor with a native kernel and a shared plan (the exchanges' Rust path reads them)."""
+        return self.inner.kernel is not None and self.inner.capabilities.shared_plan
+
+    def round(self, n: int, d: int, *, seed: int, round: int) -> Round:
+        """The round's shared plan: the inner round restricted to the participants, scales
+        times ``n/s`` — natively (``Round.restricted``, the same plan as :meth:`plan`) when
+        the inner round is native, else over :meth:`plan`."""
+        if not self.native_rounds:
+            return super().round(n, d, seed=seed, round=round)
+        self.check(n, d)
+        inner = self.inner.round(n, d, seed=seed, round=round)
+        return inner.restricted(self.participants(n, seed=seed, round=round), self.scale(n))  # type: ignore[attr-defined,no-any-return]
+
+    def round_ahead(self, n: int, d: int, *, seed: int, round: int) -> PendingRound:
+        """:meth:`round`, computed at once."""
+        if not self.native_rounds:
+            return super().round_ahead(n, d, seed=seed, round=round)
+        return ReadyRound(self.round(n, d, seed=seed, round=round))
 
     def plan(self, n: int, d: int, *, seed: int, round: int) -> Plan | None:
         """The inner plan restricted to the round's participants, scales times ``n/s`` (the

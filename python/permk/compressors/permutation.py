@@ -282,7 +282,9 @@ class GroupPermK(Compressor):
     ((0.5, 0.5), 4)
     """
 
+    #: The groups of workers, a partition of ``0 … n−1`` (each group a tuple of workers).
     groups: tuple[tuple[int, ...], ...]
+    #: The permutation compressor each group runs among its workers (PermK or BlockPermK).
     inner: Compressor = field(default_factory=lambda: PermK())
     capabilities = Capabilities(shared_plan=True)
 
@@ -472,7 +474,7 @@ class PermutationOfMappings(Compressor):
 
     @property
     def ab_exact(self) -> bool:  # type: ignore[override]
-        """Equality in the AB inequality: condition 1 tight, ``ω + 1 = θ/n``."""
+        """Whether the AB inequality holds with equality (condition 1 tight, ``ω + 1 = θ/n``)."""
         assert self.theta is not None and self.omega_ is not None
         return bool(abs(self.omega_ + 1.0 - self.theta / len(self.maps)) <= 1e-12 * (1.0 + self.omega_))
 

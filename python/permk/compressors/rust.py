@@ -13,12 +13,13 @@ from typing import Any
 from .._core import Spec
 from .._validate import as_float_array, check_int, check_seed
 from .base import Capabilities, Compressor
+from .kernels import RustKernel
 from .messages import Message, Plan
 
 __all__ = ["RustCompressor", "Sparsifier", "Quantizer", "native_compress"]
 
 
-def native_compress(kernel: Spec, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
+def native_compress(kernel: RustKernel, x: Any, *, worker: int, n_workers: int, seed: int, round: int) -> Message:
     """Worker ``worker``'s message from the native ``kernel``, its arguments checked."""
     x = as_float_array(x, 1, "x")
     n = check_int(n_workers, "n_workers", low=1)
@@ -29,20 +30,21 @@ def native_compress(kernel: Spec, x: Any, *, worker: int, n_workers: int, seed: 
 
 @dataclass(frozen=True)
 class RustCompressor(Compressor):
-    """A compressor whose kernels are the Rust core's (``permk._core.Spec``): a subclass names
-    its kernel and parameters in :meth:`kernel_args` (``docs/extending.md``), and its
-    :attr:`capabilities` (a shared plan only where it says so: its kernel decides). Every bulk
-    call and its round run in that kernel."""
+    """A compressor whose kernels are the Rust core's (a
+    :class:`~permk.compressors.kernels.RustKernel`): a subclass names its kernel and parameters
+    in :meth:`~permk.RustCompressor.kernel_args` (``docs/extending.md``), and its
+    :attr:`~permk.Compressor.capabilities` (a shared plan only where it says so: its kernel
+    decides). Every bulk call and its round run in that kernel."""
 
     capabilities = Capabilities()
 
     @abc.abstractmethod
     def kernel_args(self) -> dict[str, Any]:
-        """The arguments of ``permk._core.Spec``: ``{"sparsifier": name, **params}`` (and
-        ``"quantizer"``)."""
+        """The arguments of the :class:`~permk.compressors.kernels.RustKernel`:
+        ``{"sparsifier": name, **params}`` (and ``"quantizer"``)."""
 
     @cached_property
-    def kernel(self) -> Spec:  # type: ignore[override]
+    def kernel(self) -> RustKernel:  # type: ignore[override]
         return Spec(**self.kernel_args())
 
     def check(self, n: int, d: int) -> None:
@@ -62,21 +64,22 @@ class RustCompressor(Compressor):
 @dataclass(frozen=True)
 class Sparsifier(RustCompressor):
     """A Rust-kernel compressor that selects and scales coordinates (PermK, RandK, TopK,
-    Identity, BlockPermK, CoordinateSampling): the part of :class:`Compose` that follows a
-    quantizer in the same Rust kernel."""
+    Identity, BlockPermK, CoordinateSampling): the part of a :class:`~permk.Compose` that
+    follows a quantizer in the same Rust kernel."""
 
 
 @dataclass(frozen=True)
 class Quantizer(RustCompressor):
     """An unbiased quantizer ``Q ∈ U(ω)``: used alone (independently by every worker, so
-    ``(A, B) = (ω/n, 0)``) or inside :class:`Compose`; a subclass names its kernel in
-    :meth:`quantizer_args`."""
+    ``(A, B) = (ω/n, 0)``) or inside a :class:`~permk.Compose`; a subclass names its kernel in
+    :meth:`~permk.Quantizer.quantizer_args`."""
 
     capabilities = Capabilities(fixed_size=True, dense=True)
 
     @abc.abstractmethod
     def quantizer_args(self) -> dict[str, Any]:
-        """``{"quantizer": name, **params}`` of ``permk._core.Spec``."""
+        """``{"quantizer": name, **params}`` of the
+        :class:`~permk.compressors.kernels.RustKernel`."""
 
     def kernel_args(self) -> dict[str, Any]:
         return {"sparsifier": "identity", **self.quantizer_args()}

@@ -4,7 +4,6 @@ simulator runs, on :class:`~permk.transport.mpi.MPIBackend`, returning a
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Literal
 
@@ -31,15 +30,26 @@ class DistributedRunResult(RunResult):
 
     Attributes
     ----------
-    mode, reduce, n_procs : how the run communicated; workers : this rank's workers.
-    bytes_sent : ``(n_procs, rounds)``: bytes each rank handed to MPI as its workers' messages
+    mode
+        How the run communicated: :func:`run`'s ``mode``.
+    reduce
+        How its full gradients were summed: :func:`run`'s ``reduce``.
+    n_procs
+        The number of MPI processes.
+    workers
+        This rank's workers.
+    bytes_sent
+        ``(n_procs, rounds)``, the bytes each rank handed to MPI as its workers' messages
         (values, and indices where they travel) in each round.
-    bytes_broadcast : ``(rounds,)``: bytes rank 0 broadcast back (server mode; 0 in p2p mode).
-    bytes_per_worker : ``(rounds,)``: the largest message of one worker in each round, measured.
-    theory_bytes_per_worker : ``(rounds,)``: the theory's largest message at float64 values:
-        ``8d`` on full-gradient rounds, ``8 ζ`` on compressed rounds (``8⌈d/n⌉`` for PermK with
-        ``d ≥ n``), plus 4 bytes per index for compressors whose indices travel (TopK; the paper
-        counts ``⌈log2 d⌉`` bits per index in ``bits_per_worker``, MPI carries 32).
+    bytes_broadcast
+        ``(rounds,)``, the bytes rank 0 broadcast back (server mode; 0 in p2p mode).
+    bytes_per_worker
+        ``(rounds,)``, the largest message of one worker in each round, measured.
+    theory_bytes_per_worker
+        ``(rounds,)``, the theory's largest message at float64 values: ``8d`` on full-gradient
+        rounds, ``8 ζ`` on compressed rounds (``8⌈d/n⌉`` for PermK with ``d ≥ n``), plus 4 bytes
+        per index for compressors whose indices travel (TopK; the paper counts ``⌈log2 d⌉`` bits
+        per index in ``bits_per_worker``, MPI carries 32).
     """
 
     mode: str
@@ -80,7 +90,8 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
         progress: bool = False, path: str = "auto", state: State | None = None, x0: Any = None, prefetch: bool | Literal["auto"] = "auto",
         window: bool | Literal["auto"] = "auto", **options: Any) -> DistributedRunResult:
     """Run ``method`` on MPI: the arguments and result of :func:`permk.run`, with the problem a
-    :class:`LocalProblem` of this rank (or a global problem, viewed through :class:`LocalView`),
+    :class:`~permk.distributed.LocalProblem` of this rank (or a global problem, viewed through
+    :class:`~permk.distributed.LocalView`),
     plus ``comm`` (default ``COMM_WORLD``), ``mode`` (``"p2p"`` or ``"server"``), ``reduce``
     (``"allreduce"`` or ``"ordered"``: how full gradients are summed), ``abort_on_error`` and
     ``prefetch`` (compute round ``t + 1``'s shared plan on a background thread while round ``t``
@@ -134,13 +145,23 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
     return guarded(comm, abort_on_error, go)  # type: ignore[no-any-return]
 
 
+def _where(method: Method) -> str:
+    """A cross-reference to a method: ``:func:`permk.NAME``` for the package's method objects,
+    else to the method's class."""
+    import permk
+
+    if getattr(permk, method.name, None) is method:
+        return f":func:`permk.{method.name}`"
+    return f":class:`{type(method).__module__}.{type(method).__qualname__}`"
+
+
 def shorthand(method: Method) -> Callable[..., DistributedRunResult]:
     """``method`` on MPI as a function of the simulator's arguments: ``shorthand(permk.marina)``
     is ``permk.distributed.marina``, :func:`run` with ``permk.marina``. A method that takes no
     compressor (``takes_compressor`` False: GD) is called without one and runs with the identity.
 
-    Every method of :func:`permk.methods.catalog` has its shorthand as an attribute of this
-    module (``permk.distributed.ef21``, ...), made on first use."""
+    Every method of :func:`permk.methods.catalog` has its shorthand as an attribute of
+    :mod:`permk.distributed` (``permk.distributed.ef21``, ...), made on first use."""
 
     def with_compressor(problem: Any, compressor: Compressor, *, rounds: int, seed: int, **options: Any) -> DistributedRunResult:
         return run(method, problem, compressor, rounds=rounds, seed=seed, **options)
@@ -151,8 +172,10 @@ def shorthand(method: Method) -> Callable[..., DistributedRunResult]:
     fn = with_compressor if method.takes_compressor else without_compressor
     fn.__name__ = fn.__qualname__ = method.name
     fn.__module__ = __name__
-    fn.__doc__ = (f"{method.label} on MPI: :func:`run` with ``permk.{method.name}``, whose arguments and options it takes "
-                  f"(a :class:`LocalProblem` of this rank or a global problem), returning a :class:`DistributedRunResult`; "
-                  "a state's per-worker arrays hold this rank's rows (a simulator's state, of all n rows, is cut to them).\n\n"
-                  f"``permk.{method.name}``: {inspect.getdoc(method) or ''}")
+    # the method's own docstring is not copied: its cross-references are relative to its module
+    fn.__doc__ = (f"{method.label} on MPI: :func:`~permk.distributed.run` with ``permk.{method.name}``, whose arguments and "
+                  "options it takes (a :class:`~permk.distributed.LocalProblem` of this rank or a global problem), returning a "
+                  ":class:`~permk.distributed.DistributedRunResult`; a state's per-worker arrays hold this rank's rows (a "
+                  "simulator's state, of all n rows, is cut to them).\n\n"
+                  f"The method, its parameters and its theory: {_where(method)}.")
     return fn

@@ -74,8 +74,8 @@ def problem_digest(local: Any, d: int) -> str:
     """A digest of the problem data every rank must share, for the launch check: the problem's
     own ``fingerprint()`` when it has one; else its global ``grad`` (and ``loss``, when present)
     at ``x0`` and at a fixed pseudo-random point, which differ for different data (a
-    :class:`LocalProblem` without a global ``grad`` shares only ``x0``, ``n`` and ``d``, which
-    the check compares anyway)."""
+    :class:`~permk.distributed.LocalProblem` without a global ``grad`` shares only ``x0``, ``n``
+    and ``d``, which the check compares anyway)."""
     problem = local.problem if isinstance(local, LocalView) else local
     own = getattr(problem, "fingerprint", None)
     if callable(own):

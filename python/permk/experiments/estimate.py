@@ -30,12 +30,15 @@ class Estimate:
     * the **expected** count: with ``horizon="rounds"`` the same; with the bits budget, the rounds
       in which the method sends (in expectation) ``budget_factor × b*`` bits, ``b*`` being the
       fewest bits with which a *pilot* reached the target: each method's timed run is continued
-      (``pilot_seconds`` shared among them) and, being the grid's run at that step, bounds the
-      budget of the runs after it (this method's and the next methods'); without a hit, the
-      upper bound.
+      (``pilot_seconds`` per cell, what a method leaves unused going to the next) and, being the
+      grid's run at that step, bounds the budget of the runs after it (this method's and the
+      next methods'); without a hit, the upper bound. A pilot that diverges is counted as a
+      diverged run (its measured cost) and the next step is timed and piloted in its place.
 
     Not modelled: EF21's pruning (it only removes runs) and runs that diverge after their probe
-    (they stop early): both make the real grid faster than projected."""
+    and pilot (they stop early): both make the real grid faster than projected. The seconds are
+    wall-clock seconds measured while the estimate ran: on a machine that other jobs keep busy
+    they vary with that load, as the grid's own time does."""
 
     warmup: int = 2
     min_rounds: int = 5
@@ -79,9 +82,11 @@ class Estimate:
         t0 = time.perf_counter()
         pilot = opts.horizon == "budget" and self.pilot_seconds > 0
         hits: list[float] = []
-        for method, js in exponents.items():
+        pilot_left = self.pilot_seconds
+        for k, (method, js) in enumerate(exponents.items()):
             spec = Spec.parse(method)
             lost, diverged, per, bits = 0.0, 0, math.nan, math.nan
+            share = pilot_left / (len(exponents) - k)  # what the methods before left, shared by the rest
             for j in js:
                 run = Run(problems.get(method, problem), spec, 2.0**j, opts, gamma=gammas.get(method), compressor=compressors.get(method))
                 per_j = self._probe(run)
@@ -89,8 +94,18 @@ class Estimate:
                     lost += run.seconds
                     diverged += 1
                     continue
-                per, bits = per_j, run.expected_per_round
-                hit = self._pilot(run, self.pilot_seconds / len(exponents)) if pilot else None
+                if math.isnan(per):
+                    per, bits = per_j, run.expected_per_round
+                if not pilot:
+                    break
+                t_pilot = time.perf_counter()
+                hit = self._pilot(run, max(0.0, share))
+                share -= time.perf_counter() - t_pilot
+                pilot_left -= time.perf_counter() - t_pilot
+                if run.diverged:  # diverged in its pilot: the grid's run stops there too; the next step is timed
+                    lost += run.seconds
+                    diverged += 1
+                    continue
                 if hit is not None:
                     hits.append(hit)
                 break
@@ -166,7 +181,7 @@ def format_estimate(est: Estimate, opts: SearchOptions, *, jobs: int = 1) -> str
                      f"expected {format_duration(cexp)}")
     tot_max, tot_exp = projected_seconds(est)
     par = f", about 1/{jobs} of it with --jobs {jobs}" if jobs > 1 else ""
-    lines.append(f"grid: at most {format_duration(tot_max)}, expected {format_duration(tot_exp)} in one process{par}")
+    lines.append(f"grid: expected {format_duration(tot_exp)}, at most {format_duration(tot_max)} in one process{par}")
     if opts.horizon == "rounds":
         lines.append("assumed: every run goes its fixed rounds (EF21 twice --rounds); runs that diverged in their probe count as measured")
     else:

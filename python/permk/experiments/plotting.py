@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from .grid import is_writer
 from .search import best_runs, cell_budget
 from .specs import METHODS, Spec
 
-__all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot"]
+__all__ = ["plot_experiment", "plot_grid", "experiment_figures", "load_experiment", "complexity_plot", "DPI"]
 
 #: (colour, colour map, line style) of the methods, in the order they appear in a grid.
 STYLES = [("tab:blue", "Blues", "-"), ("tab:green", "Greens", "-."), ("tab:red", "Reds", "--"),
@@ -104,11 +104,14 @@ def step_label(rec: dict[str, Any]) -> str:
     return f"γ = {mult:g} × theory = {gamma:.2g}"
 
 
-def _panel_title(rec: dict[str, Any]) -> str:
+def _panel_title(rec: dict[str, Any], short: bool = False) -> str:
+    """A panel's title: its cell (``short``: in symbols only, for a grid of many columns)."""
     c = rec["cell"]
     if "figure" in rec:  # an experiment that describes its own panels (permk classify)
         return str(rec["figure"]["panel"])
     if _is_quadratic(rec):
+        if short:
+            return f"n = {c['n']:,}, s = {c['noise_scale']:g}, L± = {rec['constants']['L_pm']:.2g}"
         return f"n = {c['n']:,} workers, noise scale s = {c['noise_scale']:g}, L± = {rec['constants']['L_pm']:.2g}"
     return f"λ = {c['lam']:g}, p̂ = {c['p_hat']:g}"
 
@@ -128,9 +131,11 @@ def _dims(recs: Sequence[dict[str, Any]]) -> tuple[list[int], list[int]]:
     return ds, ns
 
 
-def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -> tuple[str, str]:
+def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float, axis: str = "bits",
+             drawn: Sequence[dict[str, Any]] = ()) -> tuple[str, str]:
     """The figure's title (what it shows, on which problem, with the run's own d, n and λ) and
-    the caption under it (how to read the panels and the x range)."""
+    the caption under it (how to read the panels, the x range, and the flat steps of the runs
+    that send whole vectors in some rounds, among the runs ``drawn``)."""
     recs = [x for rs in cells.values() for x in rs]
     rec = recs[0]
     ds, ns = _dims(recs)
@@ -138,7 +143,9 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
     target = f"‖∇f‖² ≤ {float(rec['options']['tol']):g}·‖∇f(x⁰)‖² (dotted line)"
     reached = [any(x["summary"].get("reached_target") and not x["summary"].get("diverged") for x in rs) for rs in cells.values()]
     opts = rec.get("options", {})
-    if opts.get("horizon", "budget") == "rounds":
+    if axis != "bits":
+        budget = "The runs are those of the figure against bits (each method's best step there), each up to its last round."
+    elif opts.get("horizon", "budget") == "rounds":
         budget = "x axis up to the most bits any run sent: every run has a fixed number of rounds (the authors' protocol)."
         if opts.get("best", "budget") == "last90":
             budget += " Best step: the smallest mean log₁₀‖∇f‖² over the last 90% of the rounds."
@@ -148,6 +155,11 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
         budget = (f"x axis up to {factor:g} × the fewest bits any run needed to reach {target}, "
                   "or to the end of the longest run where that comes first"
                   + ("." if all(reached) else "; in panels where none reached it, the most bits any run sent."))
+        if any(uncompressed(x) for x in drawn) and not all(uncompressed(x) for x in drawn):
+            budget += " Runs that send whole vectors every round do not stretch it: they are cut at its end."
+    if axis == "bits" and any(full_vector_rounds(x) for x in drawn):
+        budget += (" Flat steps: rounds in which every worker sends its whole vector, d values (MARINA's full-gradient "
+                   "rounds, each round with probability p), paid before the next ‖∇f‖² is drawn.")
     if "figure" in rec:
         head, how = f"{what}\n{rec['figure']['problem']}", str(rec["figure"]["how"])
     elif _is_quadratic(rec):
@@ -162,7 +174,9 @@ def _caption(what: str, cells: dict[str, list[dict[str, Any]]], factor: float) -
         head = (f"{what}\nlinear autoencoder on {int(c.get('n_images', 0)):,} images ({data}), "
                 f"n = {', '.join(f'{n:,}' for n in ns)} workers, d = {d_txt}")
         how = ("Panels: λ = regularisation, p̂ = probability that a worker holds the shared data split (1: identical workers). "
-               "γ: step size, a multiple of the theory's (from estimated smoothness constants).")
+               "γ: step size, a multiple of the theory's (from estimated smoothness constants). The rise in the first "
+               "rounds is the landscape's, not the steps': the iterates pass a saddle point of the nonconvex f "
+               "(gradient descent at its theory step 1/L− rises there too).")
     return head, f"{how} {budget}"
 
 
@@ -180,8 +194,11 @@ def _power_of_ten(v: float, _pos: Any = None) -> str:
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
-#: The x axes a figure can have: the curve's array and the axis label.
-X_AXES = {"bits": ("bits", "bits sent per worker"), "oracle_calls": ("oracle_calls", "gradient-oracle calls per worker (sample gradients)")}
+#: The x axes a figure can have: the curve's array, the axis label, and whether the axis is
+#: logarithmic (oracle calls: a minibatch method makes ``b`` calls a round, a full-gradient one
+#: every sample of its shard, orders of magnitude apart).
+X_AXES = {"bits": ("bits", "bits sent per worker", False),
+          "oracle_calls": ("oracle_calls", "gradient-oracle calls per worker (sample gradients, log scale)", True)}
 
 
 def _curve(rec: dict[str, Any], budget: float, x: str = "bits") -> tuple[np.ndarray, np.ndarray]:
@@ -197,6 +214,44 @@ def _curve(rec: dict[str, Any], budget: float, x: str = "bits") -> tuple[np.ndar
     return np.asarray(rec["curve"][X_AXES[x][0]], dtype=float)[keep], g[keep]
 
 
+def _full_vector_bits(rec: dict[str, Any]) -> float:
+    """The bits of one worker's whole vector, ``d`` values (0 when the record does not say)."""
+    p = rec.get("params", {})
+    return float(p.get("d", rec["cell"].get("d", 0)) or 0) * float(p.get("float_bits", rec.get("options", {}).get("float_bits", 32)))
+
+
+def uncompressed(rec: dict[str, Any]) -> bool:
+    """Whether a run sent whole vectors every round (SGD, GD, a method with Identity): its bits
+    grow ``d`` values a round, far past the compressed methods' in a figure against bits."""
+    full = _full_vector_bits(rec)
+    rounds = int(rec["summary"].get("rounds_run", 0))
+    return full > 0 and rounds > 0 and float(rec["summary"]["bits_sent"]) >= 0.999 * rounds * full
+
+
+def full_vector_rounds(rec: dict[str, Any]) -> bool:
+    """Whether a compressed run has rounds in which a worker sends its whole vector (MARINA's
+    full-gradient rounds): its curve is flat across each (the round's bits are paid before its
+    ``‖∇f‖²`` is drawn)."""
+    full = _full_vector_bits(rec)
+    if full <= 0 or uncompressed(rec):
+        return False
+    b = np.asarray(rec["curve"]["bits"], dtype=float)
+    r = np.asarray(rec["curve"].get("round", np.arange(len(b))), dtype=float)
+    db, dr = np.diff(b), np.maximum(np.diff(r), 1.0)
+    if not len(db):
+        return False
+    rate = float(np.median(db / dr))  # a compressed round's bits (the curve's points may be rounds apart)
+    return bool(np.any(db - (dr - 1) * rate >= 0.9 * full))
+
+
+def _bits(v: float) -> str:
+    """Bits in words: ``6.5 Mbit``, ``34 kbit``."""
+    for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+        if v >= scale:
+            return f"{v / scale:.2g} {unit}" if v < 10 * scale else f"{v / scale:.0f} {unit}"
+    return f"{v:.0f} bit"
+
+
 def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[int, int, dict[str, tuple[int, int]]]:
     pos = {cid: (int(recs[0]["cell"]["row"]), int(recs[0]["cell"]["col"])) for cid, recs in cells.items() if recs}
     rows = sorted({p[0] for p in pos.values()})
@@ -205,66 +260,195 @@ def _grid(cells: dict[str, list[dict[str, Any]]]) -> tuple[int, int, dict[str, t
     return len(rows), len(cols), remap
 
 
+def _missing_cell(cfg: dict[str, Any], cells: dict[str, list[dict[str, Any]]], r: int, c: int) -> str:
+    """What an empty panel says: which cell of the grid it is and why it was not run."""
+    ns, scales = cfg.get("ns"), cfg.get("noise_scales")
+    rows = sorted({int(recs[0]["cell"]["row"]) for recs in cells.values()})
+    cols = sorted({int(recs[0]["cell"]["col"]) for recs in cells.values()})
+    if ns and scales and rows[r] < len(ns) and cols[c] < len(scales):
+        n, s = sorted(ns)[rows[r]], scales[cols[c]]
+        skipped = f"n{n}_s{s:g}" in cfg.get("skip", ())
+        why = ("the grid skips this cell, as --quick does;\n`permk quadratic` without --quick runs it" if skipped
+               else "not in this grid's results")
+        return f"n = {n:,}, s = {s:g}: not run\n({why})"
+    return "this cell was not run\n(not in this grid's results)"
+
+
 #: The figures' layout, in inches: a panel's size, the room above a panel (its title) and under
-#: it (tick labels and x label; its legend adds a line per curve), the margins.
+#: it (tick labels and x label; its legend adds a line per curve), the margins; a figure of one
+#: column has its legend at the right of its panels (LEGEND_W), and a larger panel.
 PANEL_W, PANEL_H, TITLE_H, XLABEL_H, LINE_H = 3.8, 2.0, 0.32, 0.42, 0.155
 LEFT, RIGHT, GAP_W = 0.75, 0.25, 0.6
+SOLO_W, SOLO_H, LEGEND_W = 4.6, 2.8, 3.4
+#: The width, in inches, at which the figures' text has its nominal size: a wider figure (a grid
+#: of many columns, shown scaled down to a page's width) has its text enlarged in proportion,
+#: up to FONT_SCALE_MAX times, so that the ticks stay readable on the page.
+READ_W, FONT_SCALE_MAX = 10.5, 1.5
+
+
+def _wrap(label: str, width: int) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width=width, break_on_hyphens=False, break_long_words=False, subsequent_indent="  "))
+
+
+class _Series(NamedTuple):
+    x: np.ndarray
+    y: np.ndarray
+    label: str
+    color: Any
+    style: Any
+    width: float
+    alpha: float = 1.0
+    legend: bool = True
+
+
+#: A curve whose ``‖∇f‖²`` turns (from falling to rising or back) between more than this share of
+#: its consecutive points is drawn as its running geometric mean (:func:`_smooth`), every point
+#: faint behind it.
+NOISY = 0.3
+
+
+def _noisy(y: np.ndarray) -> bool:
+    """Whether a curve goes up and down (minibatch SGD's ``‖∇f(xᵗ)‖²``), not steadily down or up."""
+    d = np.diff(np.log10(np.maximum(y, np.finfo(float).tiny)))
+    sign = np.sign(d[np.abs(d) > 1e-12])
+    return len(sign) >= 20 and float(np.mean(sign[1:] != sign[:-1])) > NOISY
+
+
+def _smooth(y: np.ndarray) -> tuple[np.ndarray, int]:
+    """The running geometric mean of ``y`` over its last ``w`` points (fewer at the start) and
+    ``w``: a twentieth of the curve, at least 5 points."""
+    w = max(5, len(y) // 20)
+    logs = np.log10(np.maximum(y, np.finfo(float).tiny))
+    c = np.concatenate(([0.0], np.cumsum(logs)))
+    i = np.arange(1, len(y) + 1)
+    lo = np.maximum(0, i - w)
+    return 10 ** ((c[i] - c[lo]) / (i - lo)), w
+
+
+class _Panel(NamedTuple):
+    recs: list[dict[str, Any]]
+    runs: list[dict[str, Any]]  # the runs drawn
+    series: list[_Series]
+    shown: float  # the x axis' end
+    low: float  # the x axis' start (a log axis: the smallest positive x drawn)
+    n_div: int
+
+
+def _panel(recs: list[dict[str, Any]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool,
+           styles: dict[str, tuple[Any, ...]], axis: str) -> _Panel:
+    """What one panel draws: its curves with their legend labels, and its x range."""
+    import matplotlib
+
+    factor = _budget_factor(cfg, recs)
+    budget = cell_budget(recs, factor)
+    if best_only:
+        best = best_runs(recs, factor)
+        chosen = [best[m] for m in methods if m in best]
+    else:
+        chosen = [x for x in recs if x["method"] in methods and not x["summary"].get("diverged")]
+    n_div = sum(1 for x in recs if x["method"] in methods and x["summary"].get("diverged"))
+    # the x range: the budget, or the end of the longest run drawn where that comes first (no
+    # empty stretch); runs that send whole vectors every round (SGD) do not stretch it when
+    # compressed runs are drawn: they are cut at its end, and their legend says so
+    compressed = [x for x in chosen if not uncompressed(x)] or chosen
+    curves = {id(x): _curve(x, budget, axis) for x in chosen}
+    if axis == "bits":
+        reach = max((float(x["summary"]["bits_sent"]) for x in compressed), default=budget)
+        shown = min(budget, reach) if reach > 0 else budget
+    else:
+        shown = max((float(curves[id(x)][0][-1]) for x in chosen), default=0.0)
+    low = min((float(np.min(curves[id(x)][0], where=curves[id(x)][0] > 0, initial=np.inf)) for x in chosen), default=np.inf)
+    series: list[_Series] = []
+    for m in methods:
+        mine = sorted([x for x in chosen if x["method"] == m], key=lambda x: -x["multiplier"])
+        if not mine:
+            continue
+        base, cmap_name, ls = styles[m]
+        cmap = matplotlib.colormaps[cmap_name]
+        name = method_label(m, mine[0].get("label"))
+        for j, rec in enumerate(mine):
+            b, g = curves[id(rec)]
+            color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.5 * j / max(1, len(mine) - 1))
+            label = f"{name}, {step_label(rec)}"
+            notes = []
+            same = next((t for t in series if t.legend and len(t.x) == len(b) and np.array_equal(t.x, b) and np.array_equal(t.y, g)),
+                        None)
+            if same is not None:
+                notes.append(f"the same iterates as {same.label.partition(',')[0] if best_only else same.label}: drawn over it")
+            end = float(rec["summary"]["bits_sent"])
+            if axis == "bits" and uncompressed(rec) and end > shown * (1 + 1e-9):
+                notes.append(f"whole vectors every round: cut here, runs on to {_bits(min(end, budget))}")
+            elif axis == "bits" and full_vector_rounds(rec) and _full_vector_bits(rec) >= 0.1 * shown:
+                notes.append("flat steps: its full-gradient rounds")
+            if axis == "bits" and rec["summary"].get("stopped_by") == "max_rounds" and end < 0.97 * shown:
+                notes.append(f"its {int(rec['summary']['rounds_run']):,} rounds end here")
+            style, lw = ((0, (4, 3)) if same is not None else ls), (1.6 if best_only else 1.0) * (1.0 if same is None else 1.2)
+            if _noisy(g):  # every point faint, their running geometric mean on top
+                series.append(_Series(b, g, "", color, "-", 0.6, alpha=0.3, legend=False))
+                g, w = _smooth(g)
+                notes.append(f"smoothed over {w} points, each point faint")
+            full = f"{label} ({'; '.join(notes)})" if notes else label
+            series.append(_Series(b, g, full, color, style, lw))
+    return _Panel(recs, chosen, series, shown, low, n_div)
 
 
 def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods: Sequence[str], best_only: bool, what: str,
             styles: dict[str, tuple[Any, ...]], axis: str = "bits") -> Any:
     import textwrap
 
-    import matplotlib
     from matplotlib.figure import Figure
-    from matplotlib.ticker import EngFormatter, FuncFormatter, NullLocator
+    from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator, NullLocator
 
     nr, nc, pos = _grid(cells)
-    head, caption = _caption(what, cells, _budget_factor(cfg, [x for recs in cells.values() for x in recs]))
-    # fixed margins computed here, not by tight_layout (which draws the figure once more)
-    width = LEFT + RIGHT + nc * PANEL_W + (nc - 1) * GAP_W
-    # a one-panel figure is narrow: its title lines wrap, as the caption does
-    head = "\n".join(textwrap.fill(line, width=int(width * 72 / (0.56 * 10))) for line in head.split("\n"))
-    caption_lines = textwrap.wrap(caption, width=int(width * 72 / (0.56 * 8)))
-    top = 0.2 + 0.2 * (head.count("\n") + 1) + LINE_H * 1.05 * len(caption_lines) + 0.1
-    entries = max(len(methods) if best_only else sum(1 for x in recs if x["method"] in methods) + 1 for recs in cells.values())
-    below = XLABEL_H + LINE_H * entries + 0.2
-    height = top + nr * (TITLE_H + PANEL_H + below)
+    panels = {cid: _panel(recs, cfg, methods, best_only, styles, axis) for cid, recs in cells.items()}
+    head, caption = _caption(what, cells, _budget_factor(cfg, [x for recs in cells.values() for x in recs]), axis,
+                             [x for p in panels.values() for x in p.runs])
+    side = nc == 1  # one column: the legend at the right of the panel
+    panel_w, panel_h = (SOLO_W, SOLO_H) if side else (PANEL_W, PANEL_H)
+    width0 = LEFT + RIGHT + nc * panel_w + (nc - 1) * GAP_W + (LEGEND_W if side else 0.0)
+    k = min(FONT_SCALE_MAX, max(1.0, width0 / READ_W))  # the text's scale (a wide grid's)
+    title_h, xlabel_h, line_h, gap_w, legend_w = TITLE_H * k, XLABEL_H * k, LINE_H * k, GAP_W * k, LEGEND_W * k
+    width = LEFT * k + RIGHT + nc * panel_w + (nc - 1) * gap_w + (legend_w if side else 0.0)
+    # the legend's labels wrap at its width
+    chars = int(((LEGEND_W if side else panel_w) - 0.55 * k) * 72 / (0.5 * 7.5 * k))
+    labels = {cid: [_wrap(t.label, chars) if t.legend else "_nolegend_" for t in p.series] for cid, p in panels.items()}
+    lines = max((sum(lab.count("\n") + 1 for lab in labs if lab != "_nolegend_") + (1 if panels[cid].n_div and not best_only else 0)
+                 for cid, labs in labels.items()), default=1)
+    # fixed margins computed here, not by tight_layout (which draws the figure once more); the
+    # title's and caption's lines wrap at the figure's width, never inside a word or a file name
+    head = "\n".join(textwrap.fill(line, width=int(width * 72 / (0.56 * 10 * k)), break_on_hyphens=False, break_long_words=False)
+                     for line in head.split("\n"))
+    caption_lines = textwrap.wrap(caption, width=int(width * 72 / (0.56 * 8 * k)), break_on_hyphens=False, break_long_words=False)
+    top = 0.2 * k + 0.2 * k * (head.count("\n") + 1) + line_h * 1.05 * len(caption_lines) + 0.1 * k
+    below = xlabel_h + 0.2 * k + (0.0 if side else line_h * lines)
+    if side:
+        panel_h = max(panel_h, line_h * lines * 1.1)
+    height = top + nr * (title_h + panel_h + below)
     fig = Figure(figsize=(width, height))
-    fig.subplots_adjust(left=LEFT / width, right=1 - RIGHT / width, top=1 - (top + TITLE_H) / height, bottom=below / height,
-                        wspace=GAP_W / PANEL_W, hspace=(below + TITLE_H) / PANEL_H)
+    fig.subplots_adjust(left=LEFT * k / width, right=1 - (RIGHT + (legend_w if side else 0.0)) / width,
+                        top=1 - (top + title_h) / height, bottom=below / height,
+                        wspace=gap_w / panel_w, hspace=(below + title_h) / panel_h)
     axes = fig.subplots(nr, nc, squeeze=False)
-    for ax in axes.flat:  # a cell the grid left out (``--quick``) stays an empty, labelled space
-        ax.set_axis_off()
-        ax.text(0.5, 0.5, "left out of this grid", ha="center", va="center", fontsize=9, color="0.5", transform=ax.transAxes)
-    for cid, recs in cells.items():
+    for r, row in enumerate(axes):  # a cell the grid left out stays an empty space that says which and why
+        for c, ax in enumerate(row):
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, _missing_cell(cfg, cells, r, c), ha="center", va="center", fontsize=8.5 * k, color="0.4",
+                    transform=ax.transAxes, linespacing=1.4)
+    log_x = X_AXES[axis][2]
+    for cid, p in panels.items():
         r, c = pos[cid]
         ax = axes[r][c]
         ax.texts[0].remove()
         ax.set_axis_on()
-        factor = _budget_factor(cfg, recs)
-        budget = cell_budget(recs, factor)
-        if best_only:
-            best = best_runs(recs, factor)
-            chosen = [best[m] for m in methods if m in best]
-        else:
-            chosen = [x for x in recs if x["method"] in methods and not x["summary"].get("diverged")]
-        n_div = sum(1 for x in recs if x["method"] in methods and x["summary"].get("diverged"))
-        for m in methods:
-            mine = sorted([x for x in chosen if x["method"] == m], key=lambda x: -x["multiplier"])
-            if not mine:
-                continue
-            base, cmap_name, ls = styles[m]
-            cmap = matplotlib.colormaps[cmap_name]
-            name = method_label(m, mine[0].get("label"))
-            for k, rec in enumerate(mine):
-                b, g = _curve(rec, budget, axis)
-                color = base if best_only or len(mine) == 1 else cmap(0.95 - 0.5 * k / max(1, len(mine) - 1))
-                # steps: a round's bits are paid before its ‖∇f‖² is seen (MARINA's full-gradient
-                # rounds show as long flat steps of d floats)
-                ax.plot(b, g, linestyle=ls, color=color, lw=1.4 if best_only else 1.0, label=f"{name}, {step_label(rec)}",
-                        drawstyle="steps-post")
-        target = float(recs[0]["options"]["tol"]) * float(recs[0]["summary"]["grad_norm_sq_0"] or 0.0)
+        for t, label in zip(p.series, labels[cid]):
+            keep = t.x > 0 if log_x else slice(None)
+            # steps: a round's bits are paid before its ‖∇f‖² is seen (MARINA's full-gradient
+            # rounds show as long flat steps of d values)
+            ax.plot(t.x[keep], t.y[keep], linestyle=t.style, color=t.color, lw=t.width, alpha=t.alpha, label=label,
+                    drawstyle="steps-post")
+        target = float(p.recs[0]["options"]["tol"]) * float(p.recs[0]["summary"]["grad_norm_sq_0"] or 0.0)
         if target > 0:
             ax.axhline(target, color="0.35", lw=0.8, linestyle=(0, (1, 2)), zorder=0)
         ax.set_yscale("log")
@@ -272,29 +456,34 @@ def _figure(cells: dict[str, list[dict[str, Any]]], cfg: dict[str, Any], methods
         # major ticks only: minor log ticks (up to ~80 per axis) multiply the cost of laying out
         # and drawing a figure ~3x and carry no labels here
         ax.yaxis.set_minor_locator(NullLocator())
-        # the budget, or the end of the longest run drawn where that comes first (no empty stretch)
-        if axis == "bits":
-            reach = max((float(r["summary"]["bits_sent"]) for r in chosen), default=budget)
-            shown = min(budget, reach) if reach > 0 else budget
+        if log_x:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FuncFormatter(_power_of_ten))
+            ax.xaxis.set_minor_locator(NullLocator())
+            if 0 < p.low < p.shown < math.inf:
+                ax.set_xlim(p.low, p.shown)
         else:
-            shown = max((float(_curve(r, budget, axis)[0][-1]) for r in chosen), default=0.0)
-        if shown > 0 and math.isfinite(shown):
-            ax.set_xlim(0, shown)
-        ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits: no offset text to miss
-        ax.set_title(_panel_title(recs[0]), fontsize=9, y=1.0, pad=5)  # a fixed place: no layout pass to find one
-        ax.tick_params(labelsize=8)
-        ax.set_xlabel(X_AXES[axis][1], fontsize=8, labelpad=2)
+            if p.shown > 0 and math.isfinite(p.shown):
+                ax.set_xlim(0, p.shown)
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 20k, 1.5M bits: no offset text to miss
+            ax.xaxis.set_major_locator(MaxNLocator(5 if side or nc <= 2 else 4 if k == 1 else 3))
+        # a fixed place: no layout pass to find one
+        ax.set_title(_panel_title(p.recs[0], short=k > 1 or nc >= 4), fontsize=9 * k, y=1.0, pad=5 * k)
+        ax.tick_params(labelsize=8 * k)
+        ax.set_xlabel(X_AXES[axis][1], fontsize=8 * k, labelpad=2)
         if c == 0:
-            ax.set_ylabel("‖∇f(xᵗ)‖²", fontsize=9)
+            ax.set_ylabel("‖∇f(xᵗ)‖²", fontsize=9 * k)
         ax.grid(True, which="major", alpha=0.3)
-        # under the panel, so that it never covers a curve
-        ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -XLABEL_H / PANEL_H), frameon=False, borderaxespad=0.0,
-                  handlelength=2.5, labelspacing=0.3,
-                  title=f"{n_div} diverged step{'s' if n_div > 1 else ''} not drawn" if not best_only and n_div else None,
-                  title_fontsize=7.5)
-    fig.suptitle(head, x=0.5, y=1 - 0.12 / height, ha="center", va="top", fontsize=10)
-    fig.text(0.5, 1 - (0.2 + 0.2 * (head.count("\n") + 1)) / height, "\n".join(caption_lines), ha="center", va="top", fontsize=8,
-             color="0.25", linespacing=1.3)
+        title = f"{p.n_div} diverged step{'s' if p.n_div > 1 else ''} not drawn" if not best_only and p.n_div else None
+        if side:  # at the right of the panel
+            ax.legend(fontsize=7.5 * k, loc="upper left", bbox_to_anchor=(1.03, 1.0), frameon=False, borderaxespad=0.0,
+                      handlelength=2.5, labelspacing=0.5, title=title, title_fontsize=7.5 * k, alignment="left")
+        else:  # under the panel, so that it never covers a curve
+            ax.legend(fontsize=7.5 * k, loc="upper center", bbox_to_anchor=(0.5, -xlabel_h / panel_h), frameon=False,
+                      borderaxespad=0.0, handlelength=2.5, labelspacing=0.3, title=title, title_fontsize=7.5 * k)
+    fig.suptitle(head, x=0.5, y=1 - 0.12 * k / height, ha="center", va="top", fontsize=10 * k)
+    fig.text(0.5, 1 - (0.2 * k + 0.2 * k * (head.count("\n") + 1)) / height, "\n".join(caption_lines), ha="center", va="top",
+             fontsize=8 * k, color="0.25", linespacing=1.3)
     return fig
 
 
@@ -312,8 +501,8 @@ def experiment_figures(root: str | Path, *, every_step: bool = True) -> list[tup
     labels = {m: method_label(m) for m in present}
     out = [(f"{name}_best", _figure(cells, cfg, present, True, "The best step of each method", styles))]
     if all("oracle_calls" in r["curve"] and r.get("figure", {}).get("oracle_axis") for recs in cells.values() for r in recs):
-        out.append((f"{name}_best_oracle_calls", _figure(cells, cfg, present, True, "The best step of each method (best by bits), "
-                                                         "against gradient-oracle calls", styles, axis="oracle_calls")))
+        out.append((f"{name}_best_oracle_calls", _figure(cells, cfg, present, True, "The same runs against gradient-oracle calls",
+                                                         styles, axis="oracle_calls")))
     if every_step:
         first = present[0]
         for m in present[1:]:

@@ -23,8 +23,8 @@ from typing import Any, Mapping, Protocol, TypeVar
 from .._validate import check_choice
 from ..methods import EF21
 
-__all__ = ["MethodProtocol", "declare", "protocol_of", "undeclare", "SearchOptions", "AUTHORS", "protocol_options",
-           "search_from_args", "options_from_args"]
+__all__ = ["MethodProtocol", "declare", "protocol_of", "undeclare", "SearchOptions", "SpecLike", "AUTHORS", "protocol_options",
+           "search_from_args", "options_from_args", "GridT"]
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,10 @@ declare(EF21, MethodProtocol(rounds_factor=2, starts=EF21.STARTS, collapses_iden
                              authors_steps={"quadratic": (3, 23)}))
 
 
-class _Spec(Protocol):
-    """What the search options read of a spec (:class:`permk.experiments.specs.Spec`)."""
+class SpecLike(Protocol):
+    """What the search options read of a method–compressor pair: its ``key``
+    (``"marina-permk"``) and its ``method`` object (:class:`permk.experiments.specs.Spec` is
+    one)."""
 
     @property
     def key(self) -> str: ...
@@ -123,13 +125,13 @@ class SearchOptions:
         check_choice(self.steps, "steps", ("edge", "authors"))
         check_choice(self.ef21_init, "ef21_init", ("full", "compressed"))
 
-    def rounds_for(self, spec: _Spec) -> int:
+    def rounds_for(self, spec: SpecLike) -> int:
         """The most rounds of a run of ``spec``: ``max_rounds``; with ``horizon="rounds"``, times
         the method's protocol's ``rounds_factor`` (EF21: twice), as the authors' configs."""
         factor = protocol_of(spec.method).rounds_factor if self.horizon == "rounds" else 1
         return int(factor) * self.max_rounds
 
-    def prunes(self, spec: _Spec) -> bool:
+    def prunes(self, spec: SpecLike) -> bool:
         """Whether the multiplier scan of ``spec`` stops early (see *Pruning*): the specs listed
         in ``prune``; by default (None) those whose method keeps per-worker arrays in its state
         (:attr:`permk.State.arrays`: ``O(nd)`` per round, as EF21's estimators)."""
@@ -141,7 +143,7 @@ class SearchOptions:
         """The bits budget given the fewest bits to the target (infinite with ``horizon="rounds"``)."""
         return math.inf if self.horizon == "rounds" else self.budget_factor * bits_to_target
 
-    def method_options(self, spec: _Spec) -> dict[str, Any]:
+    def method_options(self, spec: SpecLike) -> dict[str, Any]:
         """The method's own options of a run of ``spec``: the start ``init`` of a method that
         has a choice of starts (its protocol's ``starts``: EF21's)."""
         start = {"init": self.ef21_init} if self.ef21_init in protocol_of(spec.method).starts else {}

@@ -195,7 +195,7 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     """Write a JSON file atomically: a temporary file in the same directory, fsynced, then
-    renamed (:func:`permk._files.atomic_write`)."""
+    renamed (a reader never sees half a file)."""
     data = json.dumps(obj, indent=1).encode("utf-8")
     atomic_write(path, lambda fh: fh.write(data))
 

@@ -238,8 +238,9 @@ def step_exponents(method: str, gamma_theory: float, L_minus: float | None, opts
     largest first: with ``opts.steps == "edge"`` those of :func:`multiplier_exponents`; with
     ``"authors"`` the authors' range (``[low, high)``, the experiment's configs) of
     ``authors = (experiment, default range)``: the method's own in that experiment
-    (:meth:`MethodProtocol.steps`), else the experiment's default, not cut at the stability edge
-    (such runs diverge and are dropped). ``max_count`` keeps the largest ones."""
+    (:meth:`~permk.experiments.protocols.MethodProtocol.steps`), else the experiment's default,
+    not cut at the stability edge (such runs diverge and are dropped). ``max_count`` keeps the
+    largest ones."""
     if opts.steps == "authors":
         if authors is None:
             raise ValueError("steps='authors': this experiment has no authors' step ranges; use steps='edge'")

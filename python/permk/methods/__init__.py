@@ -134,6 +134,7 @@ __all__ = [
     "vr_marina",
     "marina_stochastic",
     "sgd",
+    "catalog",
     "run",
     "save_state",
     "load_state",

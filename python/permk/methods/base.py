@@ -16,7 +16,8 @@ from ..registry import Catalog
 from ..theory.method import MethodTheory
 from .contract import MethodParams, RoundInfo, RunParams, State
 
-__all__ = ["Method", "METHODS", "participating", "batch_size_option", "sample_counts", "sample_smoothness_sq"]
+__all__ = ["Method", "METHODS", "participating", "batch_size_option", "sample_counts", "sample_smoothness_sq", "SHIFT_DTYPES",
+           "shift_dtype_option"]
 
 Array = np.ndarray
 
@@ -141,3 +142,30 @@ def sample_counts(problem: Any, label: str, n: int) -> Array:
     if counts is None or not hasattr(problem, "minibatch_grads_pair"):
         raise TypeError(f"{label} needs a finite-sum problem with minibatch oracles (permk.FiniteSumProblem)")
     return check_sample_counts(counts, n)
+
+
+#: The dtypes a method may keep its per-worker arrays (shifts, estimators) in.
+SHIFT_DTYPES = ("float64", "float32")
+
+
+def shift_dtype_option(value: Any, problem: Any) -> str:
+    """The dtype of a method's per-worker arrays (its shifts ``h_i``, estimators ``g_i``): the
+    ``shift_dtype`` option, ``"float64"`` or ``"float32"``; None (the default) takes the
+    problem's: float32 for a float32 problem (``problem.dtype``: the linear autoencoder, the
+    finite-sum problems with ``dtype=np.float32``), as the authors' runs keep them, else float64.
+    Shared arrays (the iterate, ``g``) and every message stay float64; a float32 row is read as
+    float64 where it is used (``h·β`` rounded to float32 first, numpy's rule for a float32 array
+    and a Python float) and rounded to float32 where it is updated."""
+    if value is None:
+        dt = getattr(problem, "dtype", None)
+        try:
+            return "float32" if dt is not None and np.dtype(dt) == np.float32 else "float64"
+        except TypeError:
+            return "float64"
+    try:
+        name = np.dtype(value).name
+    except TypeError:
+        name = None
+    if name not in SHIFT_DTYPES:
+        raise ValueError(f"shift_dtype must be 'float64' or 'float32' (or None: the problem's dtype), got {value!r}")
+    return name

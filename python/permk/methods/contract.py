@@ -33,6 +33,7 @@ __all__ = [
     "Bits",
     "MethodParams",
     "RunParams",
+    "P",
     "Algorithm",
     "message_bits",
 ]
@@ -115,7 +116,8 @@ class State:
         """This state to continue a run on ``backend``, checked: every shared array of shape
         ``(d,)``; every per-worker array with the rows of all ``backend.n`` workers (e.g. a
         simulator's state, then cut to the rows of ``backend.workers``) or those of the held
-        workers alone. The arrays are float64 copies, so the run never writes into the caller's."""
+        workers alone. The arrays are copies, float64 (per-worker rows kept in float32 stay
+        float32: a method's ``shift_dtype``), so the run never writes into the caller's."""
         n, d, ws = backend.n, backend.d, backend.workers
         held = len(ws)
         new: dict[str, Array] = {}
@@ -128,7 +130,9 @@ class State:
                 a = a[ws.start : ws.stop]
             elif a.shape != (held, d):
                 raise ValueError(f"state.{name} must hold all {n} rows or this process's {held} (of length {d}), got shape {a.shape}")
-            new[name] = np.array(a, dtype=np.float64)
+            # per-worker rows kept in float32 stay float32 (a method's shift_dtype)
+            keep32 = kind == "per_worker" and a.dtype == np.float32
+            new[name] = np.array(a, dtype=np.float32 if keep32 else np.float64)
         return replace(self, **new)  # type: ignore[type-var]
 
     def __eq__(self, other: object) -> bool:
@@ -164,13 +168,26 @@ class CountedState(State):
 # ---------------------------------------------------------------------------------------------
 class RoundInfo(NamedTuple):
     """What an update reports of its round: the bits one worker sent (its largest message),
-    MARINA's coin (True: full gradients; None for methods without one), and the gradient-oracle
-    calls of one worker (``oracle_calls``: sample gradients computed — ``b`` per minibatch
-    gradient; the largest worker's count when the workers differ). ``None`` (the default, for
-    full-gradient methods) is one full local gradient: ``params.oracle_full`` calls, i.e.
-    ``max_i m_i`` on a finite-sum problem (``sample_counts``), else 1. A full-gradient method is
-    counted one full gradient per round, at the new point: the gradients at earlier points
-    (MARINA's ``∇f_i(x^t)``, the shifts' points) can be kept from the round that computed them."""
+    MARINA's coin (True: full gradients; None for methods without one), and the round's
+    gradient-oracle calls (``oracle_calls``), the algorithm's count for its busiest worker:
+
+    * a full local gradient counts ``params.oracle_full`` calls (``max_i m_i`` on a finite-sum
+      problem, ``sample_counts``; else 1), whether a path evaluates it whole or only at the
+      coordinates a worker sends; a minibatch gradient counts its ``b`` samples;
+    * a gradient the algorithm kept from an earlier round is not counted again: a full-gradient
+      method keeps ``∇f_i(x^t)`` for its next round's difference (MARINA, DASHA, a RandDIANA
+      refresh at ``x^t``, as the authors' code does), stores its shifts (DIANA, RandDIANA, shifted
+      DCGD); a transport that did not keep it (a resumed run, a coordinate path) recomputes it
+      uncounted;
+    * under partial participation a participant computes ``∇f_i`` at both points, as the
+      authors' nodes do (it kept nothing from the rounds it sat out: 2 full gradients; a
+      transport that still holds ``∇f_i(x^t)`` from the round before reuses it), a
+      non-participant nothing.
+
+    ``None`` (the default) is one full local gradient. The counting problem wrapper of the
+    tests (tests/counting.py) checks every method's rounds against these counts, on every path
+    and on MPI: each worker evaluates only the points its update reads (the sent coordinates
+    alone on the coordinate paths)."""
 
     bits: float
     coin: bool | None = None

@@ -12,7 +12,7 @@ from .._core import coin
 from .. import exchanges as ex
 from .._validate import check_probability, check_real
 from ..compressors import Compressor
-from ..compressors.participation import check_participation, participation_mask
+from ..compressors.participation import check_participation, participants
 from ..theory.method import MethodTheory
 from ..theory.steps import (
     Constants,
@@ -22,7 +22,7 @@ from ..theory.steps import (
     dasha_pp_stepsize,
     dasha_stepsize,
 )
-from .base import METHODS, Method, batch_size_option, participating, sample_counts, sample_smoothness_sq
+from .base import METHODS, Method, batch_size_option, participating, sample_counts, sample_smoothness_sq, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, State, message_bits
 
 __all__ = ["DashaState", "DashaPPState", "DashaVRState", "DashaParams", "DashaPageParams", "DashaMVRParams",
@@ -77,6 +77,7 @@ class DashaParams(MethodParams):
     a: float
     participation: int | None = None
     b: float | None = None
+    shift_dtype: str = "float64"
 
     @property
     def h_weight(self) -> float:
@@ -180,12 +181,14 @@ class Dasha(Method):
     ``G`` then follows ``g_i`` and ``h_i``. Step: :func:`~permk.theory.steps.dasha_pp_stepsize`
     (``"DASHA-PP theorem"``).
 
-    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``) and
-    ``participation`` (``s`` in ``1..n``). The start's full gradients are not counted in the bits.
+    Options: ``a`` (in ``(0, 1]``; the steps are the theorems' for their default ``a``),
+    ``participation`` (``s`` in ``1..n``) and ``shift_dtype`` (the per-worker rows' dtype, by
+    default the problem's: :func:`~permk.methods.base.shift_dtype_option`). The start's full gradients are not counted in the bits.
 
     ``estimator="page"`` or ``"mvr"`` (with ``batch_size=b`` and their options) runs
-    :class:`DashaPage` or :class:`DashaMVR`, the same run as ``permk.dasha_page`` or
-    ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself (:meth:`resolve`).
+    :class:`~permk.methods.DashaPage` or :class:`~permk.methods.DashaMVR`, the same run as
+    ``permk.dasha_page`` or ``permk.dasha_mvr``; ``"gradient"`` (the default) is DASHA itself
+    (:meth:`~permk.methods.Dasha.resolve`).
     """
 
     name = "dasha"
@@ -202,8 +205,10 @@ class Dasha(Method):
             return super().resolve(options)
         rest = dict(options)
         estimator = rest.pop("estimator", "gradient")
-        if estimator == "gradient":
-            method: Method = self  # this object, whatever its class: a subclass runs its own overrides
+        if estimator == "gradient" and rest.get("participation") is not None and type(self) is Dasha:
+            method: Method = dasha_pp  # DASHA-PP's round (the same method, its own update)
+        elif estimator == "gradient":
+            method = self  # this object, whatever its class: a subclass runs its own overrides
         elif isinstance(estimator, str) and estimator in self.estimator_methods:
             method = METHODS.builtins()[self.estimator_methods[estimator]]
         else:
@@ -214,7 +219,8 @@ class Dasha(Method):
                              f"with it (estimator={estimator!r} computes full gradients)")
         return method, rest
 
-    def _own(self, compressor: Compressor, n: int, d: int, a: Any, s: int | None) -> dict[str, Any]:
+    def _own(self, compressor: Compressor, n: int, d: int, a: Any, s: int | None, shift_dtype: Any = None,
+             problem: Any = None) -> dict[str, Any]:
         """DASHA's own fields (``omega``, ``A``, ``a``; with ``s`` participants ``participation`` and ``b``)."""
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DASHA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
@@ -228,48 +234,100 @@ class Dasha(Method):
             a = check_real(a, "a")
             if not 0.0 < a <= 1.0:
                 raise ValueError(f"a must be in (0, 1], got {a}")
-        return {"omega": float(omega), "A": float(ab[0]), "a": a, "participation": s, "b": None if s is None else p_a / (2 - p_a)}
+        return {"omega": float(omega), "A": float(ab[0]), "a": a, "participation": s, "b": None if s is None else p_a / (2 - p_a),
+                "shift_dtype": shift_dtype_option(shift_dtype, problem)}
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   a: Any = None, participation: Any = None) -> DashaParams:
+                   a: Any = None, participation: Any = None, shift_dtype: Any = None) -> DashaParams:
         s = None if participation is None else check_participation(participation, n)
-        own = self._own(compressor, n, d, a, s)
+        own = self._own(compressor, n, d, a, s, shift_dtype, problem)
         return DashaParams(bits=message_bits(participating(compressor, s), n, d, float_bits), **own)
 
     def sent_compressor(self, compressor: Compressor, params: DashaParams) -> Compressor:
         return participating(compressor, params.participation)
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DashaParams], *, seed: int) -> DashaState:
-        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        grads = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
         if params.own.participation is None:
             return DashaState(x=x0, g=g, G=grads, round=0, seed=seed)
         w = params.own.h_weight
         return DashaPPState(x=x0, g=g, G=grads + w * grads, H=grads, h_weight=w, round=0, seed=seed)
 
-    def update(self, state: DashaState, backend: Any, compressor: Compressor,
-               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
-        s, a, t = params.own.participation, params.own.a, state.round
+    def _check_state(self, state: DashaState, params: RunParams[DashaParams]) -> None:
         pp = isinstance(state, DashaPPState)
-        if pp != (s is not None) or (pp and cast(DashaPPState, state).h_weight != params.own.h_weight):
+        if pp != (params.own.participation is not None) or (pp and cast(DashaPPState, state).h_weight != params.own.h_weight):
             raise ValueError("the state does not fit the run: a DashaState continues a run without participation, "
                              "a DashaPPState one with the same participation and a")
+
+    def update(self, state: DashaState, backend: Any, compressor: Compressor,
+               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
+        if params.own.participation is not None:
+            return dasha_pp.update(state, backend, compressor, params)
+        self._check_state(state, params)
+        a, t = params.own.a, state.round
         x = state.x - params.gamma * state.g
         bits = params.bits.compressed
-        if s is None:
-            mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
-            return DashaState(x=x, g=state.g + mean, G=G, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+        mean, G = ex.shifted(backend, compressor, state.G, x, state.x, c=1 - a, beta=a, seed=state.seed, round=t)
+        return DashaState(x=x, g=state.g + mean, G=G, round=t + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
+
+
+class DashaPP(Dasha):
+    """DASHA-PP's round (:class:`Dasha` with ``participation=s``; ``permk.dasha(…,
+    participation=s)`` runs it): only the round's participants evaluate their gradients, whole,
+    at ``x^{t+1}`` and ``x^t`` (their estimators ``h_i`` need both; a participant kept nothing
+    from the rounds it sat out: two full gradients, the round's ``oracle_calls``), form their
+    messages from them (the shifted exchange of given rows, the dense path: the rows are
+    whole anyway) and update ``h_i`` and the rows ``G``; the others compute nothing. The
+    participants' rows are processed in chunks of :attr:`CHUNK_BYTES` per array, which stay in
+    cache (the same values)."""
+
+    exchange = ex.shifted_rows
+    #: The bytes of one array's chunk of participants' rows.
+    CHUNK_BYTES = 1 << 18
+
+    def update(self, state: DashaState, backend: Any, compressor: Compressor,
+               params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
+        self._check_state(state, params)
         prev = cast(DashaPPState, state)
+        s, a, t = cast(int, params.own.participation), params.own.a, prev.round
         b, n, ws, w = cast(float, params.own.b), backend.n, backend.workers, prev.h_weight
-        mean, G = ex.shifted(backend, compressor, prev.G, x, prev.x, c=1 - b, beta=a, seed=prev.seed, round=t)
-        new, old = ex.local_grads(backend, x), ex.local_grads(backend, prev.x)
-        held = participation_mask(n, s, seed=prev.seed, round=t)[ws.start : ws.stop, None]
+        x = prev.x - params.gamma * prev.g
+        bits = params.bits.compressed
+        who = participants(n, s, seed=prev.seed, round=t)
+        P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
+        H = backend.own(prev.H)
+        v, dH = np.empty((len(P), backend.d)), np.empty((len(P), backend.d))
+        step = max(1, self.CHUNK_BYTES // (8 * backend.d))
+        # the participants in chunks of rows that stay in cache: their two gradients, the
+        # message rows v = ∇f_i(x⁺) − (1 − b)∇f_i(x), and h_i += dh with
+        # dh = ((∇f_i(x⁺) − ∇f_i(x)) − b(h_i − ∇f_i(x))) / (s/n) (dh kept for G, which the
+        # exchange reads first)
         with np.errstate(invalid="ignore", over="ignore"):
-            dh = np.where(held, (new - old - b * (prev.H - old)) / (s / n), 0.0)
-            H = prev.H + dh
-            G += w * dh
-        return DashaPPState(x=x, g=state.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=state.seed,
-                            bits=state.bits + bits), RoundInfo(bits)
+            for lo in range(0, len(P), step):
+                Pc = P[lo : lo + step]
+                new, old = ex.local_grads_pair_of(backend, x, prev.x, Pc)
+                np.subtract(new, (1 - b) * old, out=v[lo : lo + len(Pc)])
+                hp = H[Pc]
+                bh = hp - old
+                bh *= b
+                dh = dH[lo : lo + len(Pc)]
+                np.subtract(new, old, out=dh)  # (new may be the transport's kept array: not written)
+                dh -= bh
+                dh /= s / n
+                hp += dh
+                H[Pc] = hp
+            mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
+            for lo in range(0, len(P), step):
+                Pc = P[lo : lo + step]
+                dh = dH[lo : lo + len(Pc)]
+                dh *= w
+                gp = G[Pc]
+                gp += dh
+                G[Pc] = gp
+        calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
+        return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
+                            bits=prev.bits + bits), RoundInfo(bits, None, calls)
 
 
 class DashaPage(Dasha):
@@ -310,14 +368,14 @@ class DashaPage(Dasha):
         return b, float(sample_counts(problem, self.label, n).max())
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   batch_size: Any = None, a: Any = None, p: Any = None) -> DashaPageParams:
+                   batch_size: Any = None, a: Any = None, p: Any = None, shift_dtype: Any = None) -> DashaPageParams:
         b, m = self._sampling(problem, batch_size, n)
-        own = self._own(compressor, n, d, a, None)
+        own = self._own(compressor, n, d, a, None, shift_dtype, problem)
         return DashaPageParams(bits=message_bits(compressor, n, d, float_bits), **own, batch_size=b,
                                p=b / (b + m) if p is None else check_probability(p))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[Any], *, seed: int) -> DashaVRState:
-        grads = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        grads = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         g = np.array(ex.mean_rows(backend, grads), dtype=np.float64)
         return DashaVRState(x=x0, g=g, G=grads, H=grads.copy(), round=0, seed=seed)
 
@@ -337,11 +395,12 @@ class DashaPage(Dasha):
         a = params.own.a
         x = state.x - params.gamma * state.g
         H, coin, calls = self.estimators(state, x, backend, params)
+        H = np.asarray(H, dtype=params.own.shift_dtype)  # as the worker keeps it
         with np.errstate(invalid="ignore", over="ignore"):
             v = H - (1 - a) * state.H
         mean, G = ex.shifted_rows(backend, compressor, state.G, v, beta=a, seed=state.seed, round=state.round)
         bits = params.bits.compressed
-        return (DashaVRState(x=x, g=state.g + mean, G=G, H=np.asarray(H, dtype=np.float64), round=state.round + 1, seed=state.seed,
+        return (DashaVRState(x=x, g=state.g + mean, G=G, H=H, round=state.round + 1, seed=state.seed,
                              bits=state.bits + bits), RoundInfo(bits, coin, calls))
 
 
@@ -352,13 +411,13 @@ class DashaMVR(DashaPage):
     (MVR/STORM) estimators, ``h_i^{t+1} = ∇f_{iB}(x^{t+1}) + (1 − β)(h_i^t − ∇f_{iB}(x^t))``
     (the same ``b`` samples from ``(seed, t, i)`` at both points, ``2b`` calls), with
     ``h_i⁰ = g_i⁰ = ∇f_i(x⁰)`` (the authors start from a megabatch; the start is not counted);
-    the message and ``a = 1/(2ω + 1)`` as in :class:`DashaPage`. ``momentum`` (``β`` in
+    the message and ``a = 1/(2ω + 1)`` as in :class:`~permk.methods.DashaPage`. ``momentum`` (``β`` in
     ``(0, 1]``, the authors' ``noise_momentum``) is required, as in their code (their LibSVM
     experiments set ``min(1/B, 1/(ω sqrt(B)))`` from a megabatch size ``B``,
     mysteryresearcher/dasha's experiments/zero_marina/config_libsvm_zero_marina.py:81). The
     step is permk's derivation (docs/dasha_steps.md,
     :func:`~permk.theory.steps.dasha_mvr_stepsize`): ``1/(L_− + sqrt K)``,
-    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)`` with :class:`DashaPage`'s
+    ``K = 8AW L_+² + 8AW(1 + 2β)(1 − β)²ℒ²/b + 4(1 − β)²ℒ²/(β n b)`` with :class:`~permk.methods.DashaPage`'s
     ``W``, ``A`` and ``ℒ²``; it gives ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT) + 2N``,
     ``N = 4AW(1 + 2β)β²σ²/b + 2βσ²/(n b)`` (:func:`~permk.theory.steps.dasha_mvr_noise`; ``σ²``
     the mean over workers of a sample gradient's variance, which the problems do not state).
@@ -374,12 +433,12 @@ class DashaMVR(DashaPage):
     theory = DashaMVRTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   batch_size: Any = None, a: Any = None, momentum: Any = None) -> DashaMVRParams:  # type: ignore[override]
+                   batch_size: Any = None, a: Any = None, momentum: Any = None, shift_dtype: Any = None) -> DashaMVRParams:  # type: ignore[override]
         if momentum is None:
             raise TypeError(f"{self.label} needs momentum= (β in (0, 1]: h_i ← ∇f_iB(x⁺) + (1 − β)(h_i − ∇f_iB(x)))")
         beta = check_real(momentum, "momentum", low=0.0, strict=True, high=1.0)
         b, _ = self._sampling(problem, batch_size, n)
-        own = self._own(compressor, n, d, a, None)
+        own = self._own(compressor, n, d, a, None, shift_dtype, problem)
         return DashaMVRParams(bits=message_bits(compressor, n, d, float_bits), **own, batch_size=b, momentum=beta)
 
     def estimators(self, state: DashaVRState, x: Array, backend: Any, params: RunParams[Any]) -> tuple[Array, bool | None, float | None]:
@@ -389,7 +448,10 @@ class DashaMVR(DashaPage):
             return gx + (1 - params.own.momentum) * (state.H - gy), None, 2.0 * b
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 dasha = Dasha()
+#: DASHA-PP's round: what ``dasha`` resolves to with ``participation`` (not in the catalog:
+#: the run is ``dasha``'s).
+dasha_pp = DashaPP()
 dasha_page = DashaPage()
 dasha_mvr = DashaMVR()

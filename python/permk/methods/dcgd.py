@@ -12,7 +12,7 @@ from .. import exchanges as ex
 from ..compressors import Compressor
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, shift_step_class, shifted_dcgd_stepsize, worker_constants
-from .base import Method
+from .base import Method, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, message_bits
 
 __all__ = ["DCGDState", "ShiftedDCGDState", "DCGDParams", "DCGDTheory", "DCGD", "ShiftedDCGD", "dcgd", "dcgd_shifted"]
@@ -29,13 +29,14 @@ class DCGDState(CountedState):
 
 @dataclass(frozen=True, eq=False)
 class ShiftedDCGDState(DCGDState):
-    """The state of DCGD with shifts (``shifts="initial"``): the iterate ``x = x^t``, the point
-    ``y`` of the shifts ``h_i = ∇f_i(y)`` (``y = x^0``) and their mean ``h = ∇f(y)``."""
+    """The state of DCGD with shifts (``shifts="initial"``): the iterate ``x = x^t``, the shifts
+    ``H = [h_i]``, ``h_i = ∇f_i(x^0)``, of the workers this process holds (all ``n`` in
+    simulation), stored as the workers store them, and their mean ``h = (1/n) Σ_i h_i``."""
 
-    y: Array = field(kw_only=True)
+    H: Array = field(kw_only=True)
     h: Array = field(kw_only=True)
 
-    arrays: ClassVar[dict[str, str]] = {"x": "shared", "y": "shared", "h": "shared"}
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "H": "per_worker", "h": "shared"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class DCGDParams(MethodParams):
     """DCGD's parameters: its ``shifts`` (None, or ``"initial"``: ``h_i = ∇f_i(x^0)``)."""
 
     shifts: str | None
+    shift_dtype: str = "float64"
 
 
 class DCGDTheory(MethodTheory[DCGDParams]):
@@ -70,29 +72,31 @@ class DCGD(Method):
     ``shifts=None`` (default): ``x^{t+1} = x^t − γ (1/n) Σ_i C_i(∇f_i(x^t))`` with the user's
     ``gamma`` (no theory step). ``shifts="initial"``: the shifts ``h_i = ∇f_i(x^0)`` stay fixed
     (the authors' ``dcgd_permutation``), worker ``i`` sends ``C_i(∇f_i(x^t) − h_i)`` and
-    ``x^{t+1} = x^t − γ (h̄ + (1/n) Σ_i C_i(∇f_i(x^t) − h_i))``, ``h̄ = ∇f(x^0)`` (the start's
-    exchange is not counted); a worker recomputes its ``h_i`` where it sends a value instead of
-    storing it (``C_i(∇f_i(x) − ∇f_i(x^0))``: the exchange of MARINA's differences). Its step is the
+    ``x^{t+1} = x^t − γ (h̄ + (1/n) Σ_i C_i(∇f_i(x^t) − h_i))``, ``h̄ = (1/n) Σ_i h_i`` (the
+    start's exchange is not counted); each worker stores its ``h_i`` (the shifted exchange with
+    fixed shifts), so a round evaluates one gradient per worker, at ``x^t`` (the sent
+    coordinates only, where the problem has a coordinate oracle). Its step is the
     authors' (:func:`~permk.theory.steps.shifted_dcgd_stepsize`) for compressors in the class of
     PermK (AB constants ``A = B ≤ 1``); other compressors need ``gamma``."""
 
     name = "dcgd"
     label = "DCGD"
     state_type = DCGDState
-    exchange = ex.compressed_mean
+    exchange: ClassVar[ex.Exchange] = ex.compressed_mean
     theory = DCGDTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   shifts: str | None = None) -> DCGDParams:
+                   shifts: str | None = None, shift_dtype: Any = None) -> DCGDParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DCGD needs an unbiased compressor; {compressor.name} is biased")
         if shifts not in (None, "initial"):
             raise ValueError(f"shifts must be None or 'initial', got {shifts!r}")
-        return DCGDParams(bits=message_bits(compressor, n, d, float_bits), shifts=shifts)
+        return DCGDParams(bits=message_bits(compressor, n, d, float_bits), shifts=shifts, shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DCGDParams], *, seed: int) -> DCGDState:
         if params.own.shifts == "initial":
-            return ShiftedDCGDState(x=x0, y=x0, h=np.array(ex.mean_grad(backend, x0), dtype=np.float64), round=0, seed=seed)
+            H = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
+            return ShiftedDCGDState(x=x0, H=H, h=np.array(ex.mean_rows(backend, H), dtype=np.float64), round=0, seed=seed)
         return DCGDState(x=x0, round=0, seed=seed)
 
     def update(self, state: DCGDState, backend: Any, compressor: Compressor,
@@ -100,8 +104,8 @@ class DCGD(Method):
         if params.own.shifts == "initial":
             if not isinstance(state, ShiftedDCGDState):
                 raise TypeError(f"a run with shifts='initial' continues a ShiftedDCGDState, got a {type(state).__name__}")
-            diff = ex.compressed_mean_diff(backend, compressor, state.x, state.y, seed=state.seed, round=state.round)
-            step = state.h + diff
+            mean, _ = ex.shifted(backend, compressor, state.H, state.x, alpha=0.0, seed=state.seed, round=state.round)
+            step = state.h + mean
         else:
             step = ex.compressed_mean(backend, compressor, state.x, seed=state.seed, round=state.round)
         bits = params.bits.compressed
@@ -110,18 +114,19 @@ class DCGD(Method):
 
 
 class ShiftedDCGD(DCGD):
-    """:class:`DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
+    """:class:`~permk.methods.DCGD` with ``shifts="initial"`` by default, under its own name: the experiments'
     ``METHOD-COMPRESSOR`` (``dcgd_shifted-permk``) selects it. ``permk.dcgd_shifted(...)`` is
     ``permk.dcgd(..., shifts="initial")`` (the same iterates and state), named ``dcgd_shifted``."""
 
     name = "dcgd_shifted"
     label = "shifted DCGD"
+    exchange = ex.shifted
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32,  # type: ignore[override]
-                   problem: Any = None) -> DCGDParams:
-        return super().parameters(compressor, n, d, float_bits=float_bits, shifts="initial")
+                   problem: Any = None, shift_dtype: Any = None) -> DCGDParams:
+        return super().parameters(compressor, n, d, float_bits=float_bits, problem=problem, shifts="initial", shift_dtype=shift_dtype)
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 dcgd = DCGD()
 dcgd_shifted = ShiftedDCGD()

@@ -13,7 +13,7 @@ from .._validate import check_probability, check_real
 from ..compressors import Compressor
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, diana_stepsize, rand_diana_stepsize, shift_step_class, worker_constants
-from .base import Method
+from .base import Method, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, message_bits
 
 __all__ = ["DianaState", "RandDianaState", "DianaParams", "RandDianaParams", "DianaTheory", "RandDianaTheory",
@@ -37,15 +37,16 @@ class DianaState(CountedState):
 
 @dataclass(frozen=True, eq=False)
 class RandDianaState(CountedState):
-    """RandDIANA's state: ``x = x^t``, ``g = g^t``, the point ``y`` of the shifts
-    ``h_i = ∇f_i(y)`` (the last refresh) and their mean ``h = ∇f(y)``."""
+    """RandDIANA's state: ``x = x^t``, ``g = g^t``, the shifts ``H = [h_i]`` of the workers this
+    process holds (all ``n`` in simulation), ``h_i = ∇f_i(y)`` at the last refresh's point
+    ``y``, stored as the workers store them, and their mean ``h = (1/n) Σ_i h_i``."""
 
     x: Array
     g: Array
-    y: Array
+    H: Array
     h: Array
 
-    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "y": "shared", "h": "shared"}
+    arrays: ClassVar[dict[str, str]] = {"x": "shared", "g": "shared", "H": "per_worker", "h": "shared"}
 
 
 @dataclass(frozen=True)
@@ -57,13 +58,15 @@ class DianaParams(MethodParams):
     omega: float | None
     A: float | None
     B: float | None
+    shift_dtype: str = "float64"
 
 
 @dataclass(frozen=True)
 class RandDianaParams(MethodParams):
-    """RandDIANA's parameters: the probability ``p`` of a refresh of the shifts."""
+    """RandDIANA's parameters: the probability ``p`` of a refresh of the shifts, their dtype."""
 
     p: float
+    shift_dtype: str = "float64"
 
 
 class DianaTheory(MethodTheory[DianaParams]):
@@ -112,7 +115,8 @@ class Diana(Method):
     ``x^{t+1} = x^t − γ g^t``; worker ``i`` sends ``m_i = C_i(∇f_i(x^{t+1}) − h_i)``;
     ``g^{t+1} = h̄ + (1/n) Σ m_i`` with ``h̄ = (1/n) Σ h_i``; then ``h_i ← h_i + α m_i`` and the
     server mirrors ``h̄ ← h̄ + α (1/n) Σ m_i``. Needs an unbiased compressor; ``alpha`` defaults
-    to ``1/(ω + 1)`` and lies in ``(0, 1]``. The step (:func:`~permk.theory.steps.diana_stepsize`)
+    to ``1/(ω + 1)`` and lies in ``(0, 1]``; ``shift_dtype``: the shifts' dtype (by default the
+    problem's: :func:`~permk.methods.base.shift_dtype_option`). The step (:func:`~permk.theory.steps.diana_stepsize`)
     ``min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}`` gives
     ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x^0) − f*)/(γT)`` for ``α ≤ 1/(ω + 1)``.
 
@@ -130,7 +134,7 @@ class Diana(Method):
     theory = DianaTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   alpha: Any = None) -> DianaParams:
+                   alpha: Any = None, shift_dtype: Any = None) -> DianaParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"DIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
         omega = compressor.omega(n, d)
@@ -142,10 +146,11 @@ class Diana(Method):
             alpha = check_real(alpha, "alpha", low=0.0, strict=True, high=1.0)
         ab = compressor.ab_constants(n, d)
         return DianaParams(bits=message_bits(compressor, n, d, float_bits), alpha=alpha, omega=omega,
-                           A=None if ab is None else float(ab[0]), B=None if ab is None else float(ab[1]))
+                           A=None if ab is None else float(ab[0]), B=None if ab is None else float(ab[1]),
+                           shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[DianaParams], *, seed: int) -> DianaState:
-        H = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        H = np.array(ex.local_grads(backend, x0), dtype=params.own.shift_dtype)
         h = np.array(ex.mean_rows(backend, H), dtype=np.float64)
         return DianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
 
@@ -166,8 +171,11 @@ class RandDiana(Method):
     ``y = x^0``, ``g^0 = ∇f(x^0)`` (not counted); ``x^{t+1} = x^t − γ g^t``; on heads the workers
     send their full gradients at ``x^t`` and ``y ← x^t``, ``h̄ ← ∇f(x^t)``; every round
     ``g^{t+1} = h̄ + (1/n) Σ C_i(∇f_i(x^{t+1}) − h_i)`` (the order of the authors'
-    ``rand_diana``: the message at ``x^{t+1}`` uses the refreshed shifts). A worker recomputes
-    ``h_i = ∇f_i(y)`` where it sends a value instead of storing it. Needs an unbiased compressor;
+    ``rand_diana``: the message at ``x^{t+1}`` uses the refreshed shifts). Each worker stores its
+    shift ``h_i`` (the authors' ``_local_shift``), and ``h̄`` is their mean, so a round evaluates
+    one gradient per worker, at ``x^{t+1}`` (the sent coordinates only, where the problem has a
+    coordinate oracle); a refresh takes ``∇f_i(x^t)``, which the worker computed in the round
+    before (kept: the round's ``oracle_calls`` count one gradient). Needs an unbiased compressor;
     ``p`` defaults to ``ζ/d`` (the expected message over a full gradient, the authors'
     ``_estimate_prob``). The step is the authors' (:func:`~permk.theory.steps.rand_diana_stepsize`):
     their ``rand_diana_permutation`` step for compressors in PermK's class (AB constants
@@ -178,37 +186,45 @@ class RandDiana(Method):
     name = "rand_diana"
     label = "RandDIANA"
     state_type = RandDianaState
-    exchange = ex.compressed_mean_diff
+    exchange = ex.shifted
     has_coin = True
     theory = RandDianaTheory()
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   p: Any = None) -> RandDianaParams:
+                   p: Any = None, shift_dtype: Any = None) -> RandDianaParams:
         if not compressor.capabilities.unbiased:
             raise ValueError(f"RandDIANA needs an unbiased compressor; {compressor.name} is biased (use ef21 for TopK)")
         sizes = message_bits(compressor, n, d, float_bits)
         p = min(1.0, sizes.expected / sizes.full) if p is None else check_probability(p)
-        return RandDianaParams(bits=sizes._replace(expected=sizes.expected + p * sizes.full), p=p)
+        return RandDianaParams(bits=sizes._replace(expected=sizes.expected + p * sizes.full), p=p,
+                               shift_dtype=shift_dtype_option(shift_dtype, problem))
+
+    @staticmethod
+    def shifts(backend: Any, y: Array, dtype: str) -> tuple[Array, Array]:
+        """The held workers' shifts ``h_i = ∇f_i(y)`` (stored: a copy in ``dtype``) and their mean
+        over all workers."""
+        H = np.array(ex.local_grads(backend, y), dtype=dtype)
+        return H, np.array(ex.mean_rows(backend, H), dtype=np.float64)
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[RandDianaParams], *,
              seed: int) -> RandDianaState:
-        h = np.array(ex.mean_grad(backend, x0), dtype=np.float64)
-        return RandDianaState(x=x0, g=h.copy(), y=x0, h=h, round=0, seed=seed)
+        H, h = self.shifts(backend, x0, params.own.shift_dtype)
+        return RandDianaState(x=x0, g=h.copy(), H=H, h=h, round=0, seed=seed)
 
     def update(self, state: RandDianaState, backend: Any, compressor: Compressor,
                params: RunParams[RandDianaParams]) -> tuple[RandDianaState, RoundInfo]:
         x = state.x - params.gamma * state.g
         heads = bool(coin(state.seed, state.round, params.own.p))
         bits = params.bits.compressed
-        y, h = state.y, state.h
+        H, h = state.H, state.h
         if heads:
-            y, h = state.x, ex.mean_grad(backend, state.x)
+            H, h = self.shifts(backend, state.x, params.own.shift_dtype)
             bits += params.bits.full
-        g = h + ex.compressed_mean_diff(backend, compressor, x, y, seed=state.seed, round=state.round)
-        return RandDianaState(x=x, g=g, y=y, h=h, round=state.round + 1, seed=state.seed,
+        mean, _ = ex.shifted(backend, compressor, H, x, alpha=0.0, seed=state.seed, round=state.round)
+        return RandDianaState(x=x, g=h + mean, H=H, h=h, round=state.round + 1, seed=state.seed,
                               bits=state.bits + bits), RoundInfo(bits, heads)
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 diana = Diana()
 rand_diana = RandDiana()

@@ -43,20 +43,34 @@ class RunResult:
 
     Attributes
     ----------
-    grad_norm_sq : ``‖∇f(x^t)‖²``.
-    f_gap : ``f(x^t) − f*`` where the problem knows ``f_star``, else None.
-    bits_per_worker : bits one worker has sent after round t (cumulative, actual: the largest
-        message of the round; the initial exchange of ``∇f_i(x^0)`` is not counted, as in the paper).
-    expected_bits_per_worker : the same in expectation over the coins.
-    oracle_calls : gradient-oracle calls (sample gradients) one worker has made after round t
-        (cumulative, as :class:`RoundInfo` counts them; the start's gradients are not counted).
-    coins : MARINA's coin of every round run (True = full gradients); None for methods without one.
-    x, x_hat : the last iterate and ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the
-        theorems bound).
-    params : the run's :class:`RunParams` (the step and where it came from, the method's own
-        parameters in ``params.own``, the constants, the path); ``params.record()`` as a dict.
-    diverged_at : the round at which the iterate became non-finite (the run stopped there), else None.
-    state : the final state, to resume with ``state=``.
+    grad_norm_sq
+        ``‖∇f(x^t)‖²``.
+    f_gap
+        ``f(x^t) − f*`` where the problem knows ``f_star``, else None.
+    bits_per_worker
+        The bits one worker has sent after round t, cumulative and actual (the largest message of
+        each round); the initial exchange of ``∇f_i(x^0)`` is not counted, as in the paper.
+    expected_bits_per_worker
+        The same in expectation over the coins.
+    oracle_calls
+        The gradient-oracle calls (sample gradients) after round t: each round's count for its
+        busiest worker, summed (cumulative; :class:`~permk.methods.RoundInfo` defines a round's
+        count: a full local gradient is ``max_i m_i`` calls, a minibatch gradient ``b``, a
+        gradient kept from an earlier round is not counted again; the start's gradients are not
+        counted).
+    coins
+        MARINA's coin of every round run (True: full gradients); None for methods without one.
+    x
+        The last iterate.
+    x_hat
+        ``x̂^T``, drawn uniformly from ``x^0 … x^{T−1}`` (the point the theorems bound).
+    params
+        The run's :class:`~permk.methods.RunParams` (the step and where it came from, the method's
+        own parameters in ``params.own``, the constants, the path); ``params.record()`` as a dict.
+    diverged_at
+        The round at which the iterate became non-finite (the run stopped there), else None.
+    state
+        The final state, to resume with ``state=``.
     """
 
     method: str
@@ -136,7 +150,7 @@ class Prepared:
 def prepare(method: Algorithm, problem: Any, compressor: Compressor, *, n: int, d: int, rounds: int, seed: int,
             gamma: Any = None, gamma_multiplier: Any = 1.0, pl: Any = False, constants: str = "exact",
             float_bits: Any = 32, record_every: Any = 1, **options: Any) -> Prepared:
-    """Validate a run and choose the method's own parameters (:meth:`Method.parameters`, which
+    """Validate a run and choose the method's own parameters (:meth:`~permk.methods.Method.parameters`, which
     receives ``options`` and the ``problem``): every argument is checked before anything runs, and
     an option the method does not take is a TypeError naming it."""
     _check_method(method)
@@ -179,7 +193,7 @@ def setup(method: Algorithm, problem: Any, compressor: Compressor, **kwargs: Any
 
 def resolve(method: Algorithm, options: dict[str, Any]) -> tuple[Algorithm, dict[str, Any]]:
     """The method a run of ``method`` with ``options`` is, and its remaining options
-    (:meth:`Method.resolve`: DASHA's ``estimator``)."""
+    (:meth:`~permk.methods.Method.resolve`: DASHA's ``estimator``)."""
     _check_method(method)
     return method.resolve(options)
 
@@ -200,9 +214,16 @@ def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x
 
 def start(method: Algorithm, backend: Backend, compressor: Compressor, params: RunParams[Any], begin: State | Array,
           seed: int) -> State:
-    """The run's first state from what :func:`check_start` returned: the resumed state, or
+    """The run's first state from what :func:`check_start` returned: the resumed state (whose
+    per-worker rows must be in the run's ``shift_dtype``, where the method has one), or
     ``method.init`` at the starting point (its exchanges)."""
     if isinstance(begin, State):
+        want = getattr(params.own, "shift_dtype", None)
+        for name in begin.per_worker_arrays() if want is not None else ():
+            got = np.asarray(getattr(begin, name)).dtype
+            if got != np.dtype(want):
+                raise ValueError(f"the resumed state's {name} is {got} and this run keeps its per-worker rows in {want}: "
+                                 f"pass shift_dtype={got.name!r} to continue it")
         return begin
     return method.init(begin, backend, compressor, params, seed=check_seed(seed))
 
@@ -304,18 +325,38 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
 
     Parameters
     ----------
-    problem, compressor : the problem (see :class:`permk.problems.Problem`) and the compressor.
-    rounds : number of rounds ``T``; seed : the shared seed (coins, permutations), required.
-    gamma : step; default ``gamma_multiplier ×`` the theorem's step (``pl=True``: the PL theorem's).
-    constants : ``"exact"`` (the problem's ``L_minus, L_plus, L_pm``) or ``"pessimistic"``
+    method
+        A method object (``permk.marina``, ``permk.ef21``, ...).
+    problem
+        The problem (see :class:`permk.problems.Problem`).
+    compressor
+        The compressor (see :class:`permk.compressors.Compressor`); ``permk.Identity()`` for
+        uncompressed messages.
+    rounds
+        The number of rounds ``T``.
+    seed
+        The shared seed (coins, permutations), required.
+    gamma
+        The step; default ``gamma_multiplier ×`` the theorem's step (``pl=True``: the PL
+        theorem's).
+    constants
+        ``"exact"`` (the problem's ``L_minus, L_plus, L_pm``) or ``"pessimistic"``
         (``L_+² = L_±² = (1/n) Σ L_i²``, the paper's experiments).
-    float_bits : bits per float for the communication count (32 as in the paper, or 64).
-    record_every : record the metrics every this many rounds; progress : a tqdm bar.
-    path : ``"auto"`` (the fastest the problem and compressor allow), ``"rust"``, ``"fused"`` or
+    float_bits
+        Bits per float for the communication count: 32 as in the paper, or 64.
+    record_every
+        Record the metrics every this many rounds.
+    progress
+        Show a tqdm bar.
+    path
+        ``"auto"`` (the fastest the problem and compressor allow), ``"rust"``, ``"fused"`` or
         ``"dense"`` (see :mod:`permk.exchanges`).
-    state : resume from a state (e.g. ``result.state``): the run continues its rounds exactly.
-    x0 : the starting point (default ``problem.x0``).
-    options : the method's own (MARINA: ``p``; EF21: ``count_indices``); any other keyword is a
+    state
+        Resume from a state (e.g. ``result.state``): the run continues its rounds exactly.
+    x0
+        The starting point (default ``problem.x0``).
+    options
+        The method's own (MARINA: ``p``; EF21: ``count_indices``); any other keyword is a
         TypeError naming it.
     """
     method, options = resolve(method, options)

@@ -13,7 +13,7 @@ from ..compressors import Compressor, TopK
 from ..theory.complexity import EF21_TOPK
 from ..theory.method import MethodTheory
 from ..theory.steps import Constants, ef21_stepsize
-from .base import Method
+from .base import Method, shift_dtype_option
 from .contract import CountedState, MethodParams, RoundInfo, RunParams, message_bits
 
 __all__ = ["EF21State", "EF21Params", "EF21Theory", "EF21", "ef21"]
@@ -35,10 +35,12 @@ class EF21State(CountedState):
 
 @dataclass(frozen=True)
 class EF21Params(MethodParams):
-    """EF21's parameters: the compressor's contraction ``alpha`` and the start ``init``."""
+    """EF21's parameters: the compressor's contraction ``alpha``, the start ``init`` and the dtype
+    of the estimators ``G`` (``shift_dtype``)."""
 
     alpha: float
     init: str
+    shift_dtype: str = "float64"
 
 
 class EF21Theory(MethodTheory[EF21Params]):
@@ -69,7 +71,9 @@ class EF21(Method):
     message is not counted in the bits, either way, as the paper does not count the initial
     step ("In all cases we do not consider the communication complexity of the initial step");
     a compressor with randomness draws it from the round index :attr:`EF21.INIT_ROUND`, which no
-    round of a run uses.
+    round of a run uses. ``shift_dtype``: the estimators' dtype, by default the problem's
+    (float32 for a float32 problem, as the authors' runs keep them; ``"float64"`` on request:
+    :func:`~permk.methods.base.shift_dtype_option`).
     """
 
     name = "ef21"
@@ -84,20 +88,21 @@ class EF21(Method):
     INIT_ROUND = 2**64 - 1
 
     def parameters(self, compressor: Compressor, n: int, d: int, *, float_bits: int = 32, problem: Any = None,  # type: ignore[override]
-                   count_indices: bool = True, init: str = "full") -> EF21Params:
+                   count_indices: bool = True, init: str = "full", shift_dtype: Any = None) -> EF21Params:
         alpha = compressor.alpha(n, d)
         if alpha is None:
             raise ValueError(f"EF21 needs a contractive compressor (alpha); {compressor.name} has none")
         return EF21Params(bits=message_bits(compressor, n, d, float_bits, indices=check_flag(count_indices, "count_indices")),
-                          alpha=alpha, init=check_choice(init, "init", self.STARTS))
+                          alpha=alpha, init=check_choice(init, "init", self.STARTS), shift_dtype=shift_dtype_option(shift_dtype, problem))
 
     def init(self, x0: Array, backend: Any, compressor: Compressor, params: RunParams[EF21Params], *, seed: int) -> EF21State:
+        dt = params.own.shift_dtype
         if params.own.init == "compressed":
             # C(∇f_i(x⁰) − 0): EF21's own exchange from zero estimators, on every backend
-            zero = np.zeros((len(backend.workers), backend.d))
+            zero = np.zeros((len(backend.workers), backend.d), dtype=dt)
             g, G = ex.error_feedback(backend, compressor, zero, x0, seed=seed, round=self.INIT_ROUND)
             return EF21State(x=x0, g=np.array(g, dtype=np.float64), G=G, round=0, seed=seed)
-        G = np.array(ex.local_grads(backend, x0), dtype=np.float64)
+        G = np.array(ex.local_grads(backend, x0), dtype=dt)
         return EF21State(x=x0, g=ex.mean_rows(backend, G), G=G, round=0, seed=seed)
 
     def update(self, state: EF21State, backend: Any, compressor: Compressor,
@@ -108,5 +113,5 @@ class EF21(Method):
         return EF21State(x=x, g=state.g + mean, G=G, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits)
 
 
-#: The method definition (callable: it runs in the simulator).
+# The method definition (callable: it runs in the simulator).
 ef21 = EF21()

@@ -93,7 +93,7 @@ class GDTheory(MarinaTheory):
 
 
 class VRMarinaTheory(MarinaTheory):
-    """VR-MARINA's finite-sum step: MARINA's with ``L̂² + (A + 1/n) ℒ²/b`` (see :class:`VRMarina`)."""
+    """VR-MARINA's finite-sum step: MARINA's with ``L̂² + (A + 1/n) ℒ²/b`` (see :class:`~permk.methods.VRMarina`)."""
 
     table_rows = {}
     label = "VR-MARINA"
@@ -136,7 +136,9 @@ class Marina(Method):
     :class:`permk.Participation` family; the full-gradient rounds are every worker's); its
     ``A``, ``B`` give the step (Theorem "AB", which holds for any unbiased family with AB
     constants; its step is never below PP-MARINA's ``1/(L(1 + sqrt((1−p)(1+ω)/(ps))))``) and
-    its expected size ``p``.
+    its expected size ``p``. Only the participants evaluate their gradients in a compressed
+    round, at ``x^{t+1}`` and ``x^t`` (they kept nothing from the rounds they sat out: the
+    round's ``oracle_calls`` count two full gradients; a full round one).
 
     >>> import permk
     >>> q = permk.Quadratic.synthetic(n=10, d=100, lam=1e-3, noise_scale=0.0, seed=0)
@@ -182,12 +184,16 @@ class Marina(Method):
                params: RunParams[MarinaParams]) -> tuple[MarinaState, RoundInfo]:
         x = state.x - params.gamma * state.g
         heads = bool(coin(state.seed, state.round, params.own.p))
+        calls = None  # one full gradient: at x^{t+1} (∇f_i(x^t) was computed in the round before)
         if heads:
             g, bits = ex.mean_grad(backend, x), params.bits.full
         else:
             g = state.g + ex.compressed_mean_diff(backend, compressor, x, state.x, seed=state.seed, round=state.round)
             bits = params.bits.compressed
-        return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads)
+            s = params.own.participation
+            if s is not None and s < backend.n:  # a participant kept nothing from the rounds it sat out
+                calls = 2.0 * params.oracle_full
+        return MarinaState(x=x, g=g, round=state.round + 1, seed=state.seed, bits=state.bits + bits), RoundInfo(bits, heads, calls)
 
 
 class GD(Marina):
@@ -271,7 +277,7 @@ class VRMarina(Marina):
 
 class StochasticMarina(VRMarina):
     """Online stochastic MARINA (Gorbunov et al. 2021, "MARINA: faster non-convex distributed
-    learning with compression", the online case): :class:`VRMarina` whose heads rounds send a
+    learning with compression", the online case): :class:`~permk.methods.VRMarina` whose heads rounds send a
     megabatch gradient ``(1/n) Σ ∇f_{iB'_i}(x^{t+1})`` of ``b'`` samples (``megabatch_size``,
     ``b'`` oracle calls) instead of the full gradient. The samples are drawn uniformly with
     replacement from the finite sum (the stochastic oracle). ``p`` defaults to
@@ -301,7 +307,7 @@ class StochasticMarina(VRMarina):
         return ex.mean_rows(backend, rows), float(big)
 
 
-#: The method definitions (callable: they run in the simulator).
+# The method definitions (callable: they run in the simulator).
 marina = Marina()
 gd = GD()
 vr_marina = VRMarina()

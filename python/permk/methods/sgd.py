@@ -82,5 +82,5 @@ class SGD(Method):
         return run(self, problem, compressor if compressor is not None else Identity(), rounds=rounds, seed=seed, **options)
 
 
-#: The method definition (callable: it runs in the simulator).
+# The method definition (callable: it runs in the simulator).
 sgd = SGD()

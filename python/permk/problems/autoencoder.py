@@ -187,19 +187,32 @@ class LinearAutoencoder:
 
     Parameters
     ----------
-    X : (N, d_f) images (rows), e.g. :func:`permk.problems.datasets.load_images`.
-    n : number of workers; p_hat : the homogeneity p̂ (see ``split``).
-    lam : regularization λ; d_e : encoding size; seed : split, assignment and init.
-    dtype : ``np.float64`` (default) or ``np.float32`` (as the authors ran it): the images and
+    X
+        The (N, d_f) images (rows), e.g. :func:`permk.problems.datasets.load_images`.
+    n
+        The number of workers.
+    p_hat
+        The homogeneity p̂ (see ``split``).
+    lam
+        The regularization λ.
+    d_e
+        The encoding size.
+    seed
+        The seed of the split, the assignment and the starting point.
+    dtype
+        ``np.float64`` (default) or ``np.float32`` (as the authors ran it): the images and
         the per-point products are held and computed in this type; ``grad``, ``loss`` and
         ``f_star`` (through the second moment) and the returned gradients are float64.
-    split : ``"per-worker"`` (the paper: worker ``i`` takes the shared part ``D_0`` with
+    split
+        ``"per-worker"`` (the paper: worker ``i`` takes the shared part ``D_0`` with
         probability p̂, else its own ``D_i``) or ``"per-sample"`` (the authors' code,
         ``dataset.py`` ``split_with_controling_homogeneity``: each sample of ``D_i`` is replaced
         by the sample at the same position of ``D_0`` with probability p̂).
-    loss : ``"paper"`` (``f_i`` as in the paper) or ``"authors"`` (the authors' ``function.py``:
+    loss
+        ``"paper"`` (``f_i`` as in the paper) or ``"authors"`` (the authors' ``function.py``:
         ``MSELoss``, i.e. the data term divided by ``d_f``, plus ``λ‖DE − I‖²``, λ not halved).
-    workers : None (every worker: a global problem), or a contiguous ``range`` of workers: the
+    workers
+        None (every worker: a global problem), or a contiguous ``range`` of workers: the
         problem then keeps only the images of the splits those workers hold (the assignment is
         computed from ``seed`` for all workers, identically on every rank), and has the
         :class:`~permk.distributed.LocalProblem` oracles for them; ``grad``, ``loss`` and
@@ -207,9 +220,11 @@ class LinearAutoencoder:
 
     Attributes
     ----------
-    local : whether the problem holds only the workers given by ``workers=`` (a local problem,
+    local
+        Whether the problem holds only the workers given by ``workers=`` (a local problem,
         whose ``workers`` attribute :func:`permk.distributed.run` reads; a global problem has none).
-    held_workers : the workers whose images the problem holds (``range(n)`` when not local).
+    held_workers
+        The workers whose images the problem holds (``range(n)`` when not local).
     """
 
     def __init__(self, X: Any, n: int, p_hat: float, lam: float, *, d_e: int = 16, seed: int = 0, dtype: Any = np.float64,
@@ -351,9 +366,13 @@ class LinearAutoencoder:
         return self._fcache[1], self._fcache[2]
 
     def loss(self, x: Any) -> float:
+        """``f(x)``, the mean of the workers' ``f_i`` (float64, in closed form from the images'
+        second moment)."""
         return self._f(x)[1]
 
     def grad(self, x: Any) -> np.ndarray:
+        """``∇f(x)``, ``(d,)`` float64, in closed form from the images' second moment (no pass
+        over the images)."""
         return self._f(x)[0].copy()
 
     @functools.cached_property
@@ -695,6 +714,8 @@ class GroupedAutoencoder:
         self.n = ae.n_splits
         self.d = ae.d
         self.x0 = ae.x0
+        #: The autoencoder's dtype (the methods keep their estimators in it: ``shift_dtype``).
+        self.dtype = ae.dtype
         self._mult = ae.n_splits * ae.weights
 
     @property
@@ -708,6 +729,8 @@ class GroupedAutoencoder:
         return self.ae.grad(x)
 
     def local_grads(self, x: Any) -> np.ndarray:
+        """The ``S`` virtual workers' gradients ``∇f'_s(x)``, ``(S, d)`` float64, in a reused
+        buffer (see :meth:`LinearAutoencoder.local_grads`)."""
         with np.errstate(over="ignore", invalid="ignore"):
             return self.ae._split_grads(self.ae._point(x), self._mult, pooled=True)
 

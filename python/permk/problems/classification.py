@@ -87,17 +87,33 @@ class NonconvexSigmoid(LinearFiniteSum):
     """The nonconvex sigmoid loss ``f_ij(x) = (1 − σ(y_j a_jᵀx))²`` of a binary task (the authors'
     ``NonConvexLossFunction``), ``d = features + 1`` (the bias).
 
-    Parameters
-    ----------
-    X : (N, features) dense array or scipy.sparse matrix; y : N labels, two values (``±1``,
-        ``0/1`` or any two: :func:`permk.problems.datasets.binary_labels`).
-    n : workers; seed : the shards' shuffle; p_hat : the authors' heterogeneity (None: equal
-        shards, :func:`permk.problems.datasets.shard_indices`); shuffle : False for contiguous shards.
-    dtype : np.float64 or np.float32 (the data and the products); bias : append the constant 1.
-
     Constants (module docstring): ``L_ij = c‖a_j‖²``, ``L_i = c λ_max(A_iᵀA_i)/m_i`` with
     ``c = max φ'' = 0.1540586``.
 
+    Parameters
+    ----------
+    X
+        The (N, features) data: a dense array or a scipy.sparse matrix.
+    y
+        The N labels, two values (``±1``, ``0/1`` or any two:
+        :func:`permk.problems.datasets.binary_labels`).
+    n
+        The number of workers.
+    seed
+        The seed of the shards' shuffle.
+    p_hat
+        The authors' heterogeneity (None: equal shards, :func:`permk.problems.datasets.shard_indices`).
+    shuffle
+        False for contiguous shards.
+    dtype
+        ``np.float64`` or ``np.float32``: the type of the data and the products.
+    bias
+        Append the constant 1 to every sample.
+    x0
+        The starting point (default: zeros).
+
+    Examples
+    --------
     >>> import numpy as np
     >>> p = NonconvexSigmoid(np.eye(4), [1, -1, 1, -1], n=2, seed=0)
     >>> p.d, p.sample_counts.tolist(), p.loss(p.x0)

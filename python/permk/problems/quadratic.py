@@ -28,17 +28,22 @@ class Quadratic:
     """``f_i(x) = ½ xᵀA_i x − xᵀb_i`` with symmetric ``A_i`` (the quadratics of Example
     "quadratic functions" and of the experiments).
 
-    Parameters
-    ----------
-    matrices : sequence of n symmetric (d, d) arrays or scipy.sparse matrices ``A_i``.
-    vectors : (n, d) array of the ``b_i``.
-    x0 : starting point (default: zeros).
-
     The smoothness constants (``L_minus``, ``L_plus``, ``L_pm``, ``L_i``, ``mu``) are exact,
     from eigenvalues (:class:`permk.theory.smoothness.ExactConstants`), each computed when first
     read and kept; ``f_star`` is one linear solve. Every Lanczos run starts from a seeded vector,
     so the constants are the same in every process.
 
+    Parameters
+    ----------
+    matrices
+        A sequence of n symmetric (d, d) arrays or scipy.sparse matrices ``A_i``.
+    vectors
+        The (n, d) array of the ``b_i``.
+    x0
+        The starting point (default: zeros).
+
+    Examples
+    --------
     >>> import numpy as np
     >>> q = Quadratic([np.eye(2), 3 * np.eye(2)], np.zeros((2, 2)), x0=np.ones(2))
     >>> q.loss(q.x0), round(q.L_pm, 12), round(q.L_minus, 12)

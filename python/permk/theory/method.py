@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Generic, Mapping, TypeVar
 from .complexity import TableRow
 from .steps import Constants
 
-__all__ = ["MethodTheory"]
+__all__ = ["MethodTheory", "P"]
 
 #: A method's own parameters (:class:`permk.methods.MethodParams`).
 P = TypeVar("P")

@@ -274,20 +274,26 @@ class ModuleProblem(_ModuleOracles):
     """``f = (1/n) Σ_i f_i`` with ``f_i(x) = loss(module_x(X_i), Y_i)`` over the ``n`` shards
     ``shards[i] = (X_i, Y_i)`` (module docstring).
 
-    Parameters
-    ----------
-    module : a ``torch.nn.Module`` whose parameters are all ``torch.float32`` or all
-        ``torch.float64`` (the dtype of the arithmetic); ``x`` holds them flattened in the order
-        of ``module.parameters()``.
-    loss : ``loss(outputs, targets)`` returning a scalar tensor, e.g.
-        ``torch.nn.functional.cross_entropy``.
-    shards : ``n`` pairs ``(inputs, targets)`` (tensors or numpy arrays; floating values are
-        converted to the parameters' dtype), with as many targets as inputs and the same
-        per-sample shapes and dtypes in every shard.
-    x0 : the starting point (default: the module's parameters).
-
     The module itself is never modified. ``sample_counts`` holds the shard sizes.
 
+    Parameters
+    ----------
+    module
+        A ``torch.nn.Module`` whose parameters are all ``torch.float32`` or all
+        ``torch.float64`` (the dtype of the arithmetic); ``x`` holds them flattened in the order
+        of ``module.parameters()``.
+    loss
+        ``loss(outputs, targets)`` returning a scalar tensor, e.g.
+        ``torch.nn.functional.cross_entropy``.
+    shards
+        ``n`` pairs ``(inputs, targets)`` (tensors or numpy arrays; floating values are
+        converted to the parameters' dtype), with as many targets as inputs and the same
+        per-sample shapes and dtypes in every shard.
+    x0
+        The starting point (default: the module's parameters).
+
+    Examples
+    --------
     >>> import torch
     >>> net = torch.nn.Linear(3, 2, dtype=torch.float64)
     >>> X, y = torch.ones(4, 3, dtype=torch.float64), torch.tensor([0, 1, 1, 0])

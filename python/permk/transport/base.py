@@ -5,9 +5,10 @@ A transport evaluates the oracles of the workers it holds and moves numbers betw
 it does no method's arithmetic (that is :mod:`permk.exchanges`, written once for every
 transport):
 
-* ``local_grads(x)``, ``grad_blocks(x)``, ``coords(x, rows, cols)``, ``message_blocks(...)`` —
-  the held workers' gradients, whole, in blocks of workers (``problem.local_grad_blocks``), at
-  some coordinates (``problem.local_grad_coords``), or compressed by the problem itself
+* ``local_grads(x)``, ``local_grads_rows(x, rows)``, ``grad_blocks(x)``, ``coords(x, rows,
+  cols)``, ``message_blocks(...)`` — the held workers' gradients, whole, of some of them (a
+  round's participants), in blocks of workers (``problem.local_grad_blocks``), at some
+  coordinates (``problem.local_grad_coords``), or compressed by the problem itself
   (``problem.local_message_blocks``); ``kernel`` — the problem's :class:`NativeKernel`;
 * ``mean_grad(x)``, ``mean_rows(V)`` — the mean of whole per-worker vectors;
 * ``plan(c, seed, round)`` — a round's shared plan (:meth:`permk.Compressor.round`);
@@ -77,6 +78,8 @@ class Transport(Protocol):
     @property
     def has_coords(self) -> bool: ...
     def local_grads(self, x: Array) -> Array: ...
+    def local_grads_rows(self, x: Array, rows: Array) -> Array: ...
+    def local_grads_rows_pair(self, x: Array, y: Array, rows: Array) -> tuple[Array, Array]: ...
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]: ...
     def message_blocks(self, compressor: Compressor, x: Array, H: Array | None, beta: float, seed: int,
                        round: int) -> Iterator[tuple[int, int, Messages | None]] | None: ...
@@ -112,7 +115,8 @@ def check_problem(problem: Any, required: tuple[str, ...] = ("n", "d", "x0", "lo
 
 class Owned:
     """Per-worker rows (an exchange's ``H``) a transport may update in place: the arrays it handed
-    out itself (the last few); any other array is copied first, so a caller's is never modified."""
+    out itself (the last few); any other array is copied first (float32 rows stay float32, any
+    other dtype becomes float64), so a caller's is never modified."""
 
     KEEP = 4
 
@@ -123,7 +127,7 @@ class Owned:
         for a in self._arrays:
             if a is H:
                 return H
-        H = np.array(H, dtype=np.float64, order="C")
+        H = np.array(H, dtype=np.float32 if np.asarray(H).dtype == np.float32 else np.float64, order="C")
         self._arrays = [H, *self._arrays[: self.KEEP - 1]]
         return H
 
@@ -146,6 +150,7 @@ class HeldWorkers:
         self.paths: dict[Any, Any] = {}
         self.own = Owned()
         self._rows: list[tuple[Array, Array]] = []  # the local gradients of the last two points
+        self._partial: list[tuple[Array, tuple[list[Array], Array, Array]]] = []  # rows kept at the last two points evaluated row by row
 
     @property
     def kernel(self) -> NativeKernel | None:
@@ -164,6 +169,100 @@ class HeldWorkers:
         rows = self._evaluate(x)
         self._rows = [(x, rows)] + self._rows[:1]
         return rows
+
+    def local_grads_rows(self, x: Array, rows: Array) -> Array:
+        """The gradients at ``x`` of the held workers ``rows`` (indices counted from the first
+        held worker, increasing), one row each, evaluating only theirs: the native kernel's
+        ``local_grads_rows`` when the problem has one, else ``local_grad(i, x)`` of each, else
+        the rows of :meth:`local_grads` (all held workers evaluated). Partial participation
+        evaluates only the round's participants this way. A worker's row at ``x`` is kept until
+        it is evaluated at another point (a participant of two rounds in a row reuses its
+        gradient at the point between them), as are the last two points' whole gradients."""
+        return self._rows_at([x], np.asarray(rows, dtype=np.int64))[0]
+
+    def local_grads_rows_pair(self, x: Array, y: Array, rows: Array) -> tuple[Array, Array]:
+        """:meth:`local_grads_rows` at ``x`` and at ``y`` (the two points of a difference), each
+        worker's two gradients one after the other (a worker's data, e.g. its matrix, read
+        twice while in cache) where the problem evaluates workers one by one (``local_grad``);
+        the same values."""
+        gx, gy = self._rows_at([x, y], np.asarray(rows, dtype=np.int64))
+        return gx, gy
+
+    def _rows_at(self, points: list[Array], rows: Array) -> list[Array]:
+        """The rows ``rows`` of the held workers' gradients at each point: kept ones reused (the
+        whole gradients of the last two points; the rows evaluated at the last two points
+        evaluated row by row), the others evaluated — worker by worker, all points of a worker
+        in turn, where the problem evaluates workers one by one."""
+        m, d, start = len(rows), self.d, self.workers.start
+        out: list[Array] = []
+        todo: list[Array] = []
+        none = np.zeros(0, dtype=np.int64)
+        for x in points:
+            whole = next((w for cx, w in self._rows if cx is x), None)
+            if whole is not None:
+                out.append(whole if m == len(self.workers) else whole[rows])
+                todo.append(none)
+                continue
+            if m == len(self.workers) and not hasattr(self.problem, "local_grad"):
+                out.append(self.local_grads(x))
+                todo.append(none)
+                continue
+            kept = self._partial_at(x)
+            if kept is None:
+                out.append(np.empty((m, d)))
+                todo.append(np.arange(m))
+                continue
+            blocks, block_of, row_of = kept
+            o = np.empty((m, d))
+            b = block_of[rows]
+            for k in np.unique(b[b >= 0]).tolist():  # the kept rows, block by block
+                js = np.flatnonzero(b == k)
+                o[js] = blocks[k][row_of[rows[js]]]
+            out.append(o)
+            todo.append(np.flatnonzero(b < 0))
+        if not any(len(t) for t in todo):
+            return out
+        kernel = self.kernel
+        if kernel is not None and hasattr(kernel, "local_grads_rows"):
+            for x, o, js in zip(points, out, todo):
+                if len(js):
+                    got = kernel.local_grads_rows(np.ascontiguousarray(x, dtype=np.float64), rows[js] + start)
+                    o[js] = check_output(got, (len(js), d), "kernel.local_grads_rows(x, rows)")
+        elif hasattr(self.problem, "local_grad"):
+            miss = [set(js.tolist()) for js in todo]
+            for j, r in enumerate(rows.tolist()):  # a worker's points in turn
+                for x, o, mk in zip(points, out, miss):
+                    if j in mk:
+                        o[j] = check_output(self.problem.local_grad(start + r, x), (d,), f"problem.local_grad({start + r}, x)")
+        else:
+            for k, (x, js) in enumerate(zip(points, todo)):
+                if len(js):
+                    out[k] = self.local_grads(x)[rows]
+        for x, o, js in zip(points, out, todo):
+            if len(js):
+                self._keep(x, rows[js], o[js] if len(js) < m else o)
+        return out
+
+    def _partial_at(self, x: Array) -> tuple[list[Array], Array, Array] | None:
+        """The rows kept at the point ``x``: ``(blocks, block_of, row_of)``, held worker ``r``'s
+        row ``blocks[block_of[r]][row_of[r]]`` (``block_of[r] < 0``: not kept), or None."""
+        for cx, kept in self._partial:
+            if cx is x:
+                return kept
+        return None
+
+    def _keep(self, x: Array, rows: Array, block: Array) -> None:
+        """Keep the rows ``block`` of the held workers ``rows`` at the point ``x`` (the rows of
+        the last two points evaluated row by row are kept)."""
+        kept = self._partial_at(x)
+        if kept is None:
+            held = len(self.workers)
+            kept = ([], np.full(held, -1, dtype=np.int64), np.zeros(held, dtype=np.int64))
+            self._partial = [(x, kept)] + self._partial[:1]
+        blocks, block_of, row_of = kept
+        block_of[rows] = len(blocks)
+        row_of[rows] = np.arange(len(rows))
+        blocks.append(block)
 
     def grad_blocks(self, x: Array) -> Iterator[tuple[int, int, Array]]:
         """The held workers' gradients at ``x`` in blocks of consecutive workers, ``(lo, hi, G)``

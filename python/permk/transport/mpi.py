@@ -17,8 +17,7 @@ aggregate), chosen by the compressor's capabilities:
   in the others. When all ranks share one node (p2p mode, ``MPIBackend(window="auto")``, the
   default), the other shared plans' values (PermK's) go through an MPI-3 shared-memory window
   instead of an ``Allgatherv``: each rank writes its workers' values into their place in the
-  window, one barrier, and every rank sums them from there (the same bits;
-  :meth:`MPIBackend._mean_values_shared`);
+  window, one barrier, and every rank sums them from there (the same bits);
 * otherwise (TopK, quantizers): ``(index, value)`` pairs (uint32 indices; no lengths exchanged
   when the messages have a fixed size);
 * full-gradient exchanges: ``Allreduce`` of each rank's sum over its workers
@@ -199,7 +198,7 @@ class MPIBackend(HeldWorkers):
         """``(1/n) Σ_i C_i(a_i)`` of a shared plan's round from the held workers' values
         (``fill``): only values travel, gathered in worker order, and the round sums them — bit
         for bit the simulator's. When every rank holds one worker and the round gives each worker
-        one contiguous block, the values are written in place (:meth:`_mean_in_place`)."""
+        one contiguous block, the values are written in place."""
         self.bytes.theory(self._theory_bytes(compressor))
         if self.size == self.n and r.disjoint:
             ranges = r.ranges()
