@@ -844,6 +844,11 @@ def main() -> int:
     if args.inner:
         inner(json.loads(Path(args.inner[0]).read_text()), int(args.inner[1]))
         return 0
+    try:
+        load_data(args.data, 10)
+    except (OSError, ValueError) as exc:  # DataNotFoundError is an OSError
+        print(f"bench_ddp_compare needs Fashion-MNIST (Debian's dataset-fashion-mnist, or --data DIR): skipped ({exc})")
+        return 0
     args.lrs = dict(LRS)
     args.steps = {"two-layer": args.steps[0], "mlp": args.steps[1]}
     if args.smoke:
