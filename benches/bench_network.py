@@ -45,7 +45,8 @@ With torch installed it also times DDP steps of a small MLP (random data) throug
 talks TCP and so crosses the limited loopback: the default all-reduce against
 ``permk.torch.comm_hook(PermK())`` (:func:`ddp_step_seconds`).
 
-The machine is shared: ranks share its cores (say so when reading the seconds at high rates,
+The namespace machinery is :mod:`netns` (shared with ``bench_ddp_compare.py``). The machine is
+shared: ranks share its cores (say so when reading the seconds at high rates,
 where computation, not the link, sets the pace). It needs root and ``tc``; without them it says
 why and exits 0.
 
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import shutil
@@ -73,6 +73,9 @@ from typing import Any, Sequence
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import netns  # noqa: E402 - the namespace machinery shared with bench_ddp_compare.py
+from netns import THREAD_ENV, TBF, LimitedLoopback, rate_bits, rate_label, run_group  # noqa: E402
 FIGURE = HERE.parent / "docs" / "figures" / "network_time_to_eps.png"
 DEBIAN_FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -81,10 +84,6 @@ MPI_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_SHM_ENABLE": "0", "MPIR_CVAR
 #: the runs' Allgatherv algorithm: MPICH's default (a ring at these sizes) takes 1.6-3x the wire's
 #: time with 4 ranks on 2 cores (measured: 0.64 s against 0.20 s at 1 Gbit/s), Bruck's reaches it
 TUNED_ENV = {"MPIR_CVAR_ALLGATHERV_INTRA_ALGORITHM": "brucks"}
-#: one BLAS/OpenMP thread per rank (the ranks share the machine's cores)
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-#: the token bucket: a burst above the MTU (9000) and the queue's latency bound
-TBF = ("burst", "512kb", "latency", "100ms")
 METHODS = ("gd", "marina-permk", "marina-randk", "ef21-topk")
 LABELS = {"gd": "GD (uncompressed)", "marina-permk": "MARINA + PermK", "marina-randk": "MARINA + RandK",
           "ef21-topk": "EF21 + TopK"}
@@ -100,112 +99,12 @@ def mpiexec_path() -> str | None:
 
 
 def unavailable() -> str | None:
-    """Why this machine cannot run the bench (None if it can): root, ``ip``, ``tc``, ``mpiexec``,
-    and a namespace with a token bucket that can really be made."""
-    if os.geteuid() != 0:
-        return "it needs root (network namespaces and tc)"
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` (iproute2) is not installed"
-    if mpiexec_path() is None:
-        return "mpiexec not found: pip install 'permk[mpi]'"
-    try:
-        with LimitedLoopback("1gbit"):
-            pass
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"a rate-limited network namespace cannot be made here: {exc}"
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# the namespace
-# ---------------------------------------------------------------------------------------------
-_LIVE: set[str] = set()
-_COUNTER = itertools.count()
-
-
-def _sh(*cmd: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    if proc.returncode != 0:
-        raise subprocess.SubprocessError(f"{' '.join(cmd)}: {proc.stderr.strip() or proc.returncode}")
-
-
-class LimitedLoopback:
-    """A network namespace whose loopback sends at most ``rate`` (tc's syntax: ``100mbit``,
-    ``1gbit``; None: no limit), MTU 9000; removed when the ``with`` block ends, whatever happens
-    in it. ``prefix`` runs a command inside it."""
-
-    def __init__(self, rate: str | None) -> None:
-        self.rate = rate
-        self.name = f"permk-bench-{os.getpid()}-{next(_COUNTER)}"
-
-    def __enter__(self) -> "LimitedLoopback":
-        _sh("ip", "netns", "add", self.name)
-        _LIVE.add(self.name)
-        try:
-            _sh("ip", "-n", self.name, "link", "set", "lo", "up")
-            _sh("ip", "-n", self.name, "link", "set", "lo", "mtu", "9000")
-            if self.rate is not None:
-                _sh(*self.prefix, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", self.rate, *TBF)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self.name in _LIVE:
-            subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
-            _LIVE.discard(self.name)
-
-    @property
-    def prefix(self) -> list[str]:
-        return ["ip", "netns", "exec", self.name]
-
-
-def _remove_live_namespaces() -> None:
-    for name in list(_LIVE):
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
-        _LIVE.discard(name)
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds the `with` blocks, which remove their namespaces
-
-
-def run_group(cmd: Sequence[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run ``cmd`` in a process group of its own; on a timeout or an interruption the whole group
-    (mpiexec and the ranks it started) is killed, by its id, so nothing outlives its namespace."""
-    proc = subprocess.Popen(list(cmd), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
-
-
-def rate_bits(rate: str | None) -> float | None:
-    """tc's rate syntax (``100mbit``, ``1gbit``, ``500kbit``) in bits per second."""
-    if rate is None:
-        return None
-    for unit, f in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * f
-    raise ValueError(f"rate {rate!r}: use tc's syntax, e.g. 100mbit or 1gbit")
-
-
-def rate_label(rate: str | None) -> str:
-    if rate is None:
-        return "no limit"
-    b = rate_bits(rate)
-    assert b is not None
-    return f"{b / 1e9:g} Gbit/s" if b >= 1e9 else f"{b / 1e6:g} Mbit/s"
+    """Why this machine cannot run the bench (None if it can): what :func:`netns.unavailable`
+    checks (root, ``ip``, ``tc``, a rate-limited namespace really made), and ``mpiexec``."""
+    why = netns.unavailable()
+    if why is None and mpiexec_path() is None:
+        why = "mpiexec not found: pip install 'permk[mpi]'"
+    return why
 
 
 # ---------------------------------------------------------------------------------------------
@@ -666,12 +565,11 @@ def main() -> int:
     if why is not None:
         print(f"bench_network: skipped: {why}")
         return 0
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, _on_signal)
+    netns.install_signal_handlers()
     try:
         return run_bench(args)
     finally:
-        _remove_live_namespaces()
+        netns.remove_live_namespaces()
 
 
 def run_bench(args: argparse.Namespace) -> int:

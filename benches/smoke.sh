@@ -3,7 +3,8 @@
 # runs fails CI. The numbers are not checked here (they stay out of the tests); a bench fails
 # when it exits non-zero. Every benches/bench_*.py is run, so a new bench must have a smoke mode.
 # Benches that need what the machine lacks (torch; root and tc for bench_network) say so and
-# exit 0. Runs them all, then exits 1 if any failed, naming them.
+# exit 0 (bench_ddp_compare's smoke run needs torch only: it skips its wall-clock stage, the one
+# that needs root and tc). Runs them all, then exits 1 if any failed, naming them.
 #
 #   benches/smoke.sh                 # with `python`
 #   PYTHON=/path/to/python benches/smoke.sh
