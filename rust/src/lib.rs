@@ -1,7 +1,8 @@
 //! permk's Rust core: shared randomness, the paper's compressors and the quadratic kernels.
 //!
 //! The core is pure Rust on `ndarray` views (`cargo test --no-default-features`); the PyO3
-//! glue lives in `py.rs` behind the default `python` feature.
+//! glue lives in `py/` (one file per concept, shared helpers in `py/mod.rs`) behind the default
+//! `python` feature.
 //!
 //! - [`sparsify`]: the sparsifiers, one type per file, each implementing
 //!   [`sparsify::Sparsify`], listed once in the registry of `sparsify/mod.rs`;
