@@ -4,8 +4,9 @@
 (float32; ``--sizes`` parameters, about 1 M and 7 M) with SGD, one DDP model per method, all
 initialised alike. Methods: DDP's own all-reduce (the reference), torch's fp16 compression hook,
 and permk's hook with PermK, BlockPermK(n) and — to show what the plan costs — PermK with the plan
-computed when the bucket arrives (``lookahead=False``); optionally the DIANA-shifted PermK hook
-(``--shifted``). Two bucket layouts: one bucket for the whole model, and DDP buckets of a quarter
+computed when the bucket arrives (``lookahead=False``) and — to show what the native placement
+saves — PermK on the torch path (coordinate tensors, ``index_select``/``index_copy_``: the hook
+before native placement, the same bits); optionally the DIANA-shifted PermK hook (``--shifted``). Two bucket layouts: one bucket for the whole model, and DDP buckets of a quarter
 of the model (``bucket_cap_mb``) — several buckets.
 
 A step is ``zero_grad``, forward, backward (DDP's buckets communicate inside it) and
@@ -77,9 +78,10 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
                     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
                 elif name != "all-reduce":
                     comp = {"PermK": permk.PermK(), "PermK (plan on arrival)": permk.PermK(), "DIANA-PermK": permk.PermK(),
-                            f"BlockPermK({world})": permk.BlockPermK(world)}[name]
+                            "PermK (torch placement)": permk.PermK(), f"BlockPermK({world})": permk.BlockPermK(world)}[name]
                     state, hook = pt.comm_hook(comp, seed=1, lookahead=name != "PermK (plan on arrival)",
                                                shift="diana" if name == "DIANA-PermK" else None)
+                    state._native = name != "PermK (torch placement)"
                     ddp.register_comm_hook(state, hook)
                 opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
                 methods[name] = (ddp, opt, state)
@@ -113,8 +115,10 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
 
 def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
     """Where a PermK / BlockPermK(n) round's time goes on one rank (no communication): the native
-    plan, its arrays for the device (coordinates, padding), packing this rank's values and placing
-    all ranks' values, as ratios to a copy of the d float32 values measured alongside (medians)."""
+    plan, its arrays for the device (coordinates, padding; none for a natively placed round), packing
+    this rank's values and placing all ranks' values, as ratios to a copy of the d float32 values
+    measured alongside (medians). PermK twice: natively placed (placement ``native``, the hook's
+    path for float32/float64 CPU buckets) and on the torch path (``padded``)."""
     import torch
 
     import permk
@@ -124,7 +128,8 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
     rows = []
     for d in sizes:
         x, y = torch.randn(d), torch.empty(d)
-        for comp in (permk.PermK(), permk.BlockPermK(n)):
+        # PermK natively placed (the hook's path for float32 CPU buckets) and on the torch path
+        for comp, dtype in ((permk.PermK(), x.dtype), (permk.PermK(), None), (permk.BlockPermK(n), x.dtype)):
             t: dict[str, list[float]] = {k: [] for k in ("copy", "plan", "arrays", "pack", "place")}
             for rep in range(reps):
                 t0 = time.perf_counter()
@@ -132,7 +137,7 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
                 t1 = time.perf_counter()
                 rnd = comp.round(n, d, seed=1, round=rep)
                 t2 = time.perf_counter()
-                dr = device_round(rnd, 0, torch.device("cpu"))
+                dr = device_round(rnd, 0, torch.device("cpu"), dtype=dtype)
                 t3 = time.perf_counter()
                 send, recv = torch.empty(dr.width), torch.randn(n * dr.width)
                 t4 = time.perf_counter()
@@ -187,7 +192,8 @@ def main() -> None:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r) + " |")
     if args.phases_only:
         return
-    methods = ["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)"] + (["DIANA-PermK"] if args.shifted else [])
+    methods = (["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)", "PermK (torch placement)"]
+               + (["DIANA-PermK"] if args.shifted else []))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         spec = {"ranks": n, "sizes": args.sizes, "din": 1024, "batch": args.batch, "reps": args.reps, "warmup": args.warmup,
@@ -227,6 +233,8 @@ def main() -> None:
                    f"Linear(1024,h)-ReLU-Linear(h,h)-ReLU-Linear(h,10), batch {args.batch} per rank, SGD; "
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
                    "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False); "
+                   "'torch placement': PermK packed and placed with torch index ops on coordinate tensors (the hook before "
+                   "native placement; the same bits); "
                    "'DIANA-PermK': the hook with shift='diana'. The buckets column: the layout asked for and, in "
                    f"parentheses, the bucket indices DDP used. torch {torch_version()}."),
             path=args.json,

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="permk.torch needs PyTorch (pip install 'permk[torch]')")
@@ -179,6 +180,59 @@ def test_bucket_seed_is_a_pure_function() -> None:
     assert len({bucket_seed(s, b) for s in (0, 1) for b in range(4)}) == 8
     with pytest.raises(ValueError, match="seed"):
         bucket_seed(-1, 0)
+
+
+def _exchange(rounds: list[Any], xs: list[Any], n: int) -> list[Any]:
+    """Every rank's packed values in its padded slot (the pad repeating its last value, as the
+    transport sends), gathered, then placed by each rank: the means, one per rank."""
+    width = rounds[0].width
+    slots = []
+    for rank, (r, x) in enumerate(zip(rounds, xs)):
+        k = int(r.counts[rank])
+        send = torch.full((width,), float("nan"), dtype=x.dtype)
+        r.gather(x.view(1, -1), rank, divide=n, out=send[:k])
+        if 0 < k < width:
+            send[k:] = send[k - 1]
+        slots.append(send)
+    recv = torch.cat(slots)
+    outs = []
+    for r, x in zip(rounds, xs):
+        out = torch.full_like(x, float("nan"))
+        outs.append(r.place(recv, out))
+    return outs
+
+
+@pytest.mark.parametrize("n,d", [(4, 10), (4, 1001), (3, 7), (2, 70_001), (5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_placement_is_the_torch_path(n: int, d: int, dtype: Any) -> None:
+    """A CPU float32/float64 PermK round (and a disjoint shared-seed RandK one) is packed and placed
+    by the native round (placement "native", no coordinate tensors formed): every rank's mean is the
+    torch path's bit for bit, and compressor.aggregate's; its coordinates are the plan's on request.
+    bfloat16 buckets keep the torch path."""
+    from permk.transport.ddp import device_round
+
+    gen = torch.Generator().manual_seed(d)
+    xs = [torch.randn(d, generator=gen, dtype=torch.float64).mul_(3.0).to(dtype) for _ in range(n)]
+    xs[0][::3] = -0.0
+    for comp in (permk.PermK(), permk.RandK(3)):
+        for rnd_no in range(3):
+            rnd = comp.round(n, d, seed=7, round=rnd_no)
+            native = [device_round(rnd, rank, torch.device("cpu"), dtype=dtype) for rank in range(n)]
+            plain = [device_round(rnd, rank, torch.device("cpu")) for rank in range(n)]
+            if not rnd.disjoint or rnd.ranges() is not None:  # summed, or ranges: the torch path's own forms
+                assert native[0].placement != "native"
+                continue
+            assert [r.placement for r in native] == ["native"] * n and native[0]._coords is None
+            got, want = _exchange(native, xs, n), _exchange(plain, xs, n)
+            agg = comp.aggregate(torch.stack(xs).numpy(), seed=7, round=rnd_no)
+            for g, w in zip(got, want):
+                assert g.dtype == dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+                if dtype == torch.float64:
+                    assert np.array_equal(g.numpy().view(np.uint64), agg.view(np.uint64))
+            for rank, r in enumerate(native):  # the coordinates, formed on request, are the plan's
+                assert torch.equal(r.coords(rank, rank + 1), plain[rank].coords(rank, rank + 1))
+                assert torch.equal(r.coords(0, n), torch.as_tensor(rnd.coords(0, n)))
+    assert device_round(permk.PermK().round(n, d, seed=7, round=0), 0, torch.device("cpu"), dtype=torch.bfloat16).placement != "native"
 
 
 @pytest.fixture

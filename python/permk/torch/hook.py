@@ -127,6 +127,9 @@ class HookState:
     resets: int = 0
     _buckets: dict[int, _Bucket] = field(default_factory=dict, repr=False, init=False, compare=False)
     _executor: ThreadPoolExecutor | None = field(default=None, repr=False, init=False, compare=False)
+    #: False: CPU buckets take the torch path instead of the native round's packing and placement
+    #: (the same bits; for the benchmark's comparison)
+    _native: bool = field(default=True, repr=False, init=False, compare=False)
 
     def bucket_seed(self, index: int) -> int:
         """The seed bucket ``index`` uses (:func:`~permk.torch.hook.bucket_seed`)."""
@@ -215,7 +218,7 @@ class HookState:
             if self.lookahead and self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="permk-plan")
             planner = Planner(self.compressor, self.n, self.rank, d, self.bucket_seed(index), buf.device,
-                              self._executor if self.lookahead else None, f"bucket {index}")
+                              self._executor if self.lookahead else None, f"bucket {index}", dtype=buf.dtype if self._native else None)
             floats = self.compressor.floats_per_worker(self.n, d) if self.compressor.capabilities.shared_plan else d
             got = self._buckets[index] = _Bucket(key, DDPTransport(self.process_group, self.n, self.rank, d, buf.dtype,
                                                                    buf.device, planner, floats=floats), planner)

@@ -25,6 +25,13 @@ What differs from the numpy transports:
   bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` (on a thread, while
   the bucket communicates) and, on CUDA, copied to the device from pinned memory without
   blocking, on a side stream the bucket's work waits for.
+* **Native placement on CPU.** A disjoint round whose coordinates are listed (PermK with
+  ``d ≥ n``: the owner of every coordinate) on a float32/float64 CPU bucket keeps the native
+  round itself (placement ``"native"``): a rank's values are packed by one native call
+  (``Round.gather`` into the send slot) and the gathered slots placed by another
+  (``Round.place`` into the bucket), both with the GIL released, straight into the tensors'
+  memory (numpy views); no coordinate tensor is formed. The same values and copies as the
+  torch path, so the same bits. Other devices and dtypes keep the torch path.
 
 The values a rank sends (:meth:`~permk.transport.ddp.DeviceRound.gather`) are the compressor's: ``scale_i · g_j``
 computed in float64 and rounded once to the bucket's dtype (:func:`permk.compressors.messages.scaled`),
@@ -51,6 +58,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from ..compressors import Compressor, Messages, Round
 
 __all__ = ["DDPTransport", "DeviceRound", "Levels", "Planner", "SUPPORTED_DTYPES", "ShardRoutes", "device_round", "run", "scale_in_dtype",
@@ -60,6 +68,8 @@ Tensor = torch.Tensor
 #: The bucket dtypes the transport computes with (the compressors' kernels define float32 and
 #: float64; float16 and bfloat16 follow the same recipe, each operation rounded to the dtype).
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: The CPU bucket dtypes the native round packs and places (numpy's float32 and float64).
+NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,14 +142,16 @@ class DeviceRound:
     stream wait for its upload."""
 
     def __init__(self, *, n: int, d: int, rank: int, disjoint: bool, offsets: np.ndarray, scales: np.ndarray,
-                 ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None, mine: Tensor | slice, coords: Tensor | None,
+                 ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None, mine: Tensor | slice | None, coords: Tensor | None,
                  placement: str, place: Any, device: torch.device, event: Any = None, shard: Any = None) -> None:
         self.n, self.d, self.rank, self.disjoint, self.device = n, d, rank, disjoint, device
         self._offsets, self._scales, self._ranges = offsets, scales, ranges
         self.counts = np.diff(offsets)
         self.width = max(1, int(self.counts.max(initial=0)))
         self.mine, self._coords = mine, coords
-        #: ``"blocks"`` (disjoint equal aligned blocks: one ``index_copy_`` of rows), ``"slices"``
+        #: ``"native"`` (a CPU float32/float64 disjoint round of listed coordinates: the native
+        #: round packs and places, ``place`` is that round), ``"blocks"`` (disjoint equal aligned
+        #: blocks: one ``index_copy_`` of rows), ``"slices"``
         #: (disjoint ranges: one concatenation of the slots' values into the mean), ``"padded"``
         #: (disjoint, every worker sends: one ``index_copy_`` of the padded coordinates, each
         #: worker's pad repeating its last coordinate and value), ``"compact"`` (disjoint, some
@@ -161,18 +173,27 @@ class DeviceRound:
         return self._ranges
 
     def _all_coords(self) -> Tensor:
-        if self._coords is None:  # a round of ranges: the coordinates formed on request
-            starts, stops, _ = self._ranges  # type: ignore[misc]
-            self._coords = torch.cat([torch.arange(int(a), int(b), device=self.device) for a, b in zip(starts, stops)])
+        if self._coords is None:  # the coordinates formed on request: a native round's, or a round of ranges'
+            if self.placement == "native":
+                self._coords = torch.from_numpy(self._place.coords(0, self.n))
+            else:
+                starts, stops, _ = self._ranges  # type: ignore[misc]
+                self._coords = torch.cat([torch.arange(int(a), int(b), device=self.device) for a, b in zip(starts, stops)])
         return self._coords
+
+    def _mine(self) -> Tensor | slice:
+        """This rank's coordinates (a native round's formed on first request)."""
+        if self.mine is None:
+            self.mine = torch.from_numpy(self._place.coords(self.rank, self.rank + 1))
+        return self.mine
 
     def coords(self, start: int, stop: int) -> Tensor:
         """The coordinates of workers ``start..stop`` in plan order (int64, on the device)."""
-        if (start, stop) == (self.rank, self.rank + 1) and isinstance(self.mine, Tensor):
-            return self.mine
         if (start, stop) == (self.rank, self.rank + 1):
-            assert isinstance(self.mine, slice)
-            return torch.arange(self.mine.start, self.mine.stop, device=self.device)
+            mine = self._mine()
+            if isinstance(mine, Tensor):
+                return mine
+            return torch.arange(mine.start, mine.stop, device=self.device)
         return self._all_coords()[int(self._offsets[start]) : int(self._offsets[stop])]
 
     def rows(self, start: int, stop: int) -> Tensor:
@@ -192,13 +213,18 @@ class DeviceRound:
         if a.ndim != 2 or a.shape[1] != self.d or not 0 <= start <= start + m <= self.n:
             raise ValueError(f"a must be the (m, {self.d}) rows of workers start .. start + m of {self.n}, got shape "
                              f"{tuple(a.shape)} from {start}")
+        if (start, m) == (self.rank, 1) and self.placement == "native" and a.dtype in NATIVE_DTYPES and a.device.type == "cpu":
+            # one native pass over the owners, straight into the send slot's memory (GIL released)
+            vals = torch.empty(int(self.counts[self.rank]), dtype=a.dtype) if out is None else out
+            self._place.gather(a.detach().numpy(), start, divide=divide, out=vals.numpy())
+            return vals
         if (start, m) == (self.rank, 1):
-            x = a[0]
-            if isinstance(self.mine, slice):
-                src = x[self.mine]
+            x, mine = a[0], self._mine()
+            if isinstance(mine, slice):
+                src = x[mine]
                 vals = src.clone() if out is None else out.copy_(src)
             else:
-                vals = torch.index_select(x, 0, self.mine) if out is None else torch.index_select(x, 0, self.mine, out=out)
+                vals = torch.index_select(x, 0, mine) if out is None else torch.index_select(x, 0, mine, out=out)
             _scale_(vals, self.scale)
         else:
             rows, cols = self.rows(start, start + m), self.coords(start, start + m)
@@ -251,6 +277,16 @@ class DeviceRound:
         ``w``): placed (a disjoint round, whose values were divided by ``n`` by their senders) or
         summed in worker order by levels, then divided by ``n``."""
         n, w = self.n, self.width
+        if self.placement == "native":
+            if out.dtype in NATIVE_DTYPES and recv.dtype == out.dtype and out.device.type == "cpu":
+                self._place.place(recv.numpy(), w, out.detach().numpy())
+            else:  # another dtype: placed by coordinates, worker by worker
+                out.zero_()
+                for v in range(n):
+                    k = int(self.counts[v])
+                    c = self.coords(v, v + 1)
+                    out.index_copy_(0, c, recv[v * w : v * w + k])
+            return out
         if self.placement == "blocks":
             (blocks,) = self._place
             out.view(-1, w).index_copy_(0, blocks, recv.view(n, w))
@@ -298,14 +334,17 @@ class DeviceRound:
         return out.div_(self.n)
 
 
-def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None) -> DeviceRound:
+def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None,
+                 dtype: torch.dtype | None = None) -> DeviceRound:
     """``r`` (a native or Python round) as :class:`~permk.transport.ddp.DeviceRound` for ``rank`` on ``device``: the
     plan's arrays formed on the CPU (numpy) and, for a CUDA device, copied from pinned memory
     without blocking on ``stream`` (an event the transport's stream waits for). Cost: ``O(n)``
     for a round of equal aligned blocks (BlockPermK(n) with ``n | d``); otherwise the round's
     coordinates (``O(d)``), and for a summed round their levels (``O(values + d)``). ``bounds``
     (``n + 1`` increasing coordinates from 0 to ``d``): the shards of a sharded transport, whose
-    routes are formed too (``ShardRoutes``, ``O(d)``)."""
+    routes are formed too (``ShardRoutes``, ``O(d)``). ``dtype``: the bucket's; a float32/float64
+    CPU bucket with a disjoint native round of listed coordinates (PermK's owners) keeps that
+    round and forms nothing (placement ``"native"``, ``O(n)``)."""
     n, d = r.n, r.d
     offsets, scales = np.asarray(r.offsets(), dtype=np.int64), np.asarray(r.scales(), dtype=np.float64)
     counts = np.diff(offsets)
@@ -314,6 +353,10 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, 
     ranges = r.ranges()
     if ranges is not None:
         ranges = tuple(np.asarray(a) for a in ranges)  # type: ignore[assignment]
+    if (ranges is None and disjoint and bounds is None and device.type == "cpu" and dtype in NATIVE_DTYPES
+            and isinstance(r, _core.Round)):
+        return DeviceRound(n=n, d=d, rank=rank, disjoint=True, offsets=offsets, scales=scales, ranges=None,
+                           mine=None, coords=None, placement="native", place=r, device=device)
     host: dict[str, Any] = {}
     mine: Tensor | slice = slice(0, 0)
     coords_np: np.ndarray | None = None
@@ -493,8 +536,11 @@ class Planner:
     communicates."""
 
     def __init__(self, compressor: Compressor, n: int, rank: int, d: int, seed: int, device: torch.device,
-                 executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None) -> None:
+                 executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         self.compressor, self.n, self.rank, self.d, self.seed, self.bounds = compressor, n, rank, d, seed, bounds
+        #: the bucket's dtype (float32/float64 on CPU: native placement where the round allows, see device_round)
+        self.dtype = dtype
         self.device, self.executor, self.what = device, executor, what
         self._ahead: tuple[int, _Pending[DeviceRound]] | None = None
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
@@ -508,7 +554,7 @@ class Planner:
         if self._stream is not None:
             with torch.cuda.device(self.device):
                 return device_round(rnd, self.rank, self.device, self._stream, self.bounds)
-        return device_round(rnd, self.rank, self.device, bounds=self.bounds)
+        return device_round(rnd, self.rank, self.device, bounds=self.bounds, dtype=self.dtype)
 
     def take(self, r: int) -> DeviceRound:
         """Round ``r`` on the device (the one computed ahead when it is that round, else computed
