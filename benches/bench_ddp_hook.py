@@ -113,7 +113,7 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
+def phases(sizes: list[int], n: int, reps: int, threads: int) -> list[list[Any]]:
     """Where a PermK / BlockPermK(n) round's time goes on one rank (no communication): the native
     plan, its arrays for the device (coordinates, padding; none for a natively placed round), packing
     this rank's values and placing all ranks' values, as ratios to a copy of the d float32 values
@@ -122,9 +122,11 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
     import torch
 
     import permk
+    import permk.parallel
     from permk.transport.ddp import device_round
 
     torch.set_num_threads(1)
+    permk.parallel.limit_threads(threads)  # a rank's permk threads in the DDP runs
     rows = []
     for d in sizes:
         x, y = torch.randn(d), torch.empty(d)
@@ -186,7 +188,10 @@ def main() -> None:
     if args.smoke:
         args.ranks, args.sizes, args.reps, args.warmup, args.batch = 2, [20_000], 2, 1, 8
     n = args.ranks
-    phase_rows = phases(args.sizes, n, max(3, args.reps))
+    from permk.parallel import threads_per_process
+
+    permk_threads = threads_per_process(n)
+    phase_rows = phases(args.sizes, n, max(3, args.reps), permk_threads)
     print("| d | compressor | phase | placement | ms (median) | ratio to a copy of d float32 |\n|---|---|---|---|---|---|")
     for r in phase_rows:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r) + " |")
@@ -200,7 +205,8 @@ def main() -> None:
                 "layouts": ["1 bucket", "4 buckets"], "methods": methods, "out": out}
         spec_path = os.path.join(tmp, "spec.json")
         Path(spec_path).write_text(json.dumps(spec))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # one torch thread per rank, and permk's threads by its own rule (cores // ranks, at least 1)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PERMK_THREADS": str(permk_threads)}
         t0 = time.perf_counter()
         procs = [subprocess.Popen([sys.executable, __file__, "--inner", spec_path, str(r), os.path.join(tmp, "store")], env=env)
                  for r in range(n)]
@@ -229,7 +235,7 @@ def main() -> None:
             columns=["d", "buckets", "method", "step_ms", "ratio"],
             rows=rows,
             reference="DDP's all-reduce step (no hook), median of interleaved steps in the same run",
-            notes=(f"{n} gloo ranks on this machine (loopback), one torch thread each; MLP "
+            notes=(f"{n} gloo ranks on this machine (loopback), one torch thread and {permk_threads} permk thread(s) each; MLP "
                    f"Linear(1024,h)-ReLU-Linear(h,h)-ReLU-Linear(h,10), batch {args.batch} per rank, SGD; "
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
                    "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False); "

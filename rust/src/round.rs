@@ -499,9 +499,16 @@ impl Round {
             let mut q = 0;
             for (b, ow) in owner.chunks(SEL_BLOCK).enumerate() {
                 let mut k = 0;
-                for (t, &o) in ow.iter().enumerate() {
-                    sel[k] = (b * SEL_BLOCK + t) as u32;
-                    k += (o == w) as usize;
+                // 64 owners at a time: a bit mask of the worker's, then its set bits (about
+                // 64/n of them) instead of a step per coordinate
+                for (c, blk) in ow.chunks(64).enumerate() {
+                    let base = (b * SEL_BLOCK + c * 64) as u32;
+                    let mut m = L::eq_mask(blk, w);
+                    while m != 0 {
+                        sel[k] = base + m.trailing_zeros();
+                        k += 1;
+                        m &= m - 1;
+                    }
                 }
                 e.list(start, &sel[..k], scale, &mut out[q..q + k]);
                 q += k;
@@ -671,6 +678,8 @@ impl Round {
 
     /// [`Round::place_into`] for owners: coordinate `j`'s value is the next of its owner's slot.
     fn place_owners<L: Label, T: Copy + Send + Sync>(&self, owner: &[L], recv: &[T], width: usize, out: &mut [T]) -> Result<()> {
+        // (a pass worker by worker over bit masks of 64 owners, as the packing does, measured
+        // 1.6–2× slower here for 4 workers: n masks and n mispredicted loop exits per 64)
         let pass = |o: &mut [T], ow: &[L], fill: &mut [usize]| {
             for (x, &l) in o.iter_mut().zip(ow) {
                 let p = &mut fill[l.idx()];
@@ -1140,6 +1149,27 @@ mod tests {
                 coords.iter().zip(&v32).for_each(|(&j, &x)| want32[j as usize] = x);
                 assert_eq!(o32.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want32.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{sp:?} n={n} d={d}");
             }
+        }
+    }
+
+    #[test]
+    fn label_masks_are_the_comparisons() {
+        fn check<L: Label + std::fmt::Debug>(labels: &[L], n: usize) {
+            for len in (0..=64).chain([64, 64]) {
+                for start in [0, 1, 7, 64] {
+                    let blk = &labels[start..start + len];
+                    for w in 0..n {
+                        let want = blk.iter().enumerate().fold(0u64, |m, (t, &l)| m | ((l == L::of(w)) as u64) << t);
+                        assert_eq!(L::eq_mask(blk, L::of(w)), want, "len {len} start {start} w {w}");
+                    }
+                }
+            }
+        }
+        for n in [1usize, 2, 4, 5, 200] {
+            let v: Vec<usize> = (0..200).map(|t| (t * 7919 + t / 3) % n).collect();
+            check(&v.iter().map(|&l| l as u8).collect::<Vec<_>>(), n);
+            check(&v.iter().map(|&l| l as u16).collect::<Vec<_>>(), n);
+            check(&v.iter().map(|&l| l as u32).collect::<Vec<_>>(), n);
         }
     }
 
