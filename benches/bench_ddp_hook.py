@@ -78,10 +78,12 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
                     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
                 elif name != "all-reduce":
                     comp = {"PermK": permk.PermK(), "PermK (plan on arrival)": permk.PermK(), "DIANA-PermK": permk.PermK(),
-                            "PermK (torch placement)": permk.PermK(), f"BlockPermK({world})": permk.BlockPermK(world)}[name]
+                            "PermK (torch placement)": permk.PermK(), "PermK (ahead from arrival)": permk.PermK(),
+                            f"BlockPermK({world})": permk.BlockPermK(world)}[name]
                     state, hook = pt.comm_hook(comp, seed=1, lookahead=name != "PermK (plan on arrival)",
                                                shift="diana" if name == "DIANA-PermK" else None)
                     state._native = name != "PermK (torch placement)"
+                    state._defer = name != "PermK (ahead from arrival)"
                     ddp.register_comm_hook(state, hook)
                 opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
                 methods[name] = (ddp, opt, state)
@@ -170,6 +172,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--shifted", action="store_true", help="also time the DIANA-shifted PermK hook")
+    ap.add_argument("--methods", nargs="+", help="only these methods (all-reduce always; default: all)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and few steps (seconds); no table unless --json")
     ap.add_argument("--json", help="where to write the table (default benches/results/bench_ddp_hook.json)")
     ap.add_argument("--phases-only", action="store_true", help="only the table of where a round's time goes (one process)")
@@ -199,6 +202,8 @@ def main() -> None:
         return
     methods = (["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)", "PermK (torch placement)"]
                + (["DIANA-PermK"] if args.shifted else []))
+    if args.methods:
+        methods = ["all-reduce"] + [m for m in args.methods if m != "all-reduce"]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         spec = {"ranks": n, "sizes": args.sizes, "din": 1024, "batch": args.batch, "reps": args.reps, "warmup": args.warmup,

@@ -235,6 +235,32 @@ def test_native_placement_is_the_torch_path(n: int, d: int, dtype: Any) -> None:
     assert device_round(permk.PermK().round(n, d, seed=7, round=0), 0, torch.device("cpu"), dtype=torch.bfloat16).placement != "native"
 
 
+def test_a_deferred_planner_starts_the_next_round_when_told() -> None:
+    """Planner(defer=True): taking round r starts nothing; start_next() starts round r + 1 once,
+    which the next take uses; the rounds are the compressor's either way."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from permk.transport.ddp import Planner
+
+    comp = permk.PermK()
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        for defer in (True, False):
+            p = Planner(comp, 4, 1, 1001, 5, torch.device("cpu"), ex, "a bucket", dtype=torch.float32, defer=defer)
+            r0 = p.take(0)
+            assert (p._ahead is None) == defer
+            p.start_next()
+            p.start_next()  # once
+            assert p._ahead is not None and p._ahead[0] == 1
+            ahead = p._ahead[1]
+            r1 = p.take(1)
+            assert ahead.done() and ahead.result() is r1
+            for r, k in ((r0, 0), (r1, 1)):
+                assert r.placement == "native"
+                assert torch.equal(r.coords(0, 4), torch.as_tensor(comp.round(4, 1001, seed=5, round=k).coords(0, 4)))
+            p.take(7)  # out of order: computed now
+            assert p._ahead is None or p._ahead[0] == 8
+
+
 @pytest.fixture
 def one_rank() -> Iterator[None]:
     """A gloo group of one process (this one)."""

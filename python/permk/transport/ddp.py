@@ -22,9 +22,11 @@ What differs from the numpy transports:
   transport whose arrays are not numpy's. No value is checked for NaN or inf (that would wait for
   the device every bucket): they reach the mean as with an all-reduce.
 * **Buffers.** The send and receive buffers of a (bucket, size) are allocated once, on the
-  bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` (on a thread, while
-  the bucket communicates) and, on CUDA, copied to the device from pinned memory without
-  blocking, on a side stream the bucket's work waits for.
+  bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` on a thread
+  (started when round ``r`` is taken, or — ``defer=True``, the hook's — when round ``r``'s
+  exchange is done, so that it overlaps the rest of the step rather than the collective) and, on
+  CUDA, copied to the device from pinned memory without blocking, on a side stream the bucket's
+  work waits for.
 * **Native placement on CPU.** A disjoint round whose coordinates are listed (PermK with
   ``d ≥ n``: the owner of every coordinate) on a float32/float64 CPU bucket keeps the native
   round itself (placement ``"native"``): a rank's values are packed by one native call
@@ -51,6 +53,7 @@ recipe with each operation rounded to that dtype.
 from __future__ import annotations
 
 import functools
+import threading
 from concurrent.futures import Future as _Pending, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, NamedTuple, cast
 
@@ -537,12 +540,17 @@ class Planner:
 
     def __init__(self, compressor: Compressor, n: int, rank: int, d: int, seed: int, device: torch.device,
                  executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None,
-                 dtype: torch.dtype | None = None) -> None:
+                 dtype: torch.dtype | None = None, defer: bool = False) -> None:
         self.compressor, self.n, self.rank, self.d, self.seed, self.bounds = compressor, n, rank, d, seed, bounds
         #: the bucket's dtype (float32/float64 on CPU: native placement where the round allows, see device_round)
         self.dtype = dtype
         self.device, self.executor, self.what = device, executor, what
         self._ahead: tuple[int, _Pending[DeviceRound]] | None = None
+        #: a deferred planner starts round ``r + 1`` when its transport's exchange of round ``r``
+        #: is done (:meth:`~permk.transport.ddp.Planner.start_next`), not when round ``r`` is taken
+        self.defer = bool(defer)
+        self._next: int | None = None
+        self._lock = threading.Lock()
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     def _compute(self, r: int) -> DeviceRound:
@@ -559,7 +567,8 @@ class Planner:
     def take(self, r: int) -> DeviceRound:
         """Round ``r`` on the device (the one computed ahead when it is that round, else computed
         now), ready for the current stream; round ``r + 1`` starts on the planner's thread."""
-        ahead, self._ahead = self._ahead, None
+        with self._lock:
+            ahead, self._ahead, self._next = self._ahead, None, None
         if ahead is not None and ahead[0] == r:
             out = ahead[1].result()
         else:
@@ -567,9 +576,23 @@ class Planner:
                 ahead[1].cancel()
             out = self._compute(r)
         if self.executor is not None:
-            self._ahead = (r + 1, self.executor.submit(self._compute, r + 1))
+            if self.defer:
+                self._next = r + 1
+            else:
+                self._ahead = (r + 1, self.executor.submit(self._compute, r + 1))
         out.ready()
         return out
+
+    def start_next(self) -> None:
+        """A deferred planner's lookahead: start the round after the last one taken on the
+        planner's thread, once (nothing for a planner that is not deferred, or has no thread).
+        Its transport calls it when the exchange is done, so that the plan's computation overlaps
+        the rest of the step rather than the collective."""
+        with self._lock:
+            if self.executor is None or self._next is None:
+                return
+            nxt, self._next = self._next, None
+            self._ahead = (nxt, self.executor.submit(self._compute, nxt))
 
 
 class DDPTransport:
@@ -701,7 +724,15 @@ class DDPTransport:
         self.last_bytes = (k * item, w * item)
         work = dist.all_gather_into_tensor(recv, send, group=self.group, async_op=True)
         assert work is not None
-        return work.get_future().then(lambda _: r.place(recv, out))
+        planner = self.planner
+
+        def done(_: Any) -> Tensor:
+            mean = r.place(recv, out)
+            if planner is not None:
+                planner.start_next()  # a deferred planner's next round, now that the collective is done
+            return mean
+
+        return work.get_future().then(done)
 
     def _mean_shard(self, r: DeviceRound, fill: Callable[..., Tensor], k: int, out: Tensor) -> torch.futures.Future[Tensor]:
         """A sharded transport's exchange: this rank's values (listed by destination) go straight
