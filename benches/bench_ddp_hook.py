@@ -4,7 +4,8 @@
 (float32; ``--sizes`` parameters, about 1 M and 7 M) with SGD, one DDP model per method, all
 initialised alike. Methods: DDP's own all-reduce (the reference), torch's fp16 compression hook,
 and permk's hook with PermK, BlockPermK(n) and — to show what the plan costs — PermK with the plan
-computed when the bucket arrives (``lookahead=False``) and — to show what the native placement
+computed when the bucket arrives (``lookahead=False``) or started ahead as the bucket arrives
+(overlapping the collective, rather than once the exchange is done) and — to show what the native placement
 saves — PermK on the torch path (coordinate tensors, ``index_select``/``index_copy_``: the hook
 before native placement, the same bits); optionally the DIANA-shifted PermK hook (``--shifted``). Two bucket layouts: one bucket for the whole model, and DDP buckets of a quarter
 of the model (``bucket_cap_mb``) — several buckets.
@@ -200,7 +201,8 @@ def main() -> None:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r) + " |")
     if args.phases_only:
         return
-    methods = (["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)", "PermK (torch placement)"]
+    methods = (["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)", "PermK (ahead from arrival)",
+                "PermK (torch placement)"]
                + (["DIANA-PermK"] if args.shifted else []))
     if args.methods:
         methods = ["all-reduce"] + [m for m in args.methods if m != "all-reduce"]
@@ -244,7 +246,8 @@ def main() -> None:
                    f"Linear(1024,h)-ReLU-Linear(h,h)-ReLU-Linear(h,10), batch {args.batch} per rank, SGD; "
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
                    "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False); "
-                   "'torch placement': PermK packed and placed with torch index ops on coordinate tensors (the hook before "
+                   "'ahead from arrival': the next plan started when the bucket's round is taken (overlapping the "
+                   "collective) instead of once its exchange is done; 'torch placement': PermK packed and placed with torch index ops on coordinate tensors (the hook before "
                    "native placement; the same bits); "
                    "'DIANA-PermK': the hook with shift='diana'. The buckets column: the layout asked for and, in "
                    f"parentheses, the bucket indices DDP used. torch {torch_version()}."),
