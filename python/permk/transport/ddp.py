@@ -280,15 +280,8 @@ class DeviceRound:
         ``w``): placed (a disjoint round, whose values were divided by ``n`` by their senders) or
         summed in worker order by levels, then divided by ``n``."""
         n, w = self.n, self.width
-        if self.placement == "native":
-            if out.dtype in NATIVE_DTYPES and recv.dtype == out.dtype and out.device.type == "cpu":
-                self._place.place(recv.numpy(), w, out.detach().numpy())
-            else:  # another dtype: placed by coordinates, worker by worker
-                out.zero_()
-                for v in range(n):
-                    k = int(self.counts[v])
-                    c = self.coords(v, v + 1)
-                    out.index_copy_(0, c, recv[v * w : v * w + k])
+        if self.placement == "native":  # CPU float32/float64 (device_round's condition); numpy views, no copy
+            self._place.place(recv.detach().numpy(), w, out.detach().numpy())
             return out
         if self.placement == "blocks":
             (blocks,) = self._place
