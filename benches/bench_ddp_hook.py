@@ -4,8 +4,10 @@
 (float32; ``--sizes`` parameters, about 1 M and 7 M) with SGD, one DDP model per method, all
 initialised alike. Methods: DDP's own all-reduce (the reference), torch's fp16 compression hook,
 and permk's hook with PermK, BlockPermK(n) and — to show what the plan costs — PermK with the plan
-computed when the bucket arrives (``lookahead=False``); optionally the DIANA-shifted PermK hook
-(``--shifted``). Two bucket layouts: one bucket for the whole model, and DDP buckets of a quarter
+computed when the bucket arrives (``lookahead=False``) or started ahead as the bucket arrives
+(overlapping the collective, rather than once the exchange is done) and — to show what the native placement
+saves — PermK on the torch path (coordinate tensors, ``index_select``/``index_copy_``: the hook
+before native placement, the same bits); optionally the DIANA-shifted PermK hook (``--shifted``). Two bucket layouts: one bucket for the whole model, and DDP buckets of a quarter
 of the model (``bucket_cap_mb``) — several buckets.
 
 A step is ``zero_grad``, forward, backward (DDP's buckets communicate inside it) and
@@ -77,9 +79,12 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
                     ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
                 elif name != "all-reduce":
                     comp = {"PermK": permk.PermK(), "PermK (plan on arrival)": permk.PermK(), "DIANA-PermK": permk.PermK(),
+                            "PermK (torch placement)": permk.PermK(), "PermK (ahead from arrival)": permk.PermK(),
                             f"BlockPermK({world})": permk.BlockPermK(world)}[name]
                     state, hook = pt.comm_hook(comp, seed=1, lookahead=name != "PermK (plan on arrival)",
                                                shift="diana" if name == "DIANA-PermK" else None)
+                    state._native = name != "PermK (torch placement)"
+                    state._defer = name != "PermK (ahead from arrival)"
                     ddp.register_comm_hook(state, hook)
                 opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
                 methods[name] = (ddp, opt, state)
@@ -111,20 +116,25 @@ def inner(spec: dict[str, Any], rank: int, store: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
+def phases(sizes: list[int], n: int, reps: int, threads: int) -> list[list[Any]]:
     """Where a PermK / BlockPermK(n) round's time goes on one rank (no communication): the native
-    plan, its arrays for the device (coordinates, padding), packing this rank's values and placing
-    all ranks' values, as ratios to a copy of the d float32 values measured alongside (medians)."""
+    plan, its arrays for the device (coordinates, padding; none for a natively placed round), packing
+    this rank's values and placing all ranks' values, as ratios to a copy of the d float32 values
+    measured alongside (medians). PermK twice: natively placed (placement ``native``, the hook's
+    path for float32/float64 CPU buckets) and on the torch path (``padded``)."""
     import torch
 
     import permk
+    import permk.parallel
     from permk.transport.ddp import device_round
 
     torch.set_num_threads(1)
+    permk.parallel.limit_threads(threads)  # a rank's permk threads in the DDP runs
     rows = []
     for d in sizes:
         x, y = torch.randn(d), torch.empty(d)
-        for comp in (permk.PermK(), permk.BlockPermK(n)):
+        # PermK natively placed (the hook's path for float32 CPU buckets) and on the torch path
+        for comp, dtype in ((permk.PermK(), x.dtype), (permk.PermK(), None), (permk.BlockPermK(n), x.dtype)):
             t: dict[str, list[float]] = {k: [] for k in ("copy", "plan", "arrays", "pack", "place")}
             for rep in range(reps):
                 t0 = time.perf_counter()
@@ -132,7 +142,7 @@ def phases(sizes: list[int], n: int, reps: int) -> list[list[Any]]:
                 t1 = time.perf_counter()
                 rnd = comp.round(n, d, seed=1, round=rep)
                 t2 = time.perf_counter()
-                dr = device_round(rnd, 0, torch.device("cpu"))
+                dr = device_round(rnd, 0, torch.device("cpu"), dtype=dtype)
                 t3 = time.perf_counter()
                 send, recv = torch.empty(dr.width), torch.randn(n * dr.width)
                 t4 = time.perf_counter()
@@ -163,6 +173,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--shifted", action="store_true", help="also time the DIANA-shifted PermK hook")
+    ap.add_argument("--methods", nargs="+", help="only these methods (all-reduce always; default: all)")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes and few steps (seconds); no table unless --json")
     ap.add_argument("--json", help="where to write the table (default benches/results/bench_ddp_hook.json)")
     ap.add_argument("--phases-only", action="store_true", help="only the table of where a round's time goes (one process)")
@@ -181,20 +192,28 @@ def main() -> None:
     if args.smoke:
         args.ranks, args.sizes, args.reps, args.warmup, args.batch = 2, [20_000], 2, 1, 8
     n = args.ranks
-    phase_rows = phases(args.sizes, n, max(3, args.reps))
+    from permk.parallel import threads_per_process
+
+    permk_threads = threads_per_process(n)
+    phase_rows = phases(args.sizes, n, max(3, args.reps), permk_threads)
     print("| d | compressor | phase | placement | ms (median) | ratio to a copy of d float32 |\n|---|---|---|---|---|---|")
     for r in phase_rows:
         print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in r) + " |")
     if args.phases_only:
         return
-    methods = ["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)"] + (["DIANA-PermK"] if args.shifted else [])
+    methods = (["all-reduce", "fp16", "PermK", f"BlockPermK({n})", "PermK (plan on arrival)", "PermK (ahead from arrival)",
+                "PermK (torch placement)"]
+               + (["DIANA-PermK"] if args.shifted else []))
+    if args.methods:
+        methods = ["all-reduce"] + [m for m in args.methods if m != "all-reduce"]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out.json")
         spec = {"ranks": n, "sizes": args.sizes, "din": 1024, "batch": args.batch, "reps": args.reps, "warmup": args.warmup,
                 "layouts": ["1 bucket", "4 buckets"], "methods": methods, "out": out}
         spec_path = os.path.join(tmp, "spec.json")
         Path(spec_path).write_text(json.dumps(spec))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # one torch thread per rank, and permk's threads by its own rule (cores // ranks, at least 1)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PERMK_THREADS": str(permk_threads)}
         t0 = time.perf_counter()
         procs = [subprocess.Popen([sys.executable, __file__, "--inner", spec_path, str(r), os.path.join(tmp, "store")], env=env)
                  for r in range(n)]
@@ -223,10 +242,13 @@ def main() -> None:
             columns=["d", "buckets", "method", "step_ms", "ratio"],
             rows=rows,
             reference="DDP's all-reduce step (no hook), median of interleaved steps in the same run",
-            notes=(f"{n} gloo ranks on this machine (loopback), one torch thread each; MLP "
+            notes=(f"{n} gloo ranks on this machine (loopback), one torch thread and {permk_threads} permk thread(s) each; MLP "
                    f"Linear(1024,h)-ReLU-Linear(h,h)-ReLU-Linear(h,10), batch {args.batch} per rank, SGD; "
                    f"{args.reps} interleaved steps per method after {args.warmup} warm-up steps; a step's time is the "
                    "slowest rank's. 'plan on arrival': PermK's plan computed when the bucket arrives (lookahead=False); "
+                   "'ahead from arrival': the next plan started when the bucket's round is taken (overlapping the "
+                   "collective) instead of once its exchange is done; 'torch placement': PermK packed and placed with torch index ops on coordinate tensors (the hook before "
+                   "native placement; the same bits); "
                    "'DIANA-PermK': the hook with shift='diana'. The buckets column: the layout asked for and, in "
                    f"parentheses, the bucket indices DDP used. torch {torch_version()}."),
             path=args.json,

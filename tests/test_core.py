@@ -815,6 +815,74 @@ def test_round_gather_divide_and_out_are_the_numpy_composition(kw: dict[str, Any
         assert _same_bits(placed, r.mean(r.gather(A, 0)))
 
 
+@_cases(SHAPES + [(4, 300_001)])
+def test_round_place_is_the_disjoint_mean(kw: dict[str, Any], n: int, d: int) -> None:
+    """Round.place: a disjoint round's values (gather(..., divide=n)) received in padded slots
+    (pads never read) and placed are mean's average bit for bit, float64 and float32; a round
+    that is not disjoint is refused."""
+    if d > 10_000 and kw["sparsifier"] != "permk":
+        return
+    r, (offsets, _, _) = _round_and_plan(kw, n, d)
+    w = r.max_count
+    assert w == int(np.diff(offsets).max())
+    A = _awkward(n, d, 11)
+    for dtype in (np.float64, np.float32):
+        a = A.astype(dtype)
+        vals = r.gather(a, 0, divide=n)
+        for width in (max(w, 1), w + 2):
+            recv = np.full(n * width, np.nan, dtype=dtype)
+            for i in range(n):
+                recv[i * width : i * width + offsets[i + 1] - offsets[i]] = vals[offsets[i] : offsets[i + 1]]
+            out = np.full(d, 7.0, dtype=dtype)
+            if not r.disjoint:
+                with pytest.raises(ValueError, match=r"^round: .*disjoint"):
+                    r.place(recv, width, out)
+                assert (out == 7.0).all()
+                return
+            assert r.place(recv, width, out) is out
+            want = np.zeros(d, dtype=dtype)
+            want[r.coords(0, n)] = vals
+            assert _same_bits(out, want), (dtype, width)
+            if dtype == np.float64:
+                assert _same_bits(out, r.mean(r.gather(A, 0)))
+
+
+def test_round_place_checks_before_writing() -> None:
+    """Round.place's hostile inputs: each a ValueError or TypeError naming the argument, and
+    ``out`` untouched."""
+    r = _core.Spec("permk").round(4, 10, 0, 0)  # counts 3, 3, 2, 2
+    assert r.max_count == 3
+    ok = np.ones(12)
+    cases: list[tuple[Any, int, Any, type[Exception], str]] = [
+        (np.ones(8), 2, np.zeros(10), ValueError, r"^width: "),  # a slot narrower than a message
+        (np.ones(11), 3, np.zeros(10), ValueError, r"^recv: "),  # not n * width values
+        (np.ones(0), 2**63, np.zeros(10), ValueError, r"^width: "),  # n * width overflows
+        (ok, 3, np.zeros(9), ValueError, r"^out: "),
+        (ok, 3, np.zeros(10, np.float32), ValueError, r"^out: must have dtype"),
+        (ok, 3, np.zeros((2, 5)), ValueError, r"^out: "),
+        (ok, 3, np.zeros(20)[::2], ValueError, r"^out: must be C-contiguous"),
+        (ok, 3, [0.0] * 10, TypeError, r"^out: must be a numpy array"),
+        (ok.astype(np.int64), 3, np.zeros(10), TypeError, r"^recv must be"),
+        (np.ones(24)[::2], 3, np.zeros(10), ValueError, r"^recv: must be C-contiguous"),
+    ]
+    for recv, width, out, exc, match in cases:
+        before = np.array(out, copy=True)
+        with pytest.raises(exc, match=match):
+            r.place(recv, width, out)
+        assert np.array_equal(np.asarray(out), before)
+    ro = np.zeros(10)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match=r"^out: must be writeable"):
+        r.place(ok, 3, ro)
+    with pytest.raises(OverflowError):
+        r.place(ok, -1, np.zeros(10))
+    shared = np.zeros(22)
+    with pytest.raises(ValueError, match=r"^out: must not share memory with recv"):
+        r.place(shared[:12], 3, shared[11:21])
+    with pytest.raises(ValueError, match=r"^out: must not share memory with recv"):
+        r.place(shared[:12], 3, shared[2:12])
+
+
 def test_round_gather_minus_zero_is_plus_zero() -> None:
     r = _core.Spec("blockpermk", m=2).round(2, 8, 0, 0)
     a = np.full((2, 8), -0.0)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="permk.torch needs PyTorch (pip install 'permk[torch]')")
@@ -179,6 +180,85 @@ def test_bucket_seed_is_a_pure_function() -> None:
     assert len({bucket_seed(s, b) for s in (0, 1) for b in range(4)}) == 8
     with pytest.raises(ValueError, match="seed"):
         bucket_seed(-1, 0)
+
+
+def _exchange(rounds: list[Any], xs: list[Any], n: int) -> list[Any]:
+    """Every rank's packed values in its padded slot (the pad repeating its last value, as the
+    transport sends), gathered, then placed by each rank: the means, one per rank."""
+    width = rounds[0].width
+    slots = []
+    for rank, (r, x) in enumerate(zip(rounds, xs)):
+        k = int(r.counts[rank])
+        send = torch.full((width,), float("nan"), dtype=x.dtype)
+        r.gather(x.view(1, -1), rank, divide=n, out=send[:k])
+        if 0 < k < width:
+            send[k:] = send[k - 1]
+        slots.append(send)
+    recv = torch.cat(slots)
+    outs = []
+    for r, x in zip(rounds, xs):
+        out = torch.full_like(x, float("nan"))
+        outs.append(r.place(recv, out))
+    return outs
+
+
+@pytest.mark.parametrize("n,d", [(4, 10), (4, 1001), (3, 7), (2, 70_001), (5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_native_placement_is_the_torch_path(n: int, d: int, dtype: Any) -> None:
+    """A CPU float32/float64 PermK round (and a disjoint shared-seed RandK one) is packed and placed
+    by the native round (placement "native", no coordinate tensors formed): every rank's mean is the
+    torch path's bit for bit, and compressor.aggregate's; its coordinates are the plan's on request.
+    bfloat16 buckets keep the torch path."""
+    from permk.transport.ddp import device_round
+
+    gen = torch.Generator().manual_seed(d)
+    xs = [torch.randn(d, generator=gen, dtype=torch.float64).mul_(3.0).to(dtype) for _ in range(n)]
+    xs[0][::3] = -0.0
+    for comp in (permk.PermK(), permk.RandK(3)):
+        for rnd_no in range(3):
+            rnd = comp.round(n, d, seed=7, round=rnd_no)
+            native = [device_round(rnd, rank, torch.device("cpu"), dtype=dtype) for rank in range(n)]
+            plain = [device_round(rnd, rank, torch.device("cpu")) for rank in range(n)]
+            if not rnd.disjoint or rnd.ranges() is not None:  # summed, or ranges: the torch path's own forms
+                assert native[0].placement != "native"
+                continue
+            assert [r.placement for r in native] == ["native"] * n and native[0]._coords is None
+            got, want = _exchange(native, xs, n), _exchange(plain, xs, n)
+            agg = comp.aggregate(torch.stack(xs).numpy(), seed=7, round=rnd_no)
+            for g, w in zip(got, want):
+                assert g.dtype == dtype and torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+                if dtype == torch.float64:
+                    assert np.array_equal(g.numpy().view(np.uint64), agg.view(np.uint64))
+            for rank, r in enumerate(native):  # the coordinates, formed on request, are the plan's
+                assert torch.equal(r.coords(rank, rank + 1), plain[rank].coords(rank, rank + 1))
+                assert torch.equal(r.coords(0, n), torch.as_tensor(rnd.coords(0, n)))
+    assert device_round(permk.PermK().round(n, d, seed=7, round=0), 0, torch.device("cpu"), dtype=torch.bfloat16).placement != "native"
+
+
+def test_a_deferred_planner_starts_the_next_round_when_told() -> None:
+    """Planner(defer=True): taking round r starts nothing; start_next() starts round r + 1 once,
+    which the next take uses; the rounds are the compressor's either way."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from permk.transport.ddp import Planner
+
+    comp = permk.PermK()
+    with ThreadPoolExecutor(max_workers=1) as ex:
+        for defer in (True, False):
+            p = Planner(comp, 4, 1, 1001, 5, torch.device("cpu"), ex, "a bucket", dtype=torch.float32, defer=defer)
+            r0 = p.take(0)
+            assert (p._ahead is None) == defer
+            p.start_next()
+            p.start_next()  # once
+            assert p._ahead is not None and p._ahead[0] == 1
+            ahead = p._ahead[1]
+            r1 = p.take(1)
+            assert ahead.done() and ahead.result() is r1
+            for r, k in ((r0, 0), (r1, 1)):
+                assert r.placement == "native"
+                assert torch.equal(r.coords(0, 4), torch.as_tensor(comp.round(4, 1001, seed=5, round=k).coords(0, 4)))
+            p.take(7)  # out of order: computed now
+            assert p._ahead is None or p._ahead[0] == 8
 
 
 @pytest.fixture

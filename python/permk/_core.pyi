@@ -185,6 +185,22 @@ class Round:
         their scales multiplied by ``factor`` (rounded once), every other worker sends nothing.
         Partial participation's round (:class:`permk.compressors.Participation`, ``factor =
         n/s``): the same plan as its ``plan``, ``O(n + values)``."""
+    @property
+    def max_count(self) -> int:
+        """The largest number of values one worker sends this round (``max(diff(offsets()))``,
+        ``O(n)``): the slot width of a padded gather (:meth:`place`)."""
+    def place(self, recv: npt.NDArray[np.floating], width: int, out: npt.NDArray[np.floating]) -> npt.NDArray[np.floating]:
+        """A **disjoint** round's values received in padded slots, placed: worker ``i``'s
+        values in plan order are ``recv[i*width : i*width + count_i]`` (the rest of its slot is
+        not read) and each is copied to its coordinate in ``out``; coordinates nobody sends
+        become 0. Copies only: with values from :meth:`gather` ``(…, divide=n)`` this is
+        :meth:`mean` bit for bit (float64) and its float32 counterpart. ``recv``: a
+        C-contiguous 1-D float32/float64 array of exactly ``n * width`` values; ``out``: a
+        writeable C-contiguous 1-D array of ``recv``'s dtype with ``d`` elements sharing no
+        memory with ``recv`` (every element written; ``out`` is returned). ValueError naming
+        ``round`` (not disjoint), ``width`` (below :attr:`max_count`, or overflowing), ``recv``
+        or ``out``; TypeError for arrays of another kind; all checked before anything is
+        written. ``O(d)``, one pass for owners (PermK with ``d >= n``); the GIL released."""
     def mean(self, values: npt.NDArray[np.float64], *, out: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.float64]:
         """``(1/n) Σ_i C_i(a_i)`` from the values of all ``n`` workers concatenated in worker
         and plan order (``offsets()[n]`` of them, ValueError naming ``values`` otherwise):

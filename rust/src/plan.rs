@@ -272,6 +272,18 @@ pub trait Label: Copy + Send + Sync + PartialEq + 'static {
     fn idx(self) -> usize;
     /// The label of worker `i` (which the type must hold).
     fn of(i: usize) -> Self;
+
+    /// Bit `t` set where `block[t] == w` (`block` at most 64 labels; panics otherwise in
+    /// debug builds, and ignores labels beyond 64 in release builds).
+    #[inline(always)]
+    fn eq_mask(block: &[Self], w: Self) -> u64 {
+        debug_assert!(block.len() <= 64);
+        let mut m = 0u64;
+        for (t, &o) in block.iter().take(64).enumerate() {
+            m |= ((o == w) as u64) << t;
+        }
+        m
+    }
 }
 macro_rules! label {
     ($($t:ty),*) => {$(
@@ -287,7 +299,42 @@ macro_rules! label {
         }
     )*};
 }
-label!(u8, u16, u32);
+label!(u16, u32);
+
+impl Label for u8 {
+    #[inline(always)]
+    fn idx(self) -> usize {
+        self as usize
+    }
+    #[inline(always)]
+    fn of(i: usize) -> Self {
+        i as u8
+    }
+
+    /// 64 labels: four SSE2 byte comparisons and their sign masks.
+    #[inline(always)]
+    fn eq_mask(block: &[u8], w: u8) -> u64 {
+        #[cfg(target_arch = "x86_64")]
+        if block.len() == 64 {
+            use core::arch::x86_64::{_mm_cmpeq_epi8, _mm_loadu_si128, _mm_movemask_epi8, _mm_set1_epi8, __m128i};
+            // SAFETY: SSE2 is part of every x86_64 target; the four unaligned 16-byte loads read
+            // bytes 0..64 of `block`, which has 64.
+            #[allow(unused_unsafe)]
+            return unsafe {
+                let v = _mm_set1_epi8(w as i8);
+                let p = block.as_ptr() as *const __m128i;
+                let m = |k: usize| _mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128(p.add(k)), v)) as u16 as u64;
+                m(0) | m(1) << 16 | m(2) << 32 | m(3) << 48
+            };
+        }
+        debug_assert!(block.len() <= 64);
+        let mut m = 0u64;
+        for (t, &o) in block.iter().take(64).enumerate() {
+            m |= ((o == w) as u64) << t;
+        }
+        m
+    }
+}
 
 /// Labels of at most this many workers are counted value by value ([`count_labels`]).
 const COUNT_BY_VALUE: usize = 4;

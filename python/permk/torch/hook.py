@@ -4,7 +4,7 @@ bucket's device: the exchanges of :mod:`permk.exchanges` run over :class:`permk.
 ``state, hook = comm_hook(PermK(), seed=0)`` then ``ddp_model.register_comm_hook(state, hook)``:
 for each gradient bucket DDP hands over, every rank takes the round's plan (the coordinates each
 worker sends, Definitions 1 and 2 for PermK; computed from ``(seed, round)`` one round ahead, on a
-thread, while the bucket communicates), sends only the values at its own coordinates, scaled as
+thread started once the bucket's exchange is done), sends only the values at its own coordinates, scaled as
 the compressor defines (one ``all_gather_into_tensor``), and places the others' values: every rank
 ends with the server's average ``(1/n) Σ_i C_i(g_i)`` of the ranks' bucket gradients ``g_i`` —
 bit for bit ``compressor.aggregate(stack(g), seed=..., round=...)`` in float32 and float64 (the
@@ -127,6 +127,11 @@ class HookState:
     resets: int = 0
     _buckets: dict[int, _Bucket] = field(default_factory=dict, repr=False, init=False, compare=False)
     _executor: ThreadPoolExecutor | None = field(default=None, repr=False, init=False, compare=False)
+    #: False: CPU buckets take the torch path instead of the native round's packing and placement
+    #: (the same bits; for the benchmark's comparison)
+    _native: bool = field(default=True, repr=False, init=False, compare=False)
+    #: True: a bucket's next plan starts when its exchange is done, False: when its round is taken
+    _defer: bool = field(default=True, repr=False, init=False, compare=False)
 
     def bucket_seed(self, index: int) -> int:
         """The seed bucket ``index`` uses (:func:`~permk.torch.hook.bucket_seed`)."""
@@ -215,7 +220,8 @@ class HookState:
             if self.lookahead and self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="permk-plan")
             planner = Planner(self.compressor, self.n, self.rank, d, self.bucket_seed(index), buf.device,
-                              self._executor if self.lookahead else None, f"bucket {index}")
+                              self._executor if self.lookahead else None, f"bucket {index}", dtype=buf.dtype if self._native else None,
+                              defer=self._defer)
             floats = self.compressor.floats_per_worker(self.n, d) if self.compressor.capabilities.shared_plan else d
             got = self._buckets[index] = _Bucket(key, DDPTransport(self.process_group, self.n, self.rank, d, buf.dtype,
                                                                    buf.device, planner, floats=floats), planner)

@@ -72,7 +72,7 @@ class Marina:
         self.p = float(p)
         dtype, device = self.params[0].dtype, self.params[0].device
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="permk-plan") if lookahead else None
-        planner = Planner(compressor, self.n, self.rank, self.d, self.seed, device, self._executor, "the parameters")
+        planner = Planner(compressor, self.n, self.rank, self.d, self.seed, device, self._executor, "the parameters", dtype=dtype)
         self.transport = DDPTransport(process_group, self.n, self.rank, self.d, dtype, device, planner,
                                       floats=compressor.floats_per_worker(self.n, self.d))
         self.round = 0

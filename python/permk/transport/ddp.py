@@ -22,9 +22,18 @@ What differs from the numpy transports:
   transport whose arrays are not numpy's. No value is checked for NaN or inf (that would wait for
   the device every bucket): they reach the mean as with an all-reduce.
 * **Buffers.** The send and receive buffers of a (bucket, size) are allocated once, on the
-  bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` (on a thread, while
-  the bucket communicates) and, on CUDA, copied to the device from pinned memory without
-  blocking, on a side stream the bucket's work waits for.
+  bucket's device; each round's plan is computed ahead by a :class:`~permk.transport.ddp.Planner` on a thread
+  (started when round ``r`` is taken, or — ``defer=True``, the hook's — when round ``r``'s
+  exchange is done, so that it overlaps the rest of the step rather than the collective) and, on
+  CUDA, copied to the device from pinned memory without blocking, on a side stream the bucket's
+  work waits for.
+* **Native placement on CPU.** A disjoint round whose coordinates are listed (PermK with
+  ``d ≥ n``: the owner of every coordinate) on a float32/float64 CPU bucket keeps the native
+  round itself (placement ``"native"``): a rank's values are packed by one native call
+  (``Round.gather`` into the send slot) and the gathered slots placed by another
+  (``Round.place`` into the bucket), both with the GIL released, straight into the tensors'
+  memory (numpy views); no coordinate tensor is formed. The same values and copies as the
+  torch path, so the same bits. Other devices and dtypes keep the torch path.
 
 The values a rank sends (:meth:`~permk.transport.ddp.DeviceRound.gather`) are the compressor's: ``scale_i · g_j``
 computed in float64 and rounded once to the bucket's dtype (:func:`permk.compressors.messages.scaled`),
@@ -44,6 +53,7 @@ recipe with each operation rounded to that dtype.
 from __future__ import annotations
 
 import functools
+import threading
 from concurrent.futures import Future as _Pending, ThreadPoolExecutor
 from typing import Any, Callable, Iterator, NamedTuple, cast
 
@@ -51,6 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import _core
 from ..compressors import Compressor, Messages, Round
 
 __all__ = ["DDPTransport", "DeviceRound", "Levels", "Planner", "SUPPORTED_DTYPES", "ShardRoutes", "device_round", "run", "scale_in_dtype",
@@ -60,6 +71,8 @@ Tensor = torch.Tensor
 #: The bucket dtypes the transport computes with (the compressors' kernels define float32 and
 #: float64; float16 and bfloat16 follow the same recipe, each operation rounded to the dtype).
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: The CPU bucket dtypes the native round packs and places (numpy's float32 and float64).
+NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 @functools.lru_cache(maxsize=256)
@@ -132,14 +145,16 @@ class DeviceRound:
     stream wait for its upload."""
 
     def __init__(self, *, n: int, d: int, rank: int, disjoint: bool, offsets: np.ndarray, scales: np.ndarray,
-                 ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None, mine: Tensor | slice, coords: Tensor | None,
+                 ranges: tuple[np.ndarray, np.ndarray, np.ndarray] | None, mine: Tensor | slice | None, coords: Tensor | None,
                  placement: str, place: Any, device: torch.device, event: Any = None, shard: Any = None) -> None:
         self.n, self.d, self.rank, self.disjoint, self.device = n, d, rank, disjoint, device
         self._offsets, self._scales, self._ranges = offsets, scales, ranges
         self.counts = np.diff(offsets)
         self.width = max(1, int(self.counts.max(initial=0)))
         self.mine, self._coords = mine, coords
-        #: ``"blocks"`` (disjoint equal aligned blocks: one ``index_copy_`` of rows), ``"slices"``
+        #: ``"native"`` (a CPU float32/float64 disjoint round of listed coordinates: the native
+        #: round packs and places, ``place`` is that round), ``"blocks"`` (disjoint equal aligned
+        #: blocks: one ``index_copy_`` of rows), ``"slices"``
         #: (disjoint ranges: one concatenation of the slots' values into the mean), ``"padded"``
         #: (disjoint, every worker sends: one ``index_copy_`` of the padded coordinates, each
         #: worker's pad repeating its last coordinate and value), ``"compact"`` (disjoint, some
@@ -161,18 +176,27 @@ class DeviceRound:
         return self._ranges
 
     def _all_coords(self) -> Tensor:
-        if self._coords is None:  # a round of ranges: the coordinates formed on request
-            starts, stops, _ = self._ranges  # type: ignore[misc]
-            self._coords = torch.cat([torch.arange(int(a), int(b), device=self.device) for a, b in zip(starts, stops)])
+        if self._coords is None:  # the coordinates formed on request: a native round's, or a round of ranges'
+            if self.placement == "native":
+                self._coords = torch.from_numpy(self._place.coords(0, self.n))
+            else:
+                starts, stops, _ = self._ranges  # type: ignore[misc]
+                self._coords = torch.cat([torch.arange(int(a), int(b), device=self.device) for a, b in zip(starts, stops)])
         return self._coords
+
+    def _mine(self) -> Tensor | slice:
+        """This rank's coordinates (a native round's formed on first request)."""
+        if self.mine is None:
+            self.mine = torch.from_numpy(self._place.coords(self.rank, self.rank + 1))
+        return self.mine
 
     def coords(self, start: int, stop: int) -> Tensor:
         """The coordinates of workers ``start..stop`` in plan order (int64, on the device)."""
-        if (start, stop) == (self.rank, self.rank + 1) and isinstance(self.mine, Tensor):
-            return self.mine
         if (start, stop) == (self.rank, self.rank + 1):
-            assert isinstance(self.mine, slice)
-            return torch.arange(self.mine.start, self.mine.stop, device=self.device)
+            mine = self._mine()
+            if isinstance(mine, Tensor):
+                return mine
+            return torch.arange(mine.start, mine.stop, device=self.device)
         return self._all_coords()[int(self._offsets[start]) : int(self._offsets[stop])]
 
     def rows(self, start: int, stop: int) -> Tensor:
@@ -192,13 +216,18 @@ class DeviceRound:
         if a.ndim != 2 or a.shape[1] != self.d or not 0 <= start <= start + m <= self.n:
             raise ValueError(f"a must be the (m, {self.d}) rows of workers start .. start + m of {self.n}, got shape "
                              f"{tuple(a.shape)} from {start}")
+        if (start, m) == (self.rank, 1) and self.placement == "native" and a.dtype in NATIVE_DTYPES and a.device.type == "cpu":
+            # one native pass over the owners, straight into the send slot's memory (GIL released)
+            vals = torch.empty(int(self.counts[self.rank]), dtype=a.dtype) if out is None else out
+            self._place.gather(a.detach().numpy(), start, divide=divide, out=vals.numpy())
+            return vals
         if (start, m) == (self.rank, 1):
-            x = a[0]
-            if isinstance(self.mine, slice):
-                src = x[self.mine]
+            x, mine = a[0], self._mine()
+            if isinstance(mine, slice):
+                src = x[mine]
                 vals = src.clone() if out is None else out.copy_(src)
             else:
-                vals = torch.index_select(x, 0, self.mine) if out is None else torch.index_select(x, 0, self.mine, out=out)
+                vals = torch.index_select(x, 0, mine) if out is None else torch.index_select(x, 0, mine, out=out)
             _scale_(vals, self.scale)
         else:
             rows, cols = self.rows(start, start + m), self.coords(start, start + m)
@@ -251,6 +280,9 @@ class DeviceRound:
         ``w``): placed (a disjoint round, whose values were divided by ``n`` by their senders) or
         summed in worker order by levels, then divided by ``n``."""
         n, w = self.n, self.width
+        if self.placement == "native":  # CPU float32/float64 (device_round's condition); numpy views, no copy
+            self._place.place(recv.detach().numpy(), w, out.detach().numpy())
+            return out
         if self.placement == "blocks":
             (blocks,) = self._place
             out.view(-1, w).index_copy_(0, blocks, recv.view(n, w))
@@ -298,14 +330,17 @@ class DeviceRound:
         return out.div_(self.n)
 
 
-def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None) -> DeviceRound:
+def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, bounds: np.ndarray | None = None,
+                 dtype: torch.dtype | None = None) -> DeviceRound:
     """``r`` (a native or Python round) as :class:`~permk.transport.ddp.DeviceRound` for ``rank`` on ``device``: the
     plan's arrays formed on the CPU (numpy) and, for a CUDA device, copied from pinned memory
     without blocking on ``stream`` (an event the transport's stream waits for). Cost: ``O(n)``
     for a round of equal aligned blocks (BlockPermK(n) with ``n | d``); otherwise the round's
     coordinates (``O(d)``), and for a summed round their levels (``O(values + d)``). ``bounds``
     (``n + 1`` increasing coordinates from 0 to ``d``): the shards of a sharded transport, whose
-    routes are formed too (``ShardRoutes``, ``O(d)``)."""
+    routes are formed too (``ShardRoutes``, ``O(d)``). ``dtype``: the bucket's; a float32/float64
+    CPU bucket with a disjoint native round of listed coordinates (PermK's owners) keeps that
+    round and forms nothing (placement ``"native"``, ``O(n)``)."""
     n, d = r.n, r.d
     offsets, scales = np.asarray(r.offsets(), dtype=np.int64), np.asarray(r.scales(), dtype=np.float64)
     counts = np.diff(offsets)
@@ -314,6 +349,10 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, 
     ranges = r.ranges()
     if ranges is not None:
         ranges = tuple(np.asarray(a) for a in ranges)  # type: ignore[assignment]
+    if (ranges is None and disjoint and bounds is None and device.type == "cpu" and dtype in NATIVE_DTYPES
+            and isinstance(r, _core.Round)):
+        return DeviceRound(n=n, d=d, rank=rank, disjoint=True, offsets=offsets, scales=scales, ranges=None,
+                           mine=None, coords=None, placement="native", place=r, device=device)
     host: dict[str, Any] = {}
     mine: Tensor | slice = slice(0, 0)
     coords_np: np.ndarray | None = None
@@ -493,10 +532,18 @@ class Planner:
     communicates."""
 
     def __init__(self, compressor: Compressor, n: int, rank: int, d: int, seed: int, device: torch.device,
-                 executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None) -> None:
+                 executor: ThreadPoolExecutor | None, what: str, bounds: np.ndarray | None = None,
+                 dtype: torch.dtype | None = None, defer: bool = False) -> None:
         self.compressor, self.n, self.rank, self.d, self.seed, self.bounds = compressor, n, rank, d, seed, bounds
+        #: the bucket's dtype (float32/float64 on CPU: native placement where the round allows, see device_round)
+        self.dtype = dtype
         self.device, self.executor, self.what = device, executor, what
         self._ahead: tuple[int, _Pending[DeviceRound]] | None = None
+        #: a deferred planner starts round ``r + 1`` when its transport's exchange of round ``r``
+        #: is done (:meth:`~permk.transport.ddp.Planner.start_next`), not when round ``r`` is taken
+        self.defer = bool(defer)
+        self._next: int | None = None
+        self._lock = threading.Lock()
         self._stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
 
     def _compute(self, r: int) -> DeviceRound:
@@ -508,12 +555,13 @@ class Planner:
         if self._stream is not None:
             with torch.cuda.device(self.device):
                 return device_round(rnd, self.rank, self.device, self._stream, self.bounds)
-        return device_round(rnd, self.rank, self.device, bounds=self.bounds)
+        return device_round(rnd, self.rank, self.device, bounds=self.bounds, dtype=self.dtype)
 
     def take(self, r: int) -> DeviceRound:
         """Round ``r`` on the device (the one computed ahead when it is that round, else computed
         now), ready for the current stream; round ``r + 1`` starts on the planner's thread."""
-        ahead, self._ahead = self._ahead, None
+        with self._lock:
+            ahead, self._ahead, self._next = self._ahead, None, None
         if ahead is not None and ahead[0] == r:
             out = ahead[1].result()
         else:
@@ -521,9 +569,23 @@ class Planner:
                 ahead[1].cancel()
             out = self._compute(r)
         if self.executor is not None:
-            self._ahead = (r + 1, self.executor.submit(self._compute, r + 1))
+            if self.defer:
+                self._next = r + 1
+            else:
+                self._ahead = (r + 1, self.executor.submit(self._compute, r + 1))
         out.ready()
         return out
+
+    def start_next(self) -> None:
+        """A deferred planner's lookahead: start the round after the last one taken on the
+        planner's thread, once (nothing for a planner that is not deferred, or has no thread).
+        Its transport calls it when the exchange is done, so that the plan's computation overlaps
+        the rest of the step rather than the collective."""
+        with self._lock:
+            if self.executor is None or self._next is None:
+                return
+            nxt, self._next = self._next, None
+            self._ahead = (nxt, self.executor.submit(self._compute, nxt))
 
 
 class DDPTransport:
@@ -655,7 +717,15 @@ class DDPTransport:
         self.last_bytes = (k * item, w * item)
         work = dist.all_gather_into_tensor(recv, send, group=self.group, async_op=True)
         assert work is not None
-        return work.get_future().then(lambda _: r.place(recv, out))
+        planner = self.planner
+
+        def done(_: Any) -> Tensor:
+            mean = r.place(recv, out)
+            if planner is not None:
+                planner.start_next()  # a deferred planner's next round, now that the collective is done
+            return mean
+
+        return work.get_future().then(done)
 
     def _mean_shard(self, r: DeviceRound, fill: Callable[..., Tensor], k: int, out: Tensor) -> torch.futures.Future[Tensor]:
         """A sharded transport's exchange: this rank's values (listed by destination) go straight

@@ -92,6 +92,37 @@ impl PyRound {
         Ok(PyRound(py.detach(|| self.0.restricted(&ws, factor))?))
     }
 
+    /// The largest number of values one worker sends this round (the slot width of a padded gather).
+    #[getter]
+    fn max_count(&self) -> usize {
+        self.0.max_count()
+    }
+
+    /// A disjoint round's values received in padded slots (worker `i`'s in
+    /// `recv[i*width : i*width + count_i]`) copied to their coordinates in `out` (`d` values,
+    /// float32 or float64 like `recv`; every one written). Returns `out`.
+    fn place<'py>(&self, py: Python<'py>, recv: &Bound<'py, PyAny>, width: usize, out: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        fn go<'py, T: numpy::Element + Copy + Default + Send + Sync>(
+            py: Python<'py>,
+            r: &Round,
+            recv: ArrayView1<'_, T>,
+            width: usize,
+            out: &Bound<'py, PyAny>,
+            dtype: &str,
+        ) -> PyResult<()> {
+            let src = recv.as_slice().ok_or_else(|| PyValueError::new_err("recv: must be C-contiguous"))?;
+            let mut w = out_array::<T>(out, dtype, &[("recv", extent(&recv))])?;
+            let o = out_slice(&mut w)?;
+            py.detach(|| r.place_into(src, width, o))?;
+            Ok(())
+        }
+        match arr1(recv, "recv")? {
+            Arr1::F64(x) => go(py, &self.0, x.as_array(), width, out, "float64 (recv's dtype)")?,
+            Arr1::F32(x) => go(py, &self.0, x.as_array(), width, out, "float32 (recv's dtype)")?,
+        }
+        Ok(out.clone())
+    }
+
     /// The average of all workers' values (`out`: written there and returned).
     #[pyo3(signature = (values, *, out=None))]
     fn mean<'py>(&self, py: Python<'py>, values: PyReadonlyArray1<'py, f64>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyArray1<f64>>> {
