@@ -23,6 +23,7 @@ __all__ = [
     "row_dots",
     "autoencoder_split_grads",
     "autoencoder_shifted_messages",
+    "numpy_permutation_head",
     "set_num_threads",
     "get_num_threads",
 ]
