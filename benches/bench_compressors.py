@@ -28,7 +28,7 @@ Targets: PermK >= 4x numpy at (100, 10^6) and within 2x of the gather; RandK >= 
 TopK >= 10x; BlockPermK(n) within 2x of the copy and >= 10x faster than PermK at (100, 10^6).
 Run::
 
-    python benches/bench_compressors.py           # all five (n, d); ~1-2 min, ~1 GB of RAM
+    python benches/bench_compressors.py           # all five (n, d); about 40 s on 2 cores, ~1 GB of RAM
     python benches/bench_compressors.py --quick   # a small subset, a few seconds
     python benches/bench_compressors.py --smoke   # one tiny (n, d), one repetition (CI); no table written
 

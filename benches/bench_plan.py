@@ -9,7 +9,7 @@ the memcpy (``np.copyto`` into a warmed buffer, one thread), then both samplers,
 repetition by repetition, each on a fresh round; medians and ranges over the repetitions, on
 ``1`` and ``2`` threads of the core's pool (``permk.parallel.limit_threads``).
 
-    python benches/bench_plan.py                      # the full table (d up to 1e7; ~2 min)
+    python benches/bench_plan.py                      # the full table (d up to 1e7; about 15 s on 2 cores)
     python benches/bench_plan.py --smoke              # tiny sizes, a few seconds; exits non-zero on failure
     python benches/bench_plan.py --json plan.json     # and the table as JSON (machine, date, load)
 """
