@@ -117,23 +117,6 @@ Array = np.ndarray
 CHUNK_BYTES = 1 << 24
 
 
-def _held_rows(a: Any, backend: Transport, what: str) -> Array:
-    """``a`` as float64 rows of the held workers — float32 rows kept float32 (a method's shifts
-    in a float32 problem's dtype) — the same array when it already is one, or an error naming
-    ``what``: a TypeError for values that are not real numbers (complex, strings, None), a
-    ValueError for the wrong shape. A transport whose arrays are not numpy's (the DDP
-    transport's tensors) checks its own (``backend.rows_of``)."""
-    rows_of = getattr(backend, "rows_of", None)
-    if rows_of is not None:
-        return rows_of(a, what)  # type: ignore[no-any-return]
-    arr = np.asarray(a)
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
-    if arr.shape != (len(backend.workers), backend.d):
-        raise ValueError(f"{what} must hold the {len(backend.workers)} held workers' rows of length {backend.d}, got shape {arr.shape}")
-    return np.asarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
-
-
 def _given_rows(a: Any, m: int, d: int) -> Array:
     """``a`` as float64 rows of ``m`` listed workers (an exchange's given rows), checked."""
     arr = np.asarray(a)
@@ -158,11 +141,6 @@ def _combine_raw(gx: Array, gy: Array | None, coef: float, h: Array | None, beta
     if h is not None:
         v = v - (h if beta == 1.0 else beta * h)
     return v
-
-
-def _add_at(H: Array, rows: Array, cols: Array, vals: Array) -> None:
-    """``H[rows, cols] += vals`` (repeated pairs add up): what a transport of tensors does its own way."""
-    np.add.at(H, (rows, cols), vals)
 
 
 def _compress_zeros(compressor: Compressor, backend: Transport, lo: int, hi: int, seed: int, round: int) -> Messages:
@@ -390,7 +368,7 @@ class Dense(Path):
         """Workers ``start..stop``'s whole inputs, or None when an input of the round is not
         finite (divergence: the values are NaN)."""
         whole = inputs.whole()
-        if not getattr(inputs.backend, "all_finite", all_finite)(whole):  # a transport may decide not to look
+        if not inputs.backend.all_finite(whole):  # a transport may decide not to look
             return None
         ws = inputs.backend.workers
         return whole[start - ws.start : stop - ws.start]
@@ -531,8 +509,7 @@ class Exchange(abc.ABC):
         hit = backend.paths.get(key)
         if hit is None or hit[0] is not compressor:
             what = self.name if compressor is None else f"{self.name} with {compressor.name}"
-            where = getattr(backend, "where", "")
-            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor), what + where))
+            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor), what + backend.where))
         return hit[1]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -604,7 +581,7 @@ class CompressedExchange(Exchange):
             rows = np.repeat(np.arange(len(backend.workers)), np.diff(msgs.offsets))
             vals = msgs.values if alpha == 1.0 else alpha * msgs.values
             with np.errstate(over="ignore", invalid="ignore"):  # float32 rows of a diverging run
-                getattr(backend, "add_at", _add_at)(H, rows, msgs.indices, vals)
+                backend.add_at(H, rows, msgs.indices, vals)
         return backend.mean_pairs(compressor, msgs), H
 
 
@@ -641,7 +618,7 @@ class Shifted(CompressedExchange):
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, x: Array, y: Array | None = None, *,
                  c: float = 1.0, beta: float = 1.0, alpha: float = 1.0, seed: int, round: int) -> tuple[Array, Array]:
-        H = _held_rows(H, backend, "H")
+        H = backend.rows_of(H, "H")
         mean, new = self._mean(backend, compressor, x, y, float(c), H, float(beta), float(alpha), seed, round)
         assert new is not None
         return mean, new
@@ -669,7 +646,7 @@ class CompressedMeanRows(CompressedExchange):
     reads_oracle = False
 
     def __call__(self, backend: Transport, compressor: Compressor, rows: Array, *, seed: int, round: int) -> Array:
-        return self._mean(backend, compressor, _held_rows(rows, backend, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
+        return self._mean(backend, compressor, backend.rows_of(rows, "rows"), None, 1.0, None, 1.0, None, seed, round)[0]
 
 
 class ShiftedRows(CompressedExchange):
@@ -686,7 +663,7 @@ class ShiftedRows(CompressedExchange):
 
     def __call__(self, backend: Transport, compressor: Compressor, H: Array, rows: Array, *,
                  beta: float = 1.0, alpha: float = 1.0, seed: int, round: int, workers: Array | None = None) -> tuple[Array, Array]:
-        H = _held_rows(H, backend, "H")
+        H = backend.rows_of(H, "H")
         active = None
         if workers is not None:
             active = np.asarray(workers, dtype=np.int64)
@@ -695,7 +672,7 @@ class ShiftedRows(CompressedExchange):
                 raise ValueError(f"workers must be increasing indices of the {m} held workers (from the first held one), got {workers!r}")
             rows = _given_rows(rows, len(active), backend.d)
         else:
-            rows = _held_rows(rows, backend, "rows")
+            rows = backend.rows_of(rows, "rows")
         mean, new = self._mean(backend, compressor, rows, None, 1.0, H, float(beta), float(alpha), seed, round, active=active)
         assert new is not None
         return mean, new
@@ -745,7 +722,7 @@ def minibatch_grads(backend: Transport, x: Array, batch_size: int, *, seed: int,
     """The held workers' minibatch gradients ``∇f_{iB_i}(x)`` (``B_i`` drawn from ``(seed, round, i)``),
     checked as every oracle's answer is (real numbers, one row per held worker)."""
     g = _minibatch_oracle(backend, "minibatch_grads")(x, batch_size, seed=seed, round=round, workers=backend.workers)
-    return _held_rows(g, backend, "problem.minibatch_grads(x, ...)")
+    return backend.rows_of(g, "problem.minibatch_grads(x, ...)")
 
 
 def minibatch_grads_pair(backend: Transport, x: Array, y: Array, batch_size: int, *, seed: int, round: int) -> tuple[Array, Array]:
@@ -756,4 +733,4 @@ def minibatch_grads_pair(backend: Transport, x: Array, y: Array, batch_size: int
     if not isinstance(got, (tuple, list)) or len(got) != 2:
         raise TypeError(f"{what} must return a pair (gradients at x, gradients at y), got {type(got).__name__}"
                         + (f" of {len(got)}" if isinstance(got, (tuple, list)) else ""))
-    return _held_rows(got[0], backend, what + "[0]"), _held_rows(got[1], backend, what + "[1]")
+    return backend.rows_of(got[0], what + "[0]"), backend.rows_of(got[1], what + "[1]")

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Protocol, runtime_checkable
 
 import numpy as np
 
-from .._validate import check_choice, check_int, check_output
+from .._validate import all_finite, check_choice, check_int, check_output
 from ..compressors import Compressor, Messages, Round
 
 __all__ = ["Fill", "NativeKernel", "Transport", "Backend", "HeldWorkers", "PATHS", "check_problem"]
@@ -64,7 +64,10 @@ class Transport(Protocol):
     run forces, or ``"auto"``), ``local`` (True when nothing travels: one process holds every
     worker and counts no bytes), ``kernel`` (the problem's native kernel or None),
     ``has_coords`` (the problem has ``local_grad_coords``), ``paths`` (the exchanges' chosen
-    paths, kept by :mod:`permk.exchanges`)."""
+    paths, kept by :mod:`permk.exchanges`), ``where`` (ends the message of a path that is not
+    available: ``""`` or, e.g., ``" on torch.distributed"``). The array operations
+    (:meth:`rows_of`, :meth:`all_finite`, :meth:`add_at`) are numpy's in
+    :class:`HeldWorkers`; a transport of other arrays (the DDP transport's tensors) gives its own."""
 
     n: int
     d: int
@@ -72,6 +75,7 @@ class Transport(Protocol):
     forced: str
     local: bool
     paths: dict[Any, Any]
+    where: str
 
     @property
     def kernel(self) -> NativeKernel | None: ...
@@ -90,6 +94,9 @@ class Transport(Protocol):
     def mean_values(self, compressor: Compressor, r: Round, fill: Fill) -> Array: ...
     def mean_pairs(self, compressor: Compressor, msgs: Messages) -> Array: ...
     def own(self, H: Array) -> Array: ...
+    def rows_of(self, a: Any, what: str) -> Array: ...
+    def all_finite(self, a: Array) -> bool: ...
+    def add_at(self, H: Array, rows: Array, cols: Array, vals: Array) -> None: ...
 
 
 @runtime_checkable
@@ -155,6 +162,29 @@ class HeldWorkers:
     @property
     def kernel(self) -> NativeKernel | None:
         return getattr(self.problem, "kernel", None)
+
+    # -- the array operations of the exchanges, on numpy arrays -----------------------------------
+    def rows_of(self, a: Any, what: str) -> Array:
+        """``a`` as float64 rows of the held workers — float32 rows kept float32 (a method's
+        shifts in a float32 problem's dtype) — the same array when it already is one, or an
+        error naming ``what``: a TypeError for values that are not real numbers (complex,
+        strings, None), a ValueError for the wrong shape."""
+        arr = np.asarray(a)
+        if arr.dtype.kind not in "biuf":
+            raise TypeError(f"{what} must hold real numbers, got dtype {arr.dtype}")
+        if arr.shape != (len(self.workers), self.d):
+            raise ValueError(f"{what} must hold the {len(self.workers)} held workers' rows of length {self.d}, got shape {arr.shape}")
+        return np.asarray(arr, dtype=np.float32 if arr.dtype == np.float32 else np.float64)
+
+    @staticmethod
+    def all_finite(a: Array) -> bool:
+        """Whether every value of ``a`` is finite (a diverged round's inputs are not)."""
+        return all_finite(a)
+
+    @staticmethod
+    def add_at(H: Array, rows: Array, cols: Array, vals: Array) -> None:
+        """``H[rows, cols] += vals`` (repeated pairs add up)."""
+        np.add.at(H, (rows, cols), vals)
 
     @property
     def has_coords(self) -> bool:
