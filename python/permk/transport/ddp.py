@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .. import _core
+from .._core import Round as NativeRound
 from ..compressors import Compressor, Messages, Round
 
 __all__ = ["DDPTransport", "DeviceRound", "Levels", "Planner", "SUPPORTED_DTYPES", "ShardRoutes", "device_round", "run", "scale_in_dtype",
@@ -350,7 +350,7 @@ def device_round(r: Round, rank: int, device: torch.device, stream: Any = None, 
     if ranges is not None:
         ranges = tuple(np.asarray(a) for a in ranges)  # type: ignore[assignment]
     if (ranges is None and disjoint and bounds is None and device.type == "cpu" and dtype in NATIVE_DTYPES
-            and isinstance(r, _core.Round)):
+            and isinstance(r, NativeRound)):
         return DeviceRound(n=n, d=d, rank=rank, disjoint=True, offsets=offsets, scales=scales, ranges=None,
                            mine=None, coords=None, placement="native", place=r, device=device)
     host: dict[str, Any] = {}
