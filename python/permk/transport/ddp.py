@@ -60,6 +60,7 @@ from typing import Any, Callable, Iterator, NamedTuple, cast
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from .._core import Round as NativeRound
 from ..compressors import Compressor, Messages, Round
@@ -67,7 +68,6 @@ from ..compressors import Compressor, Messages, Round
 __all__ = ["DDPTransport", "DeviceRound", "Levels", "Planner", "SUPPORTED_DTYPES", "ShardRoutes", "device_round", "run", "scale_in_dtype",
            "topk_indices"]
 
-Tensor = torch.Tensor
 #: The bucket dtypes the transport computes with (the compressors' kernels define float32 and
 #: float64; float16 and bfloat16 follow the same recipe, each operation rounded to the dtype).
 SUPPORTED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
