@@ -329,6 +329,32 @@ def test_estimate_ab_calls_a_biased_compressor_inconsistent() -> None:
     assert "BIASED" in est.summary()
 
 
+# -- issue 33, cause 12: estimate_ab's bias test never says consistent without the power to tell
+@pytest.mark.parametrize("trials", [2, 10, 50, 100, 200, 1000])
+def test_a_compressor_sending_zeros_is_never_called_consistent(trials: int) -> None:
+    from permk.theory import estimate_ab
+
+    est = estimate_ab(_Zero(), n=4, d=6, trials=trials, seed=1)
+    assert est.consistent is not True and est.unbiased is not True
+    assert all(i.variance <= i.stated_bound * (1 + 1e-12) for i in est.inputs)  # the variance alone would pass
+    if trials * (0.05 / len(est.inputs)) <= 1:  # the bias test cannot reject: undetermined
+        assert est.consistent is None and est.unbiased is None and all(i.unbiased is None for i in est.inputs)
+        assert "bias undetermined" in est.summary() and "BIASED" not in est.summary()
+    else:
+        assert est.consistent is False and est.unbiased is False and "BIASED" in est.summary()
+
+
+@pytest.mark.parametrize("trials", [2, 10, 50, 100, 200, 1000])
+def test_unbiased_compressors_are_undetermined_or_consistent_never_biased(trials: int) -> None:
+    from permk.theory import estimate_ab
+
+    for c in (permk.PermK(), permk.RandK(2), permk.QSGD(2)):
+        est = estimate_ab(c, n=4, d=8, trials=trials, seed=1)
+        assert est.consistent is not False and est.unbiased is not False
+    assert estimate_ab(permk.PermK(), n=4, d=8, trials=1000, seed=1).consistent is True
+    assert estimate_ab(permk.Identity(), n=4, d=8, trials=trials, seed=1).consistent is True  # no error: nothing to test
+
+
 @pytest.mark.parametrize("c", [PermK(), RandK(2), Identity(), permk.NaturalCompression(), permk.QSGD(2),
                                permk.CoordinateSampling(), permk.BlockPermK(2)])
 def test_estimate_ab_finds_unbiased_compressors_unbiased(c: permk.Compressor) -> None:

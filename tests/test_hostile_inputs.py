@@ -1,6 +1,7 @@
 """Regression tests of issue 33: hostile and edge inputs to the minibatch methods, the
 classification problems and their data, the LibSVM reader, the MPI launch check, the registry's
-plugins, partial participation and ``estimate_ab``'s bias test (one section per cause)."""
+plugins and partial participation (one section per cause; cause 12, ``estimate_ab``'s bias test,
+is in tests/test_api_robustness.py beside the earlier bias tests and their biased compressor)."""
 
 from __future__ import annotations
 
@@ -363,45 +364,6 @@ def test_integral_float_sample_counts_are_accepted() -> None:
     res = permk.vr_marina(p, permk.PermK(), rounds=3, seed=0, batch_size=2)
     plain = permk.vr_marina(_sigmoid(), permk.PermK(), rounds=3, seed=0, batch_size=2)
     assert res.oracle_calls.tolist() == plain.oracle_calls.tolist()
-
-
-# -- cause 12: estimate_ab's bias test never says consistent without the power to tell -------------
-class _Zeros(permk.Compressor):
-    """Always sends zeros (biased), stating constants its variance alone satisfies."""
-
-    def floats_per_worker(self, n: int, d: int) -> int:
-        return 1
-
-    def ab_constants(self, n: int, d: int) -> tuple[float, float]:
-        return (1.0, 0.0)
-
-    def compress(self, x, *, worker, n_workers, seed, round):  # type: ignore[no-untyped-def]
-        return permk.Message(worker, n_workers, len(x), np.array([0]), np.array([0.0]))
-
-
-@pytest.mark.parametrize("trials", [2, 10, 50, 100, 200, 1000])
-def test_a_compressor_sending_zeros_is_never_called_consistent(trials: int) -> None:
-    from permk.theory import estimate_ab
-
-    est = estimate_ab(_Zeros(), n=4, d=6, trials=trials, seed=1)
-    assert est.consistent is not True and est.unbiased is not True
-    assert all(i.variance <= i.stated_bound * (1 + 1e-12) for i in est.inputs)  # the variance alone would pass
-    if trials * (0.05 / len(est.inputs)) <= 1:  # the bias test cannot reject: undetermined
-        assert est.consistent is None and est.unbiased is None and all(i.unbiased is None for i in est.inputs)
-        assert "bias undetermined" in est.summary() and "BIASED" not in est.summary()
-    else:
-        assert est.consistent is False and est.unbiased is False and "BIASED" in est.summary()
-
-
-@pytest.mark.parametrize("trials", [2, 10, 50, 100, 200, 1000])
-def test_unbiased_compressors_are_undetermined_or_consistent_never_biased(trials: int) -> None:
-    from permk.theory import estimate_ab
-
-    for c in (permk.PermK(), permk.RandK(2), permk.QSGD(2)):
-        est = estimate_ab(c, n=4, d=8, trials=trials, seed=1)
-        assert est.consistent is not False and est.unbiased is not False
-    assert estimate_ab(permk.PermK(), n=4, d=8, trials=1000, seed=1).consistent is True
-    assert estimate_ab(permk.Identity(), n=4, d=8, trials=trials, seed=1).consistent is True  # no error: nothing to test
 
 
 # -- siblings found by the issue's battery --------------------------------------------------------
