@@ -51,11 +51,9 @@ curves and timings under ``curves`` and ``timings``) and ``docs/figures/ddp_comp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -424,11 +422,7 @@ def launch(spec: dict[str, Any], *, prefix: list[str] | None = None, timeout: fl
             deadline = time.monotonic() + timeout
             codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+            netns.kill_groups(procs)
         if any(codes):
             raise RuntimeError(f"a rank failed: exit codes {codes}")
 

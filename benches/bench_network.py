@@ -58,11 +58,9 @@ why and exits 0.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -374,11 +372,7 @@ def ddp_step_seconds(rate: str | None, *, ranks: int = 4, hidden: int = 1024, st
             try:
                 logs = [p.communicate(timeout=timeout)[0] for p in procs]
             finally:
-                for p in procs:
-                    if p.poll() is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(p.pid, signal.SIGKILL)
-                        p.communicate()
+                netns.kill_groups(procs)
             if any(p.returncode != 0 for p in procs):
                 raise RuntimeError(f"DDP ranks failed ({hook}, {rate_label(rate)}):\n" + "\n".join(logs))
             rows.append({"rate": rate, "hook": hook, **json.loads(Path(out).read_text()), "load_after": list(os.getloadavg())})

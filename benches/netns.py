@@ -109,6 +109,17 @@ def install_signal_handlers() -> None:
         signal.signal(sig, on_signal)
 
 
+def kill_groups(procs: Sequence[subprocess.Popen[Any]]) -> None:
+    """Kill, by its group id, every process of ``procs`` (each started with
+    ``start_new_session=True``) still running, with what it started, and reap it (its pipes
+    drained), so nothing outlives its namespace."""
+    for p in procs:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+
+
 def run_group(cmd: Sequence[str], *, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` in a process group of its own; on a timeout or an interruption the whole group
     (mpiexec and the ranks it started) is killed, by its id, so nothing outlives its namespace."""
@@ -117,9 +128,7 @@ def run_group(cmd: Sequence[str], *, env: dict[str, str], timeout: float) -> sub
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        kill_groups([proc])
         raise
     return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
