@@ -5,7 +5,7 @@ the methods' rounds are checked against (tests/test_oracle_calls.py, tests/mpi/o
 each worker it evaluates, the point (by the bytes of ``x``), the mode — ``"whole"`` (a whole
 local gradient: ``local_grads``, ``local_grad``, blocks, a problem's own messages, a held
 workers' sum, the global ``grad`` as every worker's gradient, the kernel's whole rows and EF21
-step), ``"coords"`` (some coordinates: ``local_grad_coords``, the kernel's round values and
+step, DASHA-PP's participants), ``"coords"`` (some coordinates: ``local_grad_coords``, the kernel's round values and
 means) or ``"minibatch"`` — and the samples (``b`` per minibatch gradient). It sees every path:
 dense rows, the coordinate oracle, the native kernel, and, wrapped before
 :class:`permk.distributed.LocalView`, MPI.
@@ -103,6 +103,12 @@ class CountingKernel:
         self._round_points(spec.round(self._n, len(x), seed, round), x, y, 0, self._n)
         return self._k.compressed_mean_diff(spec, x, y, seed, round)
 
+    def dasha_pp_values(self, r: Any, x: Any, y: Any, start: int, stop: int, *, rows: Any, row0: int = 0, **kw: Any) -> Any:
+        mine = [row0 + int(k) for k in np.asarray(rows).tolist() if start <= row0 + int(k) < stop]
+        self._log.add(mine, x, "whole")
+        self._log.add(mine, y, "whole")
+        return self._k.dasha_pp_values(r, x, y, start, stop, rows=rows, row0=row0, **kw)
+
     def error_feedback(self, spec: Any, x: Any, G: Any, seed: int, round: int, start: int = 0) -> Any:
         self._log.add(range(start, start + len(G)), x, "whole")
         return self._k.error_feedback(spec, x, G, seed, round, start)
@@ -185,7 +191,7 @@ def counted_rounds(method: Any, problem: CountingProblem, compressor: Any, backe
 
     method, options = method.resolve(options)
     prep = prepare(method, problem, compressor, n=backend.n, d=backend.d, rounds=rounds, seed=seed, gamma=gamma, **options)
-    params = replace(prep.with_step(problem), path=method.exchange.path(backend, prep.sent))
+    params = replace(prep.with_step(problem), path=method.path(backend, prep.sent, prep.own))
     state = start(method, backend, prep.sent, params, np.array(problem.x0, dtype=np.float64), seed)
     problem.log.take()  # the start's evaluations are not counted
     out = []
@@ -245,6 +251,8 @@ def algorithm(name: str, options: dict[str, Any], *, t: int, coin: bool | None, 
     if name == "dasha":
         if s is not None and s < n:
             return each({"new": W, "old": W}, workers=who)[0], {i: {"old"} if i in who & before else set() for i in range(n)}, 2.0, False
+        if s is not None:  # DASHA-PP with s = n: every h_i is updated whole, ∇f_i(x^t) kept
+            return (*each({"new": W, "old": W}, {"old"}), 1.0, False)
         return (*each({"new": M, "old": M}, {"old"}), 1.0, False)
     if name == "vr_marina":
         return (*each({"new": W}), 1.0, False) if coin else (*each({"new": B, "old": B}), 2.0 * b, True)

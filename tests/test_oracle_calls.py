@@ -127,7 +127,7 @@ def test_rounds_on_mpi_evaluate_what_the_algorithm_reads(nprocs: int) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     cmd = [str(MPIEXEC), "-n", str(nprocs), sys.executable, str(MPI_DIR / "oracle_calls.py")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=MPI_DIR, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0 and "oracle-calls|OK|54" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "oracle-calls|OK|56" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_every_catalog_method_has_an_oracle_call_check() -> None:

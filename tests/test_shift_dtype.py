@@ -95,3 +95,25 @@ def test_float32_rows_cost_about_the_accuracy_of_the_float32_problem() -> None:
         by_rows = np.max(np.abs(rows32.grad_norm_sq - rows64.grad_norm_sq) / rows64.grad_norm_sq)
         by_problem = np.max(np.abs(rows64.grad_norm_sq - ref.grad_norm_sq) / ref.grad_norm_sq)
         assert by_rows <= 1e-6 and by_problem <= 1e-6, (method, by_rows, by_problem)
+
+
+@pytest.mark.parametrize("method,comp,opts,rows", CASES, ids=lambda v: getattr(v, "name", str(v)))
+def test_float32_rows_on_the_native_quadratic_take_a_numpy_path(method: permk.Method, comp: permk.Compressor, opts: dict,
+                                                                rows: tuple[str, ...]) -> None:
+    """The native kernels update float64 rows: float32 rows (``shift_dtype="float32"`` on the
+    synthetic quadratic) take the fastest other path, which agrees with the dense path bit for
+    bit, and a forced ``path="rust"`` is refused with the reason (it once raised a TypeError
+    from inside the kernel's glue)."""
+    q = permk.Quadratic.synthetic(6, 30, 1e-3, 0.5, seed=0)
+    kw = dict(rounds=15, seed=1, gamma=1e-3, shift_dtype="float32", **{k: v for k, v in opts.items() if k != "init"})
+    if isinstance(comp, permk.TopK):
+        comp = permk.TopK(3)
+    auto = method(q, comp, **kw)
+    assert auto.params.path != "rust"
+    for name in rows:
+        assert getattr(auto.state, name).dtype == np.float32, name
+    dense = method(q, comp, path="dense", **kw)
+    assert auto.x.tobytes() == dense.x.tobytes() and auto.state == dense.state
+    with pytest.raises(ValueError, match="float64 shifts, these are float32"):
+        method(q, comp, path="rust", **kw)
+    assert method(q, comp, **{**kw, "shift_dtype": "float64"}).params.path == "rust"

@@ -345,6 +345,36 @@ class Tridiagonal:
         kernel's ``n`` workers) and sets ``G_i += c_i`` in place. Returns the messages
         ``(offsets (m+1,), indices, values)`` in worker order and ``finite``; when a residual
         is not finite, ``finite`` is False, the messages are empty and ``G`` is unchanged."""
+    def dasha_pp_values(
+        self,
+        round: Round,
+        x_new: npt.NDArray[np.float64],
+        x_old: npt.NDArray[np.float64],
+        start: int,
+        stop: int,
+        *,
+        H: npt.NDArray[np.float64],
+        G: npt.NDArray[np.float64],
+        rows: npt.NDArray[np.int64],
+        row0: int = 0,
+        coef: float,
+        beta: float,
+        b: float,
+        p: float,
+        w: float,
+        divide: int | None = None,
+        out: npt.NDArray[np.float64] | None = None,
+    ) -> npt.NDArray[np.float64]:
+        """DASHA-PP's round for workers ``start..stop`` (:class:`permk.methods.DashaPP`): each
+        participant (``rows``: strictly increasing indices of the held rows of ``H`` and ``G``,
+        worker ``row0 + r``) evaluates ``new = ∇f_i(x_new)`` and ``old = ∇f_i(x_old)`` once,
+        whole, sends its values of ``round``, ``((new_j − coef·old_j) − beta·G_ij)·scale_i``
+        with ``G_ij +=`` each (:meth:`round_values` with ``alpha=1``), then updates its
+        estimators: ``dh = ((new − old) − (H_r − old)·b)/p``, ``H_r += dh``, ``G_r += w·dh``
+        (``H``, ``G``: distinct writeable C-contiguous float64 ``(m, d)`` arrays, in place).
+        Bit for bit the dense path's steps on :meth:`local_grads_rows`; every worker of
+        ``start..stop`` with values must be a participant; every argument is checked before
+        anything is written. ``divide`` and ``out`` as in :meth:`round_values`."""
     def local_grads_rows(self, x: npt.NDArray[np.float64], rows: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
         """The local gradients of the workers ``rows`` (each in ``range(n)``), one row each in
         that order: those rows of :meth:`local_grads`, bit for bit."""

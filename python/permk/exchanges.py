@@ -451,15 +451,18 @@ def native_rounds(compressor: Compressor) -> bool:
     return bool(compressor.capabilities.shared_plan and (compressor.kernel is not None or getattr(compressor, "native_rounds", False)))
 
 
-def available_paths(exchange: Exchange, backend: Transport, compressor: Compressor | None) -> dict[str, str | None]:
+def available_paths(exchange: Exchange, backend: Transport, compressor: Compressor | None,
+                    rows_dtype: Any = None) -> dict[str, str | None]:
     """Every path of :data:`PATHS` for ``exchange`` on ``backend`` with ``compressor``: None where
     it is available, else why not. The one place the paths are decided, from capabilities: the
     dense path always; the fused path for a shared plan (``capabilities.shared_plan``) and a
     problem with the coordinate oracle; the Rust path for a problem with a native kernel and
     either a compressor whose rounds are native (:func:`native_rounds`: any exchange of the
     problem's gradients, shifted or not) or EF21's exchange with a compressor with a native
-    kernel and no shared plan. An exchange whose inputs are given (not the problem's
-    gradients), or that sends whole gradients, has the dense path alone."""
+    kernel and no shared plan, when its rows ``h_i`` are float64 (``rows_dtype``: the dtype of
+    a shifted exchange's rows, None for float64; the native kernels update float64 rows, so
+    float32 shifts take the fused or dense path). An exchange whose inputs are given (not the
+    problem's gradients), or that sends whole gradients, has the dense path alone."""
     if compressor is None or not exchange.reads_oracle:
         reason = "this exchange sends whole gradients" if compressor is None else "this exchange's inputs are given rows, not the problem's gradients"
         return {"rust": reason, "fused": reason, "dense": None}
@@ -473,12 +476,25 @@ def available_paths(exchange: Exchange, backend: Transport, compressor: Compress
         why_rust.append(f"{compressor.name} has no Rust kernel")
     if not shared and not exchange.unit:
         why_rust.append(f"without a shared plan the Rust path runs only EF21's exchange (error_feedback), not {exchange.name}")
+    dt = _dtype_name(rows_dtype)
+    if exchange.shifts and dt not in (None, "float64"):
+        why_rust.append(f"the native kernels update float64 shifts, these are {dt} (shift_dtype)")
     why_fused = []
     if not shared:
         why_fused.append(f"{compressor.name} has no shared plan (capabilities.shared_plan)")
     if not backend.has_coords:
         why_fused.append("the problem has no coordinate oracle local_grad_coords(x, rows, cols)")
     return {"rust": "; ".join(why_rust) or None, "fused": "; ".join(why_fused) or None, "dense": None}
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    """A dtype's name (numpy's, a name, or a tensor's ``torch.float32``: ``"float32"``), or None."""
+    if dtype is None:
+        return None
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype).rsplit(".", 1)[-1]
 
 
 def choose_path(forced: str, available: dict[str, str | None], what: str) -> str:
@@ -502,14 +518,16 @@ class Exchange(abc.ABC):
     shifts: ClassVar[bool] = False
     unit: ClassVar[bool] = False
 
-    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
-        """The path this exchange takes on ``backend`` with ``compressor``, chosen once per
-        (exchange, compressor) and kept by the backend."""
-        key = (self.name, id(compressor))
+    def path(self, backend: Transport, compressor: Compressor | None = None, rows_dtype: Any = None) -> str:
+        """The path this exchange takes on ``backend`` with ``compressor`` (and shift rows of
+        ``rows_dtype``: :func:`available_paths`), chosen once per (exchange, compressor, rows'
+        dtype) and kept by the backend."""
+        dt = _dtype_name(rows_dtype)
+        key = (self.name, id(compressor), dt)
         hit = backend.paths.get(key)
         if hit is None or hit[0] is not compressor:
             what = self.name if compressor is None else f"{self.name} with {compressor.name}"
-            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor), what + backend.where))
+            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor, dt), what + backend.where))
         return hit[1]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -521,7 +539,7 @@ class MeanGrad(Exchange):
 
     name = "mean_grad"
 
-    def path(self, backend: Transport, compressor: Compressor | None = None) -> str:
+    def path(self, backend: Transport, compressor: Compressor | None = None, rows_dtype: Any = None) -> str:
         return "dense"  # nothing to choose: whatever path a run forces, full gradients are dense
 
     def __call__(self, backend: Transport, x: Array) -> Array:
@@ -540,7 +558,7 @@ class CompressedExchange(Exchange):
         """``(1/n) Σ_i m_i`` and the held rows: ``H + α M`` (``H`` owned) when ``alpha`` is set
         and not 0, else ``H`` as given. ``active``: the held workers whose (given) rows ``x``
         holds (see :class:`Inputs`)."""
-        path = _BY_NAME[self.path(backend, compressor)]
+        path = _BY_NAME[self.path(backend, compressor, None if H is None else H.dtype)]
         inputs = Inputs(backend, x, y, coef, H, beta, given=not self.reads_oracle, alpha=alpha, active=active)
         if inputs.update:
             assert H is not None

@@ -47,6 +47,15 @@ pub struct MeanShift<'a> {
     pub alpha: Option<f64>,
 }
 
+/// DASHA-PP's estimator step ([`Tridiagonal::dasha_pp_values`]): `b`, the participation
+/// probability `p = s/n` and the weight `w = (b − a)/a` of `h_i` in the rows `G`.
+#[derive(Clone, Copy, Debug)]
+pub struct PPStep {
+    pub b: f64,
+    pub p: f64,
+    pub w: f64,
+}
+
 /// The inputs of a round's values: the points `x`, `y` (optional, times `coef`) and the shift.
 struct Terms<'a, 'h> {
     x: ArrayView1<'a, f64>,
@@ -724,6 +733,134 @@ impl Tridiagonal {
         Ok(Feedback { messages: out, finite: true })
     }
 
+    /// DASHA-PP's round for workers `start..stop` on the Rust path (the method is
+    /// `permk.methods.DashaPP`): each participant (`rows`: strictly increasing indices of the
+    /// held rows of `h` and `g`, worker `row0 + r`; those outside `start..stop` are left to the
+    /// call for their workers) evaluates `new = ∇f_i(x_new)` and `old = ∇f_i(x_old)` once, whole,
+    /// into a buffer, and from them
+    ///
+    /// * sends its values of `round`: `v = ((new_j − coef·old_j) − beta·g_ij)·scale_i` at its
+    ///   coordinates, `g_ij += v` — [`Self::round_values_update`]'s arithmetic with `alpha = 1`,
+    ///   in plan order, `divide`d and written into `out` as there;
+    /// * then updates its estimators: `dh = ((new − old) − (h_i − old)·b)/p`, `h_i += dh`,
+    ///   `g_i += dh·w` (DASHA-PP's `h_i^{t+1}` and its rows `G = g + w h`).
+    ///
+    /// Bit for bit the dense path's steps on [`Self::local_grads_rows`]. Every worker of
+    /// `start..stop` with values must be a participant; every argument is checked before
+    /// anything is written.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dasha_pp_values(
+        &self,
+        round: &Round,
+        x_new: ArrayView1<f64>,
+        x_old: ArrayView1<f64>,
+        mut h: ArrayViewMut2<f64>,
+        mut g: ArrayViewMut2<f64>,
+        rows: &[usize],
+        row0: usize,
+        coef: f64,
+        beta: f64,
+        step: PPStep,
+        start: usize,
+        stop: usize,
+        divide: Option<Divisor>,
+        out: Option<&mut [f64]>,
+    ) -> Result<Vec<f64>> {
+        let rd = round.d();
+        for (name, v) in [("x_new", &x_new), ("x_old", &x_old)] {
+            if v.len() != rd {
+                return Err(CoreError::invalid(name, format!("must have the round's d = {rd} coordinates, got {}", v.len())));
+            }
+        }
+        let len = self.check_terms(round, &x_new, &Some(x_old), start, stop, out.is_some())?;
+        Self::check_shift(round, g.dim(), row0, start, stop)?;
+        let (m, d) = g.dim();
+        if h.dim() != (m, d) {
+            return Err(CoreError::invalid("H", format!("H must have the shape of G, {:?}, got {:?}", (m, d), h.dim())));
+        }
+        if !h.is_standard_layout() || !g.is_standard_layout() {
+            return Err(CoreError::invalid("H", "H and G must be C-contiguous"));
+        }
+        if let Some(w) = rows.windows(2).find(|w| w[1] <= w[0]) {
+            return Err(CoreError::invalid("rows", format!("must be strictly increasing, got {} after {}", w[1], w[0])));
+        }
+        if let Some(&r) = rows.last() {
+            if r >= m {
+                return Err(CoreError::invalid("rows", format!("row {r} is not one of the {m} held rows")));
+            }
+        }
+        let PPStep { b, p, w } = step;
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(CoreError::invalid("p", format!("must be in (0, 1], got {p}")));
+        }
+        let off = round.offsets();
+        let mine: Vec<usize> = rows.iter().copied().filter(|&r| (start..stop).contains(&(row0 + r))).collect();
+        let mut next = mine.iter().peekable();
+        for i in start..stop {
+            let sends = off[i + 1] > off[i];
+            let listed = next.next_if(|&&r| row0 + r == i).is_some();
+            if sends && !listed {
+                return Err(CoreError::invalid("rows", format!("worker {i} has values in the round but is not a participant")));
+            }
+        }
+        if let Some(o) = &out {
+            round.check_out_len(start, stop, o.len())?;
+        }
+        Need::new()
+            .bytes("T x and c x at both points, copies of the points and a participant's gradients", 8 * 8 * d as u128)
+            .check()?;
+        let (mut b1, mut b2) = (Vec::new(), Vec::new());
+        let (xn, xo) = (contiguous(&x_new, &mut b1, "a copy of x_new")?, contiguous(&x_old, &mut b2, "a copy of x_old")?);
+        let ((tn, cn), (to, co)) = (self.tx_cx(xn)?, self.tx_cx(xo)?);
+        let (mut nb, mut ob) = (mem::zeros::<f64>("a participant's gradient", &[d])?, mem::zeros::<f64>("a participant's gradient", &[d])?);
+        let mut new = Vec::new();
+        let o: &mut [f64] = match out {
+            Some(o) => o,
+            None => {
+                new = mem::zeros::<f64>("the round's values", &[len])?;
+                &mut new
+            }
+        };
+        let hs = h.as_slice_mut().ok_or_else(|| CoreError::invalid("H", "H must be C-contiguous"))?;
+        let gs = g.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
+        let base = off[start];
+        for &r in &mine {
+            let i = row0 + r;
+            let (ai, bi) = (self.a[i], self.beta[i]);
+            // the participant's two gradients, once: grad_coord's arithmetic, row by row
+            for (j, (nv, ov)) in nb.iter_mut().zip(ob.iter_mut()).enumerate() {
+                *nv = ai * tn[j] + cn[j];
+                *ov = ai * to[j] + co[j];
+            }
+            nb[0] -= bi;
+            ob[0] -= bi;
+            let (hr, gr) = (&mut hs[r * d..(r + 1) * d], &mut gs[r * d..(r + 1) * d]);
+            let scale = round.scale_of(i);
+            let pos0 = off[i] - base;
+            // its values (pos counts from its first)
+            with_post!(divide, f64, post => round.visit(i, i + 1, |_, seg, pos| {
+                let at = pos0 + pos;
+                let mut one = |j: usize, o: &mut f64| {
+                    let v = ((nb[j] - coef * ob[j]) - beta * gr[j]) * scale;
+                    gr[j] += v;
+                    *o = post.apply(v);
+                };
+                match seg {
+                    Seg::One(j) => one(j, &mut o[at]),
+                    Seg::Range(a, b) => (a..b).zip(o[at..at + (b - a)].iter_mut()).for_each(|(j, o)| one(j, o)),
+                    Seg::List(c) => c.iter().zip(o[at..at + c.len()].iter_mut()).for_each(|(&j, o)| one(j as usize, o)),
+                }
+            }))?;
+            // then its estimators
+            for (((hv, gv), &nv), &ov) in hr.iter_mut().zip(gr.iter_mut()).zip(&nb).zip(&ob) {
+                let dh = ((nv - ov) - (*hv - ov) * b) / p;
+                *hv += dh;
+                *gv += dh * w;
+            }
+        }
+        Ok(new)
+    }
+
     /// The memory of an EF21 step for `m` workers.
     fn feedback_need(spec: &Spec, n: usize, d: usize, m: usize) -> Result<()> {
         let fp = spec.sparsifier.footprint(n, d);
@@ -1117,6 +1254,87 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn dasha_pp_values_are_the_shifted_values_then_numpys_estimator_steps() {
+        let step = PPStep { b: 0.3, p: 0.6, w: 1.7 };
+        let (coef, beta) = (1.0 - step.b, 0.25);
+        let mut specs = shared_specs();
+        specs.push(spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }));
+        for (n, d) in [(5, 7), (6, 1), (9, 2), (4, 300), (7, 40)] {
+            let q = problem_n(n);
+            let (xn, xo) = (vector(d, 1), vector(d, 2));
+            let h0 = Array2::from_shape_fn((n, d), |(r, j)| ((r * 31 + j * 7) % 13) as f64 * 0.37 - 2.0);
+            let g0 = Array2::from_shape_fn((n, d), |(r, j)| ((r * 17 + j * 5) % 11) as f64 * 0.21 - 1.0);
+            let who: Vec<usize> = (0..n).filter(|i| i % 2 == 0 || *i == n - 1).collect();
+            for sp in &specs {
+                if sp.check(n, d).is_err() {
+                    continue;
+                }
+                // the participants' round (partial participation restricts a round to them)
+                let r = Round::new(sp, n, d, 7, 3).unwrap().restricted(&who, n as f64 / who.len() as f64).unwrap();
+                for (lo, hi, row0) in [(0, n, 0), (1, n, 1), (n / 2, n, n / 2)] {
+                    let rows: Vec<usize> = who.iter().filter(|&&i| i >= row0).map(|&i| i - row0).collect();
+                    let (hs, gs) = (h0.slice(s![row0.., ..]).to_owned(), g0.slice(s![row0.., ..]).to_owned());
+                    let (mut h, mut g) = (hs.clone(), gs.clone());
+                    let got = q.dasha_pp_values(&r, xn.view(), xo.view(), h.view_mut(), g.view_mut(), &rows, row0, coef, beta, step, lo, hi, None, None).unwrap();
+                    // the reference: the shifted exchange's values (G updated), then numpy's
+                    // estimator steps on the rows of local_grads_rows
+                    let (mut hw, mut gw) = (hs.clone(), gs.clone());
+                    let want = q.round_values_update(&r, xn.view(), Some(xo.view()), coef, gw.view_mut(), row0, beta, 1.0, lo, hi, None, None).unwrap();
+                    let bits = |v: &[f64]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&want), "{sp:?} n={n} d={d} {lo}..{hi}");
+                    let mine: Vec<usize> = rows.iter().copied().filter(|&r| (lo..hi).contains(&(r + row0))).collect();
+                    let workers: Vec<usize> = mine.iter().map(|r| r + row0).collect();
+                    let (new, old) = (q.local_grads_rows(xn.view(), &workers).unwrap(), q.local_grads_rows(xo.view(), &workers).unwrap());
+                    for (k, &rr) in mine.iter().enumerate() {
+                        for j in 0..d {
+                            let mut dh = new[[k, j]] - old[[k, j]];
+                            dh -= (hw[[rr, j]] - old[[k, j]]) * step.b;
+                            dh /= step.p;
+                            hw[[rr, j]] += dh;
+                            gw[[rr, j]] += dh * step.w;
+                        }
+                    }
+                    assert_eq!(bits(h.as_slice().unwrap()), bits(hw.as_slice().unwrap()), "{sp:?} n={n} d={d} {lo}..{hi}");
+                    assert_eq!(bits(g.as_slice().unwrap()), bits(gw.as_slice().unwrap()), "{sp:?} n={n} d={d} {lo}..{hi}");
+                    // divided and into a buffer: the same values, (v + 0)/k
+                    let k = Divisor::new(n as u64).unwrap();
+                    let (mut h2, mut g2) = (hs.clone(), gs.clone());
+                    let mut out = vec![f64::NAN; got.len()];
+                    q.dasha_pp_values(&r, xn.view(), xo.view(), h2.view_mut(), g2.view_mut(), &rows, row0, coef, beta, step, lo, hi, Some(k), Some(&mut out)).unwrap();
+                    let div: Vec<u64> = got.iter().map(|&v| ((v + 0.0) / n as f64).to_bits()).collect();
+                    assert_eq!(bits(&out), div);
+                    assert_eq!(h2, h);
+                    assert_eq!(g2, g);
+                }
+            }
+        }
+        // bad arguments: an error naming them, nothing written
+        let (n, d) = (4, 6);
+        let q = problem_n(n);
+        let r = Round::new(&spec(PermK::default()), n, d, 1, 2).unwrap().restricted(&[0, 2], 2.0).unwrap();
+        let x = vector(d, 1);
+        let err = |e: CoreError| match e {
+            CoreError::InvalidArgument { name, .. } => name,
+            other => panic!("{other:?}"),
+        };
+        let (mut h, mut g) = (Array2::<f64>::ones((n, d)), Array2::<f64>::ones((n, d)));
+        let mut bad = Array2::<f64>::ones((n, d + 1));
+        let mut call = |xo: ArrayView1<f64>, wide: bool, rows: &[usize], p: f64, out: Option<&mut [f64]>| {
+            let hv = if wide { bad.view_mut() } else { h.view_mut() };
+            q.dasha_pp_values(&r, x.view(), xo, hv, g.view_mut(), rows, 0, 0.5, 0.1, PPStep { b: 0.5, p, w: 1.0 }, 0, n, None, out).unwrap_err()
+        };
+        assert_eq!(err(call(vector(d - 1, 2).view(), false, &[0, 2], 0.5, None)), "x_old");
+        assert_eq!(err(call(x.view(), true, &[0, 2], 0.5, None)), "H");
+        assert_eq!(err(call(x.view(), false, &[2, 0], 0.5, None)), "rows");
+        assert_eq!(err(call(x.view(), false, &[0, 2, 4], 0.5, None)), "rows");
+        assert_eq!(err(call(x.view(), false, &[0], 0.5, None)), "rows"); // worker 2 sends but is not listed
+        assert_eq!(err(call(x.view(), false, &[0, 2], 1.5, None)), "p");
+        let mut short = vec![0.0; 1];
+        assert_eq!(err(call(x.view(), false, &[0, 2], 0.5, Some(&mut short))), "out");
+        assert!(h.iter().chain(g.iter()).all(|&v| v == 1.0));
     }
 
     #[test]

@@ -93,6 +93,12 @@ class Method(abc.ABC):
         own (a method with partial participation wraps it, :func:`participating`)."""
         return compressor
 
+    def path(self, backend: Any, compressor: Compressor, own: Any) -> str:
+        """The path of the run's exchanges (``params.path``): its :attr:`exchange`'s on
+        ``backend`` with the sent ``compressor``, for the rows of the method's own parameters
+        ``own`` (their ``shift_dtype``, where it has one)."""
+        return self.exchange.path(backend, compressor, getattr(own, "shift_dtype", None))  # type: ignore[no-any-return]
+
     def resolve(self, options: dict[str, Any]) -> tuple[Method, dict[str, Any]]:
         """The method a run with these options is, and the options it passes on: the method
         itself, or the variant an option selects (DASHA's ``estimator``). :func:`permk.run` and

@@ -288,8 +288,9 @@ class Algorithm(Protocol):
     """What the driver reads of a method (:class:`permk.methods.Method` implements it):
 
     * ``name``, ``label`` (legends, tables), ``state_type`` (its :class:`State`);
-    * ``exchange`` — the exchange its compressed rounds are made of (its path is the run's
-      ``params.path``); ``has_coin`` — whether its rounds report a coin;
+    * ``exchange`` — the exchange its compressed rounds are made of; ``path(backend,
+      compressor, own)`` — the path its rounds take (the run's ``params.path``: the exchange's,
+      for the rows of its own parameters); ``has_coin`` — whether its rounds report a coin;
     * ``parameters(compressor, n, d, *, float_bits, problem, **options)`` — validate the options
       and the compressor and choose the method's own parameters (a :class:`MethodParams`);
     * ``sent_compressor(compressor, params)`` — the compressor the run's messages are made with;
@@ -316,6 +317,7 @@ class Algorithm(Protocol):
     # names its own options, so the protocol takes any arguments
     def parameters(self, *args: Any, **kwargs: Any) -> MethodParams: ...
     def sent_compressor(self, compressor: Any, params: Any) -> Any: ...
+    def path(self, backend: Any, compressor: Any, own: Any) -> str: ...
     def resolve(self, options: dict[str, Any]) -> tuple[Algorithm, dict[str, Any]]: ...
     def init(self, x0: Array, backend: Backend, compressor: Any, params: RunParams[Any], *, seed: int) -> State: ...
     def update(self, state: Any, backend: Backend, compressor: Any, params: RunParams[Any]) -> tuple[State, RoundInfo]: ...

@@ -280,11 +280,29 @@ class DashaPP(Dasha):
     messages from them (the shifted exchange of given rows, the dense path: the rows are
     whole anyway) and update ``h_i`` and the rows ``G``; the others compute nothing. The
     participants' rows are processed in chunks of :attr:`CHUNK_BYTES` per array, which stay in
-    cache (the same values)."""
+    cache (the same values).
+
+    On a problem whose native kernel has DASHA-PP's round (``kernel.dasha_pp_values``: the
+    synthetic quadratic's, :class:`permk._core.Tridiagonal`), with a compressor whose rounds are
+    native, the round takes the ``"rust"`` path: one native pass per participant evaluates its two
+    gradients once into a buffer, gives its values of the round's plan (the shifted exchange's
+    arithmetic, ``v_i = ∇f_i(x^{t+1}) − (1 − b)∇f_i(x^t)``, ``β = a``) to the transport's
+    aggregation (``backend.mean_values``, as every shared-plan exchange does) and updates its
+    ``h_i`` and ``G_i``: the same bits, no per-participant arrays formed, the round's work the
+    ``O(sd)`` the estimators' update needs."""
 
     exchange = ex.shifted_rows
     #: The bytes of one array's chunk of participants' rows.
     CHUNK_BYTES = 1 << 18
+
+    def path(self, backend: Any, compressor: Compressor, own: Any) -> str:
+        """``"rust"`` where the problem's kernel has the estimator step and the shifted exchange
+        takes the Rust path (float64 rows), else the given rows' path (``"dense"``); a forced
+        path that is neither is refused with the reason."""
+        if hasattr(backend.kernel, "dasha_pp_values") and backend.forced in ("auto", "rust"):
+            if ex.shifted.path(backend, compressor, own.shift_dtype) == "rust":
+                return "rust"
+        return super().path(backend, compressor, own)
 
     def update(self, state: DashaState, backend: Any, compressor: Compressor,
                params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
@@ -296,6 +314,21 @@ class DashaPP(Dasha):
         bits = params.bits.compressed
         who = participants(n, s, seed=prev.seed, round=t)
         P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
+        calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
+        if params.path == "rust":
+            # the steps below, in their order, bit for bit, in one native pass per participant:
+            # its two gradients into a buffer, its values (G_i += m_i), then h_i and G_i += w dh
+            r = backend.plan(compressor, prev.seed, t)
+            G, H, kernel = backend.own(prev.G), backend.own(prev.H), backend.kernel
+
+            def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
+                return kernel.dasha_pp_values(r, x, prev.x, start, stop, H=H, G=G, rows=P, row0=ws.start, coef=1 - b,  # type: ignore[union-attr,no-any-return]
+                                              beta=a, b=b, p=s / n, w=w, divide=divide, out=out)
+
+            with np.errstate(invalid="ignore", over="ignore"):
+                mean = backend.mean_values(compressor, r, fill)
+            return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
+                                bits=prev.bits + bits), RoundInfo(bits, None, calls)
         H = backend.own(prev.H)
         v, dH = np.empty((len(P), backend.d)), np.empty((len(P), backend.d))
         step = max(1, self.CHUNK_BYTES // (8 * backend.d))
@@ -325,7 +358,6 @@ class DashaPP(Dasha):
                 gp = G[Pc]
                 gp += dh
                 G[Pc] = gp
-        calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
         return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
                             bits=prev.bits + bits), RoundInfo(bits, None, calls)
 

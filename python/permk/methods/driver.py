@@ -363,6 +363,6 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
     backend = Simulator(problem, path=path)
     n, d = check_problem(problem)
     prepared = prepare(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
-    params = replace(prepared.with_step(problem), path=method.exchange.path(backend, prepared.sent))
+    params = replace(prepared.with_step(problem), path=method.path(backend, prepared.sent, prepared.own))
     first = start(method, backend, prepared.sent, params, check_start(method, problem, backend, state, x0, seed), seed)
     return drive(method, backend, prepared.sent, params, first, rounds=rounds, record_every=record_every, progress=progress)

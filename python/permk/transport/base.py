@@ -46,7 +46,9 @@ Fill = Callable[[int, int, "int | None", "Array | None"], Array]
 class NativeKernel(Protocol):
     """A problem's native (Rust) kernel of its oracles and of the compressed exchanges'
     arithmetic (``permk._core.Tridiagonal``, the synthetic quadratic's): what the exchanges'
-    ``"rust"`` path calls. ``spec`` is a compressor's native kernel (``Compressor.kernel``)."""
+    ``"rust"`` path calls. ``spec`` is a compressor's native kernel (``Compressor.kernel``).
+    A kernel may have more, found by name: ``local_grads_rows`` (some workers' gradients) and
+    ``dasha_pp_values`` (DASHA-PP's round, :class:`permk.methods.DashaPP`)."""
 
     def local_grads(self, x: Array, start: int = 0, stop: int | None = None) -> Array: ...
     def round_values(self, round: Any, x: Array, y: Array | None, start: int, stop: int, *,

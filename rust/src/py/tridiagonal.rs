@@ -86,6 +86,51 @@ impl PyTridiagonal {
         Ok((o, i, v, fb.finite))
     }
 
+    /// DASHA-PP's round for workers `start..stop`: the participants' (`rows`, held rows from
+    /// worker `row0`) values of `round`, `((∇f_i(x_new)_j − coef·∇f_i(x_old)_j) − beta·G_ij)·scale_i`
+    /// with `G_ij +=` each, then their estimators `H_r += dh`, `G_r += w·dh`,
+    /// `dh = ((new − old) − (H_r − old)·b)/p`, each participant's two gradients evaluated once;
+    /// `divide` and `out` as in [`PyTridiagonal::round_values`].
+    #[allow(non_snake_case, clippy::too_many_arguments)]
+    #[pyo3(signature = (round, x_new, x_old, start, stop, *, H, G, rows, row0=0, coef, beta, b, p, w, divide=None, out=None))]
+    fn dasha_pp_values<'py>(
+        &self,
+        py: Python<'py>,
+        round: &PyRound,
+        x_new: PyReadonlyArray1<'py, f64>,
+        x_old: PyReadonlyArray1<'py, f64>,
+        start: usize,
+        stop: usize,
+        mut H: PyReadwriteArray2<'py, f64>,
+        mut G: PyReadwriteArray2<'py, f64>,
+        rows: PyReadonlyArray1<'py, i64>,
+        row0: usize,
+        coef: f64,
+        beta: f64,
+        b: f64,
+        p: f64,
+        w: f64,
+        divide: Option<&Bound<'py, PyAny>>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<f64>>> {
+        let divide = divisor(divide)?;
+        let rows: Vec<usize> = rows
+            .as_array()
+            .iter()
+            .map(|&r| usize::try_from(r).map_err(|_| PyValueError::new_err(format!("rows: row {r} is negative"))))
+            .collect::<PyResult<_>>()?;
+        let (xn, xo, h, g) = (x_new.as_array(), x_old.as_array(), H.as_array_mut(), G.as_array_mut());
+        let step = quadratic::PPStep { b, p, w };
+        let Some(out) = out else {
+            return Ok(py.detach(|| self.0.dasha_pp_values(&round.0, xn, xo, h, g, &rows, row0, coef, beta, step, start, stop, divide, None))?.into_pyarray(py));
+        };
+        let inputs = [("x_new", extent(&xn)), ("x_old", extent(&xo)), ("H", extent(&h.view())), ("G", extent(&g.view()))];
+        let mut wr = out_array::<f64>(out, "float64", &inputs)?;
+        let o = out_slice(&mut wr)?;
+        py.detach(|| self.0.dasha_pp_values(&round.0, xn, xo, h, g, &rows, row0, coef, beta, step, start, stop, divide, Some(o)))?;
+        Ok(out.cast::<PyArray1<f64>>()?.clone())
+    }
+
     /// The values of workers `start..stop` of `round` in plan order:
     /// `scale_i * ((∇f_i(x)_j − coef·∇f_i(y)_j) − beta·H[i − row0, j])` (the terms present);
     /// `alpha`: `H[i − row0, j] += alpha·v` in place (H writeable); `divide`: each
