@@ -10,7 +10,8 @@ CPU time, which preemption by other jobs does not inflate — the wall-clock rat
    oracles, each method on its fastest path): every method's round against MARINA+PermK's
    round (target ≤ 3×), and the partial-participation methods (PP-MARINA, DASHA-PP) with
    ``s = n/10`` and ``s = n/2`` against their own round with ``s = n`` (target ≤ ``s/n`` +
-   the overhead the notes state).
+   the overhead the notes state); EF21+TopK and DASHA-PP, whose rounds must pass over
+   per-worker state (``O(nd)``, ``O(sd)``), also against the memcpy of that state (target ≤ 3×).
 2. **Dense user quadratic** (``permk.Quadratic(matrices, vectors)``, ``n = 20``, ``d = 1000``,
    float64, one BLAS thread): permk's round against the authors' library's on the same problem
    in the same dtype (target ≤ 1×). The reference is their loop ported to plain numpy (not their
@@ -432,9 +433,15 @@ def main() -> None:
                  "the authors' loop (ported to numpy without their transport's dispatch, so a lower bound on their "
                  "library's round) on a dense user quadratic. Targets missed in this run: " + missed + ". Why, by the "
                  "algorithms: EF21+TopK selects from every worker's whole residual (O(nd) a round, against MARINA+PermK's "
-                 "O(d) on the coordinate path); DASHA-PP updates every participant's whole estimator h_i from its two "
-                 "whole gradients (O(sd) a round; the dense path); on the dense quadratic with s = 2 a round is 4 "
-                 "matrix-vector products, and permk's per-round dispatch is a visible fraction of it. Times are the "
+                 "O(d) on the coordinate path); DASHA-PP updates every participant's whole estimator h_i and row G_i "
+                 "(O(sd) a round: h_i is a running combination of the participant's gradients at every round it took "
+                 "part in, not a gradient at one point, so no coordinate oracle can give it on demand). Neither can be "
+                 "within 3x of an O(d) round at n = d = 1000; each is also read against the memcpy of the state it must "
+                 "pass over (EF21: n·d floats; DASHA-PP: the participants' rows of H and G, 2·s·d floats; target <= 3x: "
+                 "the memcpy at s = n/2 moves 16 MB, which this machine's caches partly hold, so that floor is the "
+                 "cached one). On the dense quadratic with s = 2 a round is 4 matrix-vector products (two per "
+                 "participant, as the authors' nodes compute them), and permk's per-round dispatch (about 0.15 ms: the "
+                 "participants' draw, the plan, the exchange) is a visible fraction of it. Times are the "
                  "process's CPU time per round (what a shared machine's preemption does not inflate; single-threaded "
                  "here) with the wall-clock ratio beside; medians of interleaved repetitions, ratios the medians of "
                  "per-repetition ratios.")

@@ -277,9 +277,61 @@ pub fn divide_all(o: &mut [f64], nt: f64) {
     o.iter_mut().for_each(|v| *v /= nt);
 }
 
+/// DASHA-PP's estimator step on one participant's rows (`h`, `g`, from its gradients `new`
+/// and `old` at the two points): `dh = ((new − old) − (h − old)·b)/p`, `h += dh`, `g += dh·w`,
+/// for every coordinate, bit for bit numpy's `dh = new − old; dh −= (h − old)·b; dh /= p;
+/// h += dh; g += dh·w`. The quotient by `p` is a multiplication by the exact reciprocal when `p`
+/// is a power of two (the same correctly rounded value, as [`divide_all`]), else the division
+/// with the widest vector instructions the CPU has (it bounds the pass otherwise).
+pub fn pp_estimators_row(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
+    let bits = p.to_bits();
+    if p.is_normal() && p > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / p).is_normal() {
+        let inv = 1.0 / p;
+        return pp_row(h, g, new, old, b, w, |v| v * inv);
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F (checked just above).
+            return unsafe { simd::pp_row_avx512(h, g, new, old, b, p, w) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU supports AVX2 (checked just above).
+            return unsafe { simd::pp_row_avx2(h, g, new, old, b, p, w) };
+        }
+    }
+    pp_row(h, g, new, old, b, w, |v| v / p)
+}
+
+/// [`pp_estimators_row`]'s pass, the quotient by `p` given as `quot`.
+#[inline(always)]
+fn pp_row(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, w: f64, quot: impl Fn(f64) -> f64) {
+    let len = h.len();
+    let (g, new, old) = (&mut g[..len], &new[..len], &old[..len]);
+    for (((hv, gv), &nv), &ov) in h.iter_mut().zip(g.iter_mut()).zip(new).zip(old) {
+        let dh = quot((nv - ov) - (*hv - ov) * b);
+        *hv += dh;
+        *gv += dh * w;
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{first_pass, tile_pass, MaybeUninit, Real};
+    use super::{first_pass, pp_row, tile_pass, MaybeUninit, Real};
+
+    /// # Safety
+    /// The CPU must support AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn pp_row_avx512(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
+        pp_row(h, g, new, old, b, w, |v| v / p)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pp_row_avx2(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
+        pp_row(h, g, new, old, b, w, |v| v / p)
+    }
 
     /// # Safety
     /// The CPU must support AVX-512F.

@@ -852,11 +852,7 @@ impl Tridiagonal {
                 }
             }))?;
             // then its estimators
-            for (((hv, gv), &nv), &ov) in hr.iter_mut().zip(gr.iter_mut()).zip(&nb).zip(&ob) {
-                let dh = ((nv - ov) - (*hv - ov) * b) / p;
-                *hv += dh;
-                *gv += dh * w;
-            }
+            crate::kernels::pp_estimators_row(hr, gr, &nb, &ob, b, p, w);
         }
         Ok(new)
     }
@@ -1258,11 +1254,12 @@ mod tests {
 
     #[test]
     fn dasha_pp_values_are_the_shifted_values_then_numpys_estimator_steps() {
-        let step = PPStep { b: 0.3, p: 0.6, w: 1.7 };
-        let (coef, beta) = (1.0 - step.b, 0.25);
         let mut specs = shared_specs();
         specs.push(spec(BlockPermK { partition: Partition::Contiguous { m: 1 } }));
-        for (n, d) in [(5, 7), (6, 1), (9, 2), (4, 300), (7, 40)] {
+        // p not a power of two (the division), a power of two (the exact reciprocal), and 1
+        let steps = [PPStep { b: 0.3, p: 0.6, w: 1.7 }, PPStep { b: 1.0 / 3.0, p: 0.5, w: 0.7 }, PPStep { b: 1.0, p: 1.0, w: 0.25 }];
+        for ((n, d), step) in [(5, 7), (6, 1), (9, 2), (4, 300), (7, 40), (3, 1001)].into_iter().zip(steps.iter().cycle().copied()) {
+            let (coef, beta) = (1.0 - step.b, 0.25);
             let q = problem_n(n);
             let (xn, xo) = (vector(d, 1), vector(d, 2));
             let h0 = Array2::from_shape_fn((n, d), |(r, j)| ((r * 31 + j * 7) % 13) as f64 * 0.37 - 2.0);
