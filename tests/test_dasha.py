@@ -365,3 +365,41 @@ def test_pessimistic_constants_are_the_authors_mean_square_smoothness() -> None:
     assert r.params.gamma == pytest.approx(dasha_stepsize(w, w / n, q.L_minus, L_tilde), rel=1e-14)
     authors = 1 / (float(np.mean(q.L_i)) + L_tilde * np.sqrt(w * (4 * w + 1) / n))
     assert q.L_minus <= np.mean(q.L_i) and r.params.gamma >= authors
+
+
+def test_the_native_dasha_pp_round_refuses_bad_arguments_by_name_and_writes_nothing() -> None:
+    """``Tridiagonal.dasha_pp_values`` (DASHA-PP's Rust path) checks every argument before it
+    writes ``H`` or ``G``: each bad one is a ValueError or TypeError naming it."""
+    n, d, s = 6, 10, 3
+    q = synthetic(n, d, 1e-3, 0.5)
+    r = permk.Participation(permk.PermK(), s).round(n, d, seed=0, round=1)
+    P = np.asarray(participants(n, s, seed=0, round=1), dtype=np.int64)
+    x, y = np.ones(d), np.zeros(d)
+    H, G = np.zeros((n, d)), np.zeros((n, d))
+    kw = dict(coef=0.5, beta=0.1, b=0.5, p=0.5, w=1.0)
+    L = int(np.asarray(r.offsets())[-1])
+    bad = [
+        (TypeError, "G:.*not shared", dict(H=H, G=H, rows=P)),  # the same array twice
+        (TypeError, "H:", dict(H=H.astype(np.float32), G=G, rows=P)),
+        (TypeError, "G:", dict(H=H, G=np.broadcast_to(G, G.shape), rows=P)),  # read-only
+        (ValueError, "C-contiguous", dict(H=np.asfortranarray(H), G=G, rows=P)),
+        (ValueError, "rows:", dict(H=H, G=G, rows=np.array([-1, 2]))),
+        (ValueError, "rows:", dict(H=H, G=G, rows=np.array([0, 2, 10**12]))),
+        (ValueError, "not a participant", dict(H=H, G=G, rows=P[:1])),
+        (TypeError, "rows:", dict(H=H, G=G, rows=P.reshape(1, -1))),
+        (ValueError, "H:", dict(H=np.zeros((n - 1, d)), G=G, rows=P)),
+        (ValueError, "p:", dict(H=H, G=G, rows=P, p=0.0)),
+        (ValueError, "p:", dict(H=H, G=G, rows=P, p=float("nan"))),
+        (ValueError, "out:", dict(H=H, G=G, rows=P, out=np.empty(L - 1))),
+        (ValueError, "share memory with G", dict(H=H, G=G, rows=P, out=G.ravel()[:L])),
+    ]
+    for exc, match, args in bad:
+        with pytest.raises(exc, match=match):
+            q.kernel.dasha_pp_values(r, x, y, 0, n, **{**kw, **args})
+    with pytest.raises(ValueError, match="x_new"):
+        q.kernel.dasha_pp_values(r, np.ones(d + 1), y, 0, n, H=H, G=G, rows=P, **kw)
+    with pytest.raises(ValueError, match="stop"):
+        q.kernel.dasha_pp_values(r, x, y, 0, n + 1, H=H, G=G, rows=P, **kw)
+    assert not H.any() and not G.any()
+    v = q.kernel.dasha_pp_values(r, x, y, 0, n, H=H, G=G, rows=P, **kw)
+    assert v.shape == (L,) and H[P].any() and not np.delete(H, P, axis=0).any()

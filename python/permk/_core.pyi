@@ -365,7 +365,7 @@ class Tridiagonal:
         divide: int | None = None,
         out: npt.NDArray[np.float64] | None = None,
     ) -> npt.NDArray[np.float64]:
-        """DASHA-PP's round for workers ``start..stop`` (:class:`permk.methods.DashaPP`): each
+        """DASHA-PP's round for workers ``start..stop`` (:func:`permk.dasha` with ``participation``): each
         participant (``rows``: strictly increasing indices of the held rows of ``H`` and ``G``,
         worker ``row0 + r``) evaluates ``new = ∇f_i(x_new)`` and ``old = ∇f_i(x_old)`` once,
         whole, sends its values of ``round``, ``((new_j − coef·old_j) − beta·G_ij)·scale_i``

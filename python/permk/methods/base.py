@@ -94,7 +94,7 @@ class Method(abc.ABC):
         return compressor
 
     def path(self, backend: Any, compressor: Compressor, own: Any) -> str:
-        """The path of the run's exchanges (``params.path``): its :attr:`exchange`'s on
+        """The path of the run's exchanges (``params.path``): its ``exchange``'s on
         ``backend`` with the sent ``compressor``, for the rows of the method's own parameters
         ``own`` (their ``shift_dtype``, where it has one)."""
         return self.exchange.path(backend, compressor, getattr(own, "shift_dtype", None))  # type: ignore[no-any-return]

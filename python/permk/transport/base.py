@@ -48,7 +48,7 @@ class NativeKernel(Protocol):
     arithmetic (``permk._core.Tridiagonal``, the synthetic quadratic's): what the exchanges'
     ``"rust"`` path calls. ``spec`` is a compressor's native kernel (``Compressor.kernel``).
     A kernel may have more, found by name: ``local_grads_rows`` (some workers' gradients) and
-    ``dasha_pp_values`` (DASHA-PP's round, :class:`permk.methods.DashaPP`)."""
+    ``dasha_pp_values`` (DASHA-PP's round: :func:`permk.dasha` with ``participation``)."""
 
     def local_grads(self, x: Array, start: int = 0, stop: int | None = None) -> Array: ...
     def round_values(self, round: Any, x: Array, y: Array | None, start: int, stop: int, *,

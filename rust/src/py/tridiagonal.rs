@@ -101,9 +101,9 @@ impl PyTridiagonal {
         x_old: PyReadonlyArray1<'py, f64>,
         start: usize,
         stop: usize,
-        mut H: PyReadwriteArray2<'py, f64>,
-        mut G: PyReadwriteArray2<'py, f64>,
-        rows: PyReadonlyArray1<'py, i64>,
+        H: &Bound<'py, PyAny>,
+        G: &Bound<'py, PyAny>,
+        rows: &Bound<'py, PyAny>,
         row0: usize,
         coef: f64,
         beta: f64,
@@ -114,6 +114,15 @@ impl PyTridiagonal {
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let divide = divisor(divide)?;
+        let writeable = |a: &Bound<'py, PyAny>, name: &str| {
+            a.extract::<PyReadwriteArray2<'py, f64>>().map_err(|e| {
+                PyTypeError::new_err(format!("{name}: must be a writeable float64 numpy array of 2 dimensions, not shared with the other ({e}), got {}", type_name(a)))
+            })
+        };
+        let (mut H, mut G) = (writeable(H, "H")?, writeable(G, "G")?);
+        let rows = rows
+            .extract::<PyReadonlyArray1<'py, i64>>()
+            .map_err(|e| PyTypeError::new_err(format!("rows: must be a 1-D int64 numpy array ({e}), got {}", type_name(rows))))?;
         let rows: Vec<usize> = rows
             .as_array()
             .iter()
