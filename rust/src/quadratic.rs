@@ -319,18 +319,30 @@ impl Tridiagonal {
         let d = x.len();
         nonempty("x", d)?;
         let rows = workers.len();
-        Need::new().array::<f64>("the local gradients", &[rows, d]).array::<f64>("T x", &[d]).array::<f64>("a copy of x", &[d]).check()?;
+        Need::new()
+            .array::<f64>("the local gradients", &[rows, d])
+            .array::<f64>("T x and c x", &[2, d])
+            .array::<f64>("a copy of x", &[d])
+            .check()?;
         let mut buf = Vec::new();
         let x = contiguous(&x, &mut buf, "a copy of x")?;
-        let tx = mem::collect("T x", d, (0..d).map(|j| t_at(x, j)))?;
+        let (tx, cx) = self.tx_cx(x)?;
         let mut out = mem::zeros::<f64>("the local gradients", &[rows, d])?;
         for (row, i) in out.chunks_mut(d).zip(workers) {
-            for j in 0..d {
-                row[j] = self.a[i] * tx[j] + self.c * x[j];
-            }
-            row[0] -= self.beta[i];
+            self.grad_row_into(i, &tx, &cx, row);
         }
         Array2::from_shape_vec((rows, d), out).map_err(|e| CoreError::invalid("x", e.to_string()))
+    }
+
+    /// Worker `i`'s whole gradient `∇f_i(x)` into `row` from `tx = T x` and `cx = c x`
+    /// ([`Self::tx_cx`]): `a_i (T x)_j + c x_j`, then `− β_i` at `j = 0` — the bits of
+    /// [`Self::grad_coord`] at every coordinate.
+    fn grad_row_into(&self, i: usize, tx: &[f64], cx: &[f64], row: &mut [f64]) {
+        let ai = self.a[i];
+        for ((o, &t), &c) in row.iter_mut().zip(tx).zip(cx) {
+            *o = ai * t + c;
+        }
+        row[0] -= self.beta[i];
     }
 
     /// `∇f_i(x)_j = a_i (T x)_j + c x_j − β_i [j = 0]`, in `O(1)`.
@@ -826,14 +838,9 @@ impl Tridiagonal {
         let base = off[start];
         for &r in &mine {
             let i = row0 + r;
-            let (ai, bi) = (self.a[i], self.beta[i]);
-            // the participant's two gradients, once: grad_coord's arithmetic, row by row
-            for (j, (nv, ov)) in nb.iter_mut().zip(ob.iter_mut()).enumerate() {
-                *nv = ai * tn[j] + cn[j];
-                *ov = ai * to[j] + co[j];
-            }
-            nb[0] -= bi;
-            ob[0] -= bi;
+            // the participant's two gradients, once
+            self.grad_row_into(i, &tn, &cn, &mut nb);
+            self.grad_row_into(i, &to, &co, &mut ob);
             let (hr, gr) = (&mut hs[r * d..(r + 1) * d], &mut gs[r * d..(r + 1) * d]);
             let scale = round.scale_of(i);
             let pos0 = off[i] - base;

@@ -134,6 +134,25 @@ fn slice_of<'a>(x: &'a ArrayView1<'a, f64>, name: &str) -> PyResult<Cow<'a, [f64
 }
 
 /// The name of `v`'s type, for messages.
+/// An int64 index array (`name`: worker or row indices) as `usize`s: a ValueError naming it for
+/// a negative entry (the core checks the upper bounds), a MemoryError when the copy cannot be
+/// allocated.
+fn indices(a: &PyReadonlyArray1<'_, i64>, name: &str) -> PyResult<Vec<usize>> {
+    let a = a.as_array();
+    let mut out = mem::vec::<usize>(name, a.len())?;
+    for &v in a {
+        out.push(usize::try_from(v).map_err(|_| CoreError::invalid(name, format!("must be non-negative, got {v}")))?);
+    }
+    Ok(out)
+}
+
+/// `a` as a writeable float64 array of 2 dimensions, updated in place (`why`), or a TypeError
+/// naming it.
+fn writeable_f64_2d<'py>(a: &Bound<'py, PyAny>, name: &str, why: &str) -> PyResult<PyReadwriteArray2<'py, f64>> {
+    a.extract::<PyReadwriteArray2<'py, f64>>()
+        .map_err(|_| PyTypeError::new_err(format!("{name}: must be a writeable float64 numpy array of 2 dimensions ({why}), got {}", type_name(a))))
+}
+
 fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }

@@ -84,11 +84,7 @@ impl PyRound {
     /// This round restricted to `workers` (strictly increasing), their scales times `factor`;
     /// the other workers send nothing (partial participation's round).
     fn restricted(&self, py: Python<'_>, workers: PyReadonlyArray1<'_, i64>, factor: f64) -> PyResult<PyRound> {
-        let w = workers.as_array();
-        let ws: Vec<usize> = w
-            .iter()
-            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("workers: worker {i} is outside [0, {})", self.0.n()))))
-            .collect::<PyResult<_>>()?;
+        let ws = indices(&workers, "workers")?;
         Ok(PyRound(py.detach(|| self.0.restricted(&ws, factor))?))
     }
 

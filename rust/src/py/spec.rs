@@ -159,17 +159,7 @@ impl PySpec {
             let m = py.detach(|| compress::compress_shifted_rows(spec, g, rows, h, beta, start, n, seed, round))?;
             Ok(m.map(|m| message_arrays(py, m)))
         }
-        let rows = match &rows {
-            None => None,
-            Some(r) => {
-                let r = r.as_array();
-                let mut out = mem::vec::<usize>("rows", r.len())?;
-                for &v in r {
-                    out.push(usize::try_from(v).map_err(|_| CoreError::invalid("rows", format!("must be non-negative, got {v}")))?);
-                }
-                Some(out)
-            }
-        };
+        let rows = rows.as_ref().map(|r| indices(r, "rows")).transpose()?;
         let rows = rows.as_deref();
         let h = H.map(|h| arr2(h, "H")).transpose()?;
         match (arr2(G, "G")?, h) {

@@ -32,12 +32,7 @@ impl PyTridiagonal {
 
     /// The local gradients of the workers `rows`, one row each in that order.
     fn local_grads_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f64>, rows: PyReadonlyArray1<'py, i64>) -> PyResult<Bound<'py, PyArray2<f64>>> {
-        let x = x.as_array();
-        let rows: Vec<usize> = rows
-            .as_array()
-            .iter()
-            .map(|&i| usize::try_from(i).map_err(|_| PyValueError::new_err(format!("rows: worker {i} is outside [0, {})", self.0.n()))))
-            .collect::<PyResult<_>>()?;
+        let (x, rows) = (x.as_array(), indices(&rows, "rows")?);
         Ok(py.detach(|| self.0.local_grads_rows(x, &rows))?.into_pyarray(py))
     }
 
@@ -114,20 +109,12 @@ impl PyTridiagonal {
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<f64>>> {
         let divide = divisor(divide)?;
-        let writeable = |a: &Bound<'py, PyAny>, name: &str| {
-            a.extract::<PyReadwriteArray2<'py, f64>>().map_err(|e| {
-                PyTypeError::new_err(format!("{name}: must be a writeable float64 numpy array of 2 dimensions, not shared with the other ({e}), got {}", type_name(a)))
-            })
-        };
-        let (mut H, mut G) = (writeable(H, "H")?, writeable(G, "G")?);
+        let why = "updated in place; H and G not shared";
+        let (mut H, mut G) = (writeable_f64_2d(H, "H", why)?, writeable_f64_2d(G, "G", why)?);
         let rows = rows
             .extract::<PyReadonlyArray1<'py, i64>>()
-            .map_err(|e| PyTypeError::new_err(format!("rows: must be a 1-D int64 numpy array ({e}), got {}", type_name(rows))))?;
-        let rows: Vec<usize> = rows
-            .as_array()
-            .iter()
-            .map(|&r| usize::try_from(r).map_err(|_| PyValueError::new_err(format!("rows: row {r} is negative"))))
-            .collect::<PyResult<_>>()?;
+            .map_err(|_| PyTypeError::new_err(format!("rows: must be a 1-D int64 numpy array, got {}", type_name(rows))))?;
+        let rows = indices(&rows, "rows")?;
         let (xn, xo, h, g) = (x_new.as_array(), x_old.as_array(), H.as_array_mut(), G.as_array_mut());
         let step = quadratic::PPStep { b, p, w };
         let Some(out) = out else {
@@ -182,9 +169,7 @@ impl PyTridiagonal {
         };
         if let Some(alpha) = alpha {
             // updated in place: a writeable float64 (m, d) array
-            let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
-                PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
-            })?;
+            let mut hw = writeable_f64_2d(H, "H", "updated in place with alpha")?;
             let hm = hw.as_array_mut();
             inputs.push(("H", extent(&hm.view())));
             let Some(out) = out else {
@@ -241,9 +226,7 @@ impl PyTridiagonal {
             let mean = py.detach(|| self.0.round_values_shifted(&round.0, x, y, coef, h, row0, beta, 0, n, None, None).and_then(|v| round.0.mean(&v)))?;
             return Ok(mean.into_pyarray(py));
         }
-        let mut hw = H.extract::<PyReadwriteArray2<'py, f64>>().map_err(|_| {
-            PyTypeError::new_err(format!("H: must be a writeable float64 numpy array of 2 dimensions (updated in place with alpha), got {}", type_name(H)))
-        })?;
+        let mut hw = writeable_f64_2d(H, "H", "updated in place with alpha")?;
         let h = hw.as_array_mut();
         let shift = quadratic::MeanShift { h, row0, beta, alpha };
         Ok(py.detach(|| self.0.round_mean(&round.0, x, y, coef, Some(shift)))?.into_pyarray(py))
