@@ -308,58 +308,68 @@ class DashaPP(Dasha):
                params: RunParams[DashaParams]) -> tuple[DashaState, RoundInfo]:
         self._check_state(state, params)
         prev = cast(DashaPPState, state)
-        s, a, t = cast(int, params.own.participation), params.own.a, prev.round
-        b, n, ws, w = cast(float, params.own.b), backend.n, backend.workers, prev.h_weight
+        s, t, n, ws = cast(int, params.own.participation), prev.round, backend.n, backend.workers
         x = prev.x - params.gamma * prev.g
         bits = params.bits.compressed
         who = participants(n, s, seed=prev.seed, round=t)
         P = who[(who >= ws.start) & (who < ws.stop)] - ws.start  # the held participants, from the first held worker
+        step = (params.own.a, cast(float, params.own.b), s / n, prev.h_weight)
+        round_of = self._native_round if params.path == "rust" else self._dense_round
+        with np.errstate(invalid="ignore", over="ignore"):
+            mean, G, H = round_of(prev, x, P, backend, compressor, *step)
         calls = 2.0 * params.oracle_full if s < n else None  # with s = n every worker kept ∇f_i(x^t)
-        if params.path == "rust":
-            # the steps below, in their order, bit for bit, in one native pass per participant:
-            # its two gradients into a buffer, its values (G_i += m_i), then h_i and G_i += w dh
-            r = backend.plan(compressor, prev.seed, t)
-            G, H, kernel = backend.own(prev.G), backend.own(prev.H), backend.kernel
+        return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=prev.h_weight, round=t + 1, seed=prev.seed,
+                            bits=prev.bits + bits), RoundInfo(bits, None, calls)
 
-            def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
-                return kernel.dasha_pp_values(r, x, prev.x, start, stop, H=H, G=G, rows=P, row0=ws.start, coef=1 - b,  # type: ignore[union-attr,no-any-return]
-                                              beta=a, b=b, p=s / n, w=w, divide=divide, out=out)
+    @staticmethod
+    def _native_round(prev: DashaPPState, x: Array, P: Array, backend: Any, compressor: Compressor,
+                      a: float, b: float, p: float, w: float) -> tuple[Array, Array, Array]:
+        """The round's mean and the new ``G``, ``H`` on the ``"rust"`` path: the steps of
+        :meth:`_dense_round`, in their order, bit for bit, in one native pass per participant
+        (its two gradients into a buffer, its values with ``G_i += m_i``, then ``h_i += dh``
+        and ``G_i += w dh``)."""
+        r = backend.plan(compressor, prev.seed, prev.round)
+        G, H, kernel, row0 = backend.own(prev.G), backend.own(prev.H), backend.kernel, backend.workers.start
 
-            with np.errstate(invalid="ignore", over="ignore"):
-                mean = backend.mean_values(compressor, r, fill)
-            return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
-                                bits=prev.bits + bits), RoundInfo(bits, None, calls)
+        def fill(start: int, stop: int, divide: int | None, out: Array | None) -> Array:
+            return kernel.dasha_pp_values(r, x, prev.x, start, stop, H=H, G=G, rows=P, row0=row0, coef=1 - b,  # type: ignore[no-any-return]
+                                          beta=a, b=b, p=p, w=w, divide=divide, out=out)
+
+        return backend.mean_values(compressor, r, fill), G, H
+
+    def _dense_round(self, prev: DashaPPState, x: Array, P: Array, backend: Any, compressor: Compressor,
+                     a: float, b: float, p: float, w: float) -> tuple[Array, Array, Array]:
+        """The round's mean and the new ``G``, ``H`` from the participants' whole gradients.
+
+        The participants in chunks of rows that stay in cache: their two gradients, the message
+        rows ``v = ∇f_i(x⁺) − (1 − b)∇f_i(x)``, and ``h_i += dh`` with
+        ``dh = ((∇f_i(x⁺) − ∇f_i(x)) − b(h_i − ∇f_i(x))) / p`` (``dh`` kept for ``G``, which the
+        exchange reads first)."""
         H = backend.own(prev.H)
         v, dH = np.empty((len(P), backend.d)), np.empty((len(P), backend.d))
         step = max(1, self.CHUNK_BYTES // (8 * backend.d))
-        # the participants in chunks of rows that stay in cache: their two gradients, the
-        # message rows v = ∇f_i(x⁺) − (1 − b)∇f_i(x), and h_i += dh with
-        # dh = ((∇f_i(x⁺) − ∇f_i(x)) − b(h_i − ∇f_i(x))) / (s/n) (dh kept for G, which the
-        # exchange reads first)
-        with np.errstate(invalid="ignore", over="ignore"):
-            for lo in range(0, len(P), step):
-                Pc = P[lo : lo + step]
-                new, old = ex.local_grads_pair_of(backend, x, prev.x, Pc)
-                np.subtract(new, (1 - b) * old, out=v[lo : lo + len(Pc)])
-                hp = H[Pc]
-                bh = hp - old
-                bh *= b
-                dh = dH[lo : lo + len(Pc)]
-                np.subtract(new, old, out=dh)  # (new may be the transport's kept array: not written)
-                dh -= bh
-                dh /= s / n
-                hp += dh
-                H[Pc] = hp
-            mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=t)
-            for lo in range(0, len(P), step):
-                Pc = P[lo : lo + step]
-                dh = dH[lo : lo + len(Pc)]
-                dh *= w
-                gp = G[Pc]
-                gp += dh
-                G[Pc] = gp
-        return DashaPPState(x=x, g=prev.g + mean, G=G, H=H, h_weight=w, round=t + 1, seed=prev.seed,
-                            bits=prev.bits + bits), RoundInfo(bits, None, calls)
+        for lo in range(0, len(P), step):
+            Pc = P[lo : lo + step]
+            new, old = ex.local_grads_pair_of(backend, x, prev.x, Pc)
+            np.subtract(new, (1 - b) * old, out=v[lo : lo + len(Pc)])
+            hp = H[Pc]
+            bh = hp - old
+            bh *= b
+            dh = dH[lo : lo + len(Pc)]
+            np.subtract(new, old, out=dh)  # (new may be the transport's kept array: not written)
+            dh -= bh
+            dh /= p
+            hp += dh
+            H[Pc] = hp
+        mean, G = ex.shifted_rows(backend, compressor, prev.G, v, workers=P, beta=a, seed=prev.seed, round=prev.round)
+        for lo in range(0, len(P), step):
+            Pc = P[lo : lo + step]
+            dh = dH[lo : lo + len(Pc)]
+            dh *= w
+            gp = G[Pc]
+            gp += dh
+            G[Pc] = gp
+        return mean, G, H
 
 
 class DashaPage(Dasha):
