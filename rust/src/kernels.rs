@@ -277,60 +277,86 @@ pub fn divide_all(o: &mut [f64], nt: f64) {
     o.iter_mut().for_each(|v| *v /= nt);
 }
 
-/// DASHA-PP's estimator step on one participant's rows (`h`, `g`, from its gradients `new`
-/// and `old` at the two points): `dh = ((new − old) − (h − old)·b)/p`, `h += dh`, `g += dh·w`,
-/// for every coordinate, bit for bit numpy's `dh = new − old; dh −= (h − old)·b; dh /= p;
-/// h += dh; g += dh·w`. The quotient by `p` is a multiplication by the exact reciprocal when `p`
-/// is a power of two (the same correctly rounded value, as [`divide_all`]), else the division
-/// with the widest vector instructions the CPU has (it bounds the pass otherwise).
-pub fn pp_estimators_row(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
+/// One participant's gradient at one point, formed on the fly: `a·t_j + c_j` at coordinate `j`
+/// (the synthetic quadratic's rows from the products `t = T x` and `c = c·x` every worker
+/// shares: [`crate::quadratic::Tridiagonal::dasha_pp_values`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Affine<'a> {
+    pub a: f64,
+    pub t: &'a [f64],
+    pub c: &'a [f64],
+}
+
+/// DASHA-PP's estimator step at one coordinate, from the participant's gradients `nv`, `ov` at
+/// the two points: `dh = ((nv − ov) − (h − ov)·b)/p`, `h += dh`, `g += dh·w`, bit for bit numpy's
+/// `dh = new − old; dh −= (h − old)·b; dh /= p; h += dh; g += dh·w`.
+#[inline(always)]
+pub fn pp_step(h: &mut f64, g: &mut f64, nv: f64, ov: f64, b: f64, w: f64, quot: impl Fn(f64) -> f64) {
+    let dh = quot((nv - ov) - (*h - ov) * b);
+    *h += dh;
+    *g += dh * w;
+}
+
+/// [`pp_step`] at every coordinate of one participant's rows `h`, `g`, its gradients formed on
+/// the fly ([`Affine`]: no row of them is written or read). The quotient by `p` is a
+/// multiplication by the exact reciprocal when `p` is a power of two (the same correctly rounded
+/// value, as [`divide_all`]), else the division; both with the widest vector instructions the
+/// CPU has.
+pub fn pp_estimators_affine(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, p: f64, w: f64) {
     let bits = p.to_bits();
-    if p.is_normal() && p > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / p).is_normal() {
-        let inv = 1.0 / p;
-        return pp_row(h, g, new, old, b, w, |v| v * inv);
-    }
+    let recip = (p.is_normal() && p > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / p).is_normal()).then(|| 1.0 / p);
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::pp_row_avx512(h, g, new, old, b, p, w) };
+            return unsafe { simd::pp_affine_avx512(h, g, new, old, b, p, recip, w) };
         }
         if std::arch::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::pp_row_avx2(h, g, new, old, b, p, w) };
+            return unsafe { simd::pp_affine_avx2(h, g, new, old, b, p, recip, w) };
         }
     }
-    pp_row(h, g, new, old, b, w, |v| v / p)
+    pp_affine_quot(h, g, new, old, b, p, recip, w)
 }
 
-/// [`pp_estimators_row`]'s pass, the quotient by `p` given as `quot`.
+/// [`pp_estimators_affine`]'s pass, by the reciprocal `recip` when given, else by `p`.
 #[inline(always)]
-fn pp_row(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, w: f64, quot: impl Fn(f64) -> f64) {
+#[allow(clippy::too_many_arguments)]
+fn pp_affine_quot(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, p: f64, recip: Option<f64>, w: f64) {
+    match recip {
+        Some(r) => pp_affine(h, g, new, old, b, w, |v| v * r),
+        None => pp_affine(h, g, new, old, b, w, |v| v / p),
+    }
+}
+
+#[inline(always)]
+fn pp_affine(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, w: f64, quot: impl Fn(f64) -> f64 + Copy) {
     let len = h.len();
-    let (g, new, old) = (&mut g[..len], &new[..len], &old[..len]);
-    for (((hv, gv), &nv), &ov) in h.iter_mut().zip(g.iter_mut()).zip(new).zip(old) {
-        let dh = quot((nv - ov) - (*hv - ov) * b);
-        *hv += dh;
-        *gv += dh * w;
+    let (g, tn, cn, to, co) = (&mut g[..len], &new.t[..len], &new.c[..len], &old.t[..len], &old.c[..len]);
+    let (an, ao) = (new.a, old.a);
+    for (j, (hv, gv)) in h.iter_mut().zip(g.iter_mut()).enumerate() {
+        pp_step(hv, gv, an * tn[j] + cn[j], ao * to[j] + co[j], b, w, quot);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{first_pass, pp_row, tile_pass, MaybeUninit, Real};
+    use super::{first_pass, pp_affine_quot, tile_pass, Affine, MaybeUninit, Real};
 
     /// # Safety
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn pp_row_avx512(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
-        pp_row(h, g, new, old, b, w, |v| v / p)
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn pp_affine_avx512(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, p: f64, recip: Option<f64>, w: f64) {
+        pp_affine_quot(h, g, new, old, b, p, recip, w)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn pp_row_avx2(h: &mut [f64], g: &mut [f64], new: &[f64], old: &[f64], b: f64, p: f64, w: f64) {
-        pp_row(h, g, new, old, b, w, |v| v / p)
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn pp_affine_avx2(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, p: f64, recip: Option<f64>, w: f64) {
+        pp_affine_quot(h, g, new, old, b, p, recip, w)
     }
 
     /// # Safety

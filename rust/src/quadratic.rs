@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use crate::compress::{self, Assignment, Messages, Quantizer, RoundPlan, Spec, TopK};
 use crate::error::{CoreError, Result};
+use crate::kernels::{self, Affine};
 use crate::mem::{self, Need};
 use crate::plan::{with_owner, Blocks, Label, IDLE};
 use crate::round::{with_post, Divisor, Emit, Keep, Post, Round, Seg};
@@ -33,7 +34,7 @@ impl ShiftRows<'_> {
         let r = i.wrapping_sub(self.row0);
         if r < self.h.nrows() && j < self.h.ncols() {
             let s = self.h.strides();
-            crate::kernels::prefetch(self.h.as_ptr().wrapping_offset(r as isize * s[0] + j as isize * s[1]));
+            kernels::prefetch(self.h.as_ptr().wrapping_offset(r as isize * s[0] + j as isize * s[1]));
         }
     }
 }
@@ -513,7 +514,7 @@ impl Tridiagonal {
         let ahead = |i: usize, j: usize| {
             let r = i.wrapping_sub(row0);
             if r < rows && j < d {
-                crate::kernels::prefetch((hp as *const f64).wrapping_offset(r as isize * strides.0 + j as isize * strides.1));
+                kernels::prefetch((hp as *const f64).wrapping_offset(r as isize * strides.0 + j as isize * strides.1));
             }
         };
         with_post!(divide, f64, post => round.visit_ahead(start, stop, ahead, |i, seg, pos| {
@@ -818,13 +819,10 @@ impl Tridiagonal {
         if let Some(o) = &out {
             round.check_out_len(start, stop, o.len())?;
         }
-        Need::new()
-            .bytes("T x and c x at both points, copies of the points and a participant's gradients", 8 * 8 * d as u128)
-            .check()?;
+        Need::new().bytes("T x and c x at both points and copies of the points", 6 * 8 * d as u128).check()?;
         let (mut b1, mut b2) = (Vec::new(), Vec::new());
         let (xn, xo) = (contiguous(&x_new, &mut b1, "a copy of x_new")?, contiguous(&x_old, &mut b2, "a copy of x_old")?);
         let ((tn, cn), (to, co)) = (self.tx_cx(xn)?, self.tx_cx(xo)?);
-        let (mut nb, mut ob) = (mem::zeros::<f64>("a participant's gradient", &[d])?, mem::zeros::<f64>("a participant's gradient", &[d])?);
         let mut new = Vec::new();
         let o: &mut [f64] = match out {
             Some(o) => o,
@@ -838,9 +836,16 @@ impl Tridiagonal {
         let base = off[start];
         for &r in &mine {
             let i = row0 + r;
-            // the participant's two gradients, once
-            self.grad_row_into(i, &tn, &cn, &mut nb);
-            self.grad_row_into(i, &to, &co, &mut ob);
+            // the participant's gradients at coordinate j, as grad_row_into writes them
+            let (ai, bi) = (self.a[i], self.beta[i]);
+            let grad = |t: &[f64], c: &[f64], j: usize| {
+                let v = ai * t[j] + c[j];
+                if j == 0 {
+                    v - bi
+                } else {
+                    v
+                }
+            };
             let (hr, gr) = (&mut hs[r * d..(r + 1) * d], &mut gs[r * d..(r + 1) * d]);
             let scale = round.scale_of(i);
             let pos0 = off[i] - base;
@@ -848,7 +853,7 @@ impl Tridiagonal {
             with_post!(divide, f64, post => round.visit(i, i + 1, |_, seg, pos| {
                 let at = pos0 + pos;
                 let mut one = |j: usize, o: &mut f64| {
-                    let v = ((nb[j] - coef * ob[j]) - beta * gr[j]) * scale;
+                    let v = ((grad(&tn, &cn, j) - coef * grad(&to, &co, j)) - beta * gr[j]) * scale;
                     gr[j] += v;
                     *o = post.apply(v);
                 };
@@ -858,8 +863,11 @@ impl Tridiagonal {
                     Seg::List(c) => c.iter().zip(o[at..at + c.len()].iter_mut()).for_each(|(&j, o)| one(j as usize, o)),
                 }
             }))?;
-            // then its estimators
-            crate::kernels::pp_estimators_row(hr, gr, &nb, &ob, b, p, w);
+            // then its estimators: coordinate 0 (the −β_i) apart, the others in one pass
+            let (h0, g0) = (&mut hr[0], &mut gr[0]);
+            kernels::pp_step(h0, g0, grad(&tn, &cn, 0), grad(&to, &co, 0), b, w, |v| v / p);
+            let (new_i, old_i) = (Affine { a: ai, t: &tn[1..], c: &cn[1..] }, Affine { a: ai, t: &to[1..], c: &co[1..] });
+            kernels::pp_estimators_affine(&mut hr[1..], &mut gr[1..], new_i, old_i, b, p, w);
         }
         Ok(new)
     }
@@ -1006,7 +1014,7 @@ impl Tridiagonal {
         let (ai, bi) = (self.a[i], self.beta[i]);
         buf.clear();
         buf.extend(row.iter().enumerate().map(|(j, &gij)| residual_at(ai, bi, tx, cx, j, gij)));
-        if !crate::kernels::all_finite(buf) {
+        if !kernels::all_finite(buf) {
             return Ok(WorkerMsg::NonFinite);
         }
         let msg = compress::worker_message(spec, plan, ArrayView1::from(buf.as_slice()), r, i, n, seed, round)?;
