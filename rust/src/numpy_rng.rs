@@ -176,6 +176,20 @@ pub fn permutation(entropy: &[u64], n: usize, out: &mut Vec<u64>) {
     }
 }
 
+/// The sorted first `s` of `np.random.default_rng(entropy).permutation(n)` (partial
+/// participation's draw), after checking the memory of the permutation.
+pub fn first_sorted(entropy: &[u64], n: usize, s: usize) -> crate::error::Result<Vec<i64>> {
+    if s > n {
+        return Err(crate::error::CoreError::invalid("s", format!("must be at most n = {n}, got {s}")));
+    }
+    crate::mem::Need::new().array::<u64>("the permutation", &[n]).array::<i64>("the participants", &[s]).check()?;
+    let mut p = crate::mem::vec::<u64>("the permutation", n)?;
+    permutation(entropy, n, &mut p);
+    let mut out: Vec<i64> = p[..s].iter().map(|&v| v as i64).collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,18 +215,4 @@ mod tests {
             assert_eq!(s, (0..n as u64).collect::<Vec<_>>());
         }
     }
-}
-
-/// The sorted first `s` of `np.random.default_rng(entropy).permutation(n)` (partial
-/// participation's draw), after checking the memory of the permutation.
-pub fn first_sorted(entropy: &[u64], n: usize, s: usize) -> crate::error::Result<Vec<i64>> {
-    if s > n {
-        return Err(crate::error::CoreError::invalid("s", format!("must be at most n = {n}, got {s}")));
-    }
-    crate::mem::Need::new().array::<u64>("the permutation", &[n]).array::<i64>("the participants", &[s]).check()?;
-    let mut p = crate::mem::vec::<u64>("the permutation", n)?;
-    permutation(entropy, n, &mut p);
-    let mut out: Vec<i64> = p[..s].iter().map(|&v| v as i64).collect();
-    out.sort_unstable();
-    Ok(out)
 }

@@ -749,8 +749,9 @@ impl Tridiagonal {
     /// DASHA-PP's round for workers `start..stop` on the Rust path (the method is
     /// `permk.methods.DashaPP`): each participant (`rows`: strictly increasing indices of the
     /// held rows of `h` and `g`, worker `row0 + r`; those outside `start..stop` are left to the
-    /// call for their workers) evaluates `new = ∇f_i(x_new)` and `old = ∇f_i(x_old)` once, whole,
-    /// into a buffer, and from them
+    /// call for their workers) uses `new = ∇f_i(x_new)` and `old = ∇f_i(x_old)`, each coordinate
+    /// formed where it is read from `T x` and `c x` at the two points (computed once for all
+    /// participants; no row of gradients is written), and
     ///
     /// * sends its values of `round`: `v = ((new_j − coef·old_j) − beta·g_ij)·scale_i` at its
     ///   coordinates, `g_ij += v` — [`Self::round_values_update`]'s arithmetic with `alpha = 1`,
