@@ -218,8 +218,28 @@ struct Job {
 }
 
 /// A uniformly random `s`-subset of `0..x` (Floyd's algorithm), appended to `out` in increasing
-/// order.
+/// order. For `x ≤ 64` (a worker's excess over its share is drawn from its few coordinates: the
+/// common case, once per over-full worker of every round) the set is a bit mask, not a hash set:
+/// the same draws, the same subset.
 fn sorted_subset<R: Draw>(rng: &mut R, x: usize, s: usize, out: &mut Vec<u32>) -> Result<()> {
+    if x <= 64 {
+        let mut set = 0u64;
+        for j in x - s..x {
+            let t = rng.below_inclusive(j);
+            set |= if set >> t & 1 == 0 { 1u64 << t } else { 1u64 << j };
+        }
+        out.try_reserve(s).map_err(|_| mem::alloc_error::<u32>("the released coordinates", &[out.len() + s]))?;
+        while set != 0 {
+            out.push(set.trailing_zeros());
+            set &= set - 1;
+        }
+        return Ok(());
+    }
+    sorted_subset_hashed(rng, x, s, out)
+}
+
+/// [`sorted_subset`] with a hash set (any `x`).
+fn sorted_subset_hashed<R: Draw>(rng: &mut R, x: usize, s: usize, out: &mut Vec<u32>) -> Result<()> {
     let mut set: HashSet<u32> = HashSet::new();
     set.try_reserve(s).map_err(|_| mem::alloc_error::<u32>("the released coordinates", &[s]))?;
     for j in x - s..x {
@@ -441,6 +461,25 @@ mod tests {
         let (k, r) = (d / n, d % n);
         assert!(have.iter().all(|&h| h == k || h == k + 1), "{have:?}");
         assert_eq!(have.iter().filter(|&&h| h == k + 1).count(), if k + 1 == k { 0 } else { r }, "{have:?}");
+    }
+
+    #[test]
+    fn the_bit_mask_subset_is_the_hash_set_subset() {
+        // the same draws, the same subset, the stream left at the same place
+        for x in [1usize, 2, 3, 7, 31, 63, 64] {
+            for s in 0..=x {
+                for seed in 0..4u64 {
+                    let (mut a, mut b) = (rng::stream(seed, Purpose::Rebalance, SHARED, x as u64), rng::stream(seed, Purpose::Rebalance, SHARED, x as u64));
+                    let (mut got, mut want) = (vec![9u32], vec![9u32]);
+                    sorted_subset(&mut a, x, s, &mut got).unwrap();
+                    sorted_subset_hashed(&mut b, x, s, &mut want).unwrap();
+                    assert_eq!(got, want, "x={x} s={s} seed={seed}");
+                    assert_eq!(got.len(), s + 1);
+                    assert!(got[1..].windows(2).all(|w| w[0] < w[1]) && got[1..].iter().all(|&v| (v as usize) < x));
+                    assert_eq!(rng::below_inclusive(&mut a, 1 << 20), rng::below_inclusive(&mut b, 1 << 20));
+                }
+            }
+        }
     }
 
     #[test]
