@@ -426,6 +426,13 @@ def main() -> None:
         sys.exit(1)
     if not smoke or args.json:
         missed = "; ".join(f"{r[1]} {r[5]}x {r[3]} (target {r[7]})" for r in rows if r[8] is False) or "none"
+        ms = {(r[0], r[1]): r[2] for r in rows} | {(r[0], r[3]): r[4] for r in rows}
+        native = f"Quadratic.synthetic n=d={n1} (Rust)"
+        s10, t1 = max(2, n1 // 10), ms[(native, "DASHA-PP+PermK s=1")] * 1e3
+        per = {label: (ms[(native, f"DASHA-PP+PermK {label}")] * 1e3 - t1) / (s - 1) for label, s in (("s=n/10", s10), ("s=n", n1))}
+        # T(s10) <= (s10/n) T(n) + T(1), with T(s) = T(1) + (s - 1) c_s, holds while c_s10/c_n is at most:
+        lim = s10 / n1 * (t1 / per["s=n"] + n1 - 1) / (s10 - 1)
+        near = ", ".join(f"{r[1]} {r[5]}" for r in rows if r[0] != native and abs(r[5] - 1) <= 0.02) or "none"
         notes = ("Part 1: every method's round over MARINA+PermK's on the native quadratic (each on its fastest path: "
                  + ", ".join(f"{k}: {v}" for k, v in paths.items()) + "); the partial-participation methods with s = n/2 "
                  "and n/10 over their own round with s = n, the overhead (the part of a round that does not scale with s: "
@@ -439,15 +446,22 @@ def main() -> None:
                  "within 3x of an O(d) round at n = d = 1000; each is also read against the memcpy of the state it must "
                  "pass over (EF21: n·d floats; DASHA-PP: the participants' rows of H and G, 2·s·d floats; target <= 3x: "
                  "the memcpy at s = n/2 moves 16 MB, which this machine's caches partly hold, so that floor is the "
-                 "cached one). On the dense quadratic with s = 2 a round is about 4 matrix-vector products (two per "
+                 "cached one). DASHA-PP's round is its s = 1 round plus "
+                 f"{per['s=n/10']:.2f} µs per participant at s = n/10 and {per['s=n']:.2f} µs at s = n (one pass over the "
+                 "participant's rows of H and G, at random places in them at n/10, one after the other at n); the bound "
+                 f"s/n + overhead on its s = n/10 round holds while the first is at most {lim:.2f}x the second (this run: "
+                 f"{per['s=n/10'] / per['s=n']:.2f}x). On the dense quadratic with s = 2 a round is "
+                 "about 4 matrix-vector products (two per "
                  "participant, as the authors' nodes compute them; permk reuses a participant's gradient kept from the "
                  "round before: 3.8 a round), which cost permk what they cost the authors' loop (1.33-1.50 ms a round "
                  "against 1.36-1.42, timed apart in one run); the rest of permk's round (the participants' draw, the "
                  "plan, the exchange: about 140 Python-level operations) takes 0.45-0.57 ms against their 0.11-0.13, "
                  "run with the caches the four 8 MB matrix reads have just emptied (with the gradients replaced by kept "
-                 "arrays it takes 0.16 ms). DASHA+PermK's ratio is 1 within the run-to-run spread of its 20 matrix "
-                 "reads: timed apart, its gradients take 8.4-9.0 ms a round, the authors' 8.5-8.8, and the rest of its "
-                 "round 0.40-0.43 ms against theirs 0.56-0.59. Times are the "
+                 "arrays it takes 0.16 ms). The dense rows within 2% of 1 (" + near + ") compute the authors' matrix-vector "
+                 "products, one per worker a round, which are nearly all of the round (about 9 ms of it) and move by "
+                 "±0.3 ms from one repetition to the next; timed apart, the rest of a round costs permk less than the "
+                 "authors' loop (DASHA: 0.40-0.43 ms against 0.56-0.59), so these rows are 1 within the spread. Times "
+                 "are the "
                  "process's CPU time per round (what a shared machine's preemption does not inflate; every round is "
                  "single-threaded here but EF21+TopK's, whose kernel runs the workers on the core's threads: its CPU "
                  "time sums both cores, its wall time is the lower) with the wall-clock ratio beside; medians of "
