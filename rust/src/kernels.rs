@@ -213,43 +213,41 @@ fn tile_pass<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bo
     !last || all_finite(o)
 }
 
-/// [`tile_pass`] compiled for the widest vector instructions the CPU has (detected at run
-/// time). IEEE arithmetic gives the same bits at every vector width (and Rust never contracts
-/// `a·b + c` into a fused multiply-add), so this only changes the speed: the division of the
-/// average by `n` bounds the contiguous kernels, and AVX-512 divides twice as many values per
-/// cycle as the baseline SSE2.
+/// `$base(args)` compiled for the widest vector instructions the CPU has: `$avx512(args)` or
+/// `$avx2(args)` (the kernel's copies in [`simd`], one per instruction set) when the CPU has
+/// them (detected at run time), else `$base(args)` itself. IEEE arithmetic gives the same bits at
+/// every vector width (and Rust never contracts `a·b + c` into a fused multiply-add), so the
+/// choice changes only the speed. Returns from the calling function in the vector cases.
+macro_rules! widest {
+    ($avx512:path, $avx2:path, $base:path, ($($arg:expr),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                // SAFETY: the CPU supports AVX-512F (checked just above).
+                return unsafe { $avx512($($arg),*) };
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY: the CPU supports AVX2 (checked just above).
+                return unsafe { $avx2($($arg),*) };
+            }
+        }
+        $base($($arg),*)
+    }};
+}
+
+/// [`tile_pass`] at the widest vector width ([`widest!`]): the division of the average by `n`
+/// bounds the contiguous kernels, and AVX-512 divides twice as many values per cycle as the
+/// baseline SSE2.
 #[inline]
 fn tile_pass_dispatch<T: Real>(o: &mut [T], x: &[T], last: bool, nt: T, scale: f64) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::tile_pass_avx512(o, x, last, nt, scale) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::tile_pass_avx2(o, x, last, nt, scale) };
-        }
-    }
-    tile_pass(o, x, last, nt, scale)
+    widest!(simd::tile_pass_avx512, simd::tile_pass_avx2, tile_pass, (o, x, last, nt, scale))
 }
 
 /// [`first_pass`] compiled for the widest vector instructions the CPU has (as
 /// [`tile_pass_dispatch`]).
 #[inline]
 fn first_pass_dispatch<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: bool, nt: T, scale: f64) -> (&'a mut [T], bool) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::first_pass_avx512(o, x, last, nt, scale) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::first_pass_avx2(o, x, last, nt, scale) };
-        }
-    }
-    first_pass(o, x, last, nt, scale)
+    widest!(simd::first_pass_avx512, simd::first_pass_avx2, first_pass, (o, x, last, nt, scale))
 }
 
 /// `*v /= nt` for every value of `o` (`nt` a positive worker count), the same bits: a
@@ -257,24 +255,24 @@ fn first_pass_dispatch<'a, T: Real>(o: &'a mut [MaybeUninit<T>], x: &[T], last: 
 /// rounded quotient), else the division with the widest vector instructions the CPU has (the
 /// baseline's two quotients per instruction bound the owners' average otherwise).
 pub fn divide_all(o: &mut [f64], nt: f64) {
-    let bits = nt.to_bits();
-    if nt.is_normal() && nt > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / nt).is_normal() {
-        let inv = 1.0 / nt;
+    if let Some(inv) = exact_reciprocal(nt) {
         o.iter_mut().for_each(|v| *v *= inv);
         return;
     }
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::divide_avx512(o, nt) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::divide_avx2(o, nt) };
-        }
-    }
+    widest!(simd::divide_avx512, simd::divide_avx2, divide, (o, nt))
+}
+
+/// `*v /= nt` for every value of `o`: [`divide_all`]'s pass (compiled for each vector width).
+#[inline(always)]
+fn divide(o: &mut [f64], nt: f64) {
     o.iter_mut().for_each(|v| *v /= nt);
+}
+
+/// `1/v` when it is exact (`v` a power of two whose reciprocal is normal): then `x·(1/v)` is the
+/// correctly rounded `x/v`, the same bits as the division.
+fn exact_reciprocal(v: f64) -> Option<f64> {
+    let exact = v.is_normal() && v > 0.0 && v.to_bits() & ((1u64 << 52) - 1) == 0 && (1.0 / v).is_normal();
+    exact.then(|| 1.0 / v)
 }
 
 /// One participant's gradient at one point, formed on the fly: `a·t_j + c_j` at coordinate `j`
@@ -303,20 +301,8 @@ pub fn pp_step(h: &mut f64, g: &mut f64, nv: f64, ov: f64, b: f64, w: f64, quot:
 /// value, as [`divide_all`]), else the division; both with the widest vector instructions the
 /// CPU has.
 pub fn pp_estimators_affine(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, p: f64, w: f64) {
-    let bits = p.to_bits();
-    let recip = (p.is_normal() && p > 0.0 && bits & ((1u64 << 52) - 1) == 0 && (1.0 / p).is_normal()).then(|| 1.0 / p);
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU supports AVX-512F (checked just above).
-            return unsafe { simd::pp_affine_avx512(h, g, new, old, b, p, recip, w) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU supports AVX2 (checked just above).
-            return unsafe { simd::pp_affine_avx2(h, g, new, old, b, p, recip, w) };
-        }
-    }
-    pp_affine_quot(h, g, new, old, b, p, recip, w)
+    let recip = exact_reciprocal(p);
+    widest!(simd::pp_affine_avx512, simd::pp_affine_avx2, pp_affine_quot, (h, g, new, old, b, p, recip, w))
 }
 
 /// [`pp_estimators_affine`]'s pass, by the reciprocal `recip` when given, else by `p`.
@@ -341,7 +327,7 @@ fn pp_affine(h: &mut [f64], g: &mut [f64], new: Affine, old: Affine, b: f64, w: 
 
 #[cfg(target_arch = "x86_64")]
 mod simd {
-    use super::{first_pass, pp_affine_quot, tile_pass, Affine, MaybeUninit, Real};
+    use super::{divide, first_pass, pp_affine_quot, tile_pass, Affine, MaybeUninit, Real};
 
     /// # Safety
     /// The CPU must support AVX-512F.
@@ -363,14 +349,14 @@ mod simd {
     /// The CPU must support AVX-512F.
     #[target_feature(enable = "avx512f")]
     pub unsafe fn divide_avx512(o: &mut [f64], nt: f64) {
-        o.iter_mut().for_each(|v| *v /= nt);
+        divide(o, nt)
     }
 
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
     pub unsafe fn divide_avx2(o: &mut [f64], nt: f64) {
-        o.iter_mut().for_each(|v| *v /= nt);
+        divide(o, nt)
     }
 
     /// # Safety
