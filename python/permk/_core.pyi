@@ -367,9 +367,10 @@ class Tridiagonal:
     ) -> npt.NDArray[np.float64]:
         """DASHA-PP's round for workers ``start..stop`` (:func:`permk.dasha` with ``participation``): each
         participant (``rows``: strictly increasing indices of the held rows of ``H`` and ``G``,
-        worker ``row0 + r``) reads ``new = ∇f_i(x_new)`` and ``old = ∇f_i(x_old)`` (each coordinate
-        formed where it is read, from ``T x`` and ``c x`` at both points), sends its values of ``round``, ``((new_j − coef·old_j) − beta·G_ij)·scale_i``
-        with ``G_ij +=`` each (:meth:`round_values` with ``alpha=1``), then updates its
+        worker ``row0 + r``) reads ``new = ∇f_i(x_new)`` and ``old = ∇f_i(x_old)`` (each
+        coordinate formed where it is read, from ``T x`` and ``c x`` at both points), sends its
+        values of ``round``, ``((new_j − coef·old_j) − beta·G_ij)·scale_i`` with ``G_ij +=`` each
+        (:meth:`round_values` with ``alpha=1``), then updates its
         estimators: ``dh = ((new − old) − (H_r − old)·b)/p``, ``H_r += dh``, ``G_r += w·dh``
         (``H``, ``G``: distinct writeable C-contiguous float64 ``(m, d)`` arrays, in place).
         Bit for bit the dense path's steps on :meth:`local_grads_rows`; every worker of

@@ -134,12 +134,22 @@ impl<P> GradValues<'_, '_, P> {
     }
 }
 
-/// `∇f_i(x)_j − g` from the precomputed `tx = T x` and `cx = c x` (`ai`, `bi`: worker `i`'s
-/// `a_i`, `β_i`): the same bits as [`Tridiagonal::grad_coord`] minus `g`.
+/// `∇f_i(x)_j` from the precomputed `tx = T x` and `cx = c x` (`ai`, `bi`: worker `i`'s `a_i`,
+/// `β_i`): the same bits as [`Tridiagonal::grad_coord`].
+#[inline(always)]
+fn grad_at(ai: f64, bi: f64, tx: &[f64], cx: &[f64], j: usize) -> f64 {
+    let v = ai * tx[j] + cx[j];
+    if j == 0 {
+        v - bi
+    } else {
+        v
+    }
+}
+
+/// `∇f_i(x)_j − g` ([`grad_at`] minus `g`).
 #[inline(always)]
 fn residual_at(ai: f64, bi: f64, tx: &[f64], cx: &[f64], j: usize, g: f64) -> f64 {
-    let v = ai * tx[j] + cx[j];
-    (if j == 0 { v - bi } else { v }) - g
+    grad_at(ai, bi, tx, cx, j) - g
 }
 
 impl<P: Post<f64>> Emit<f64> for GradValues<'_, '_, P> {
@@ -792,9 +802,8 @@ impl Tridiagonal {
         if h.dim() != (m, d) {
             return Err(CoreError::invalid("H", format!("H must have the shape of G, {:?}, got {:?}", (m, d), h.dim())));
         }
-        if !h.is_standard_layout() || !g.is_standard_layout() {
-            return Err(CoreError::invalid("H", "H and G must be C-contiguous"));
-        }
+        let hs = h.as_slice_mut().ok_or_else(|| CoreError::invalid("H", "H must be C-contiguous"))?;
+        let gs = g.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
         if let Some(w) = rows.windows(2).find(|w| w[1] <= w[0]) {
             return Err(CoreError::invalid("rows", format!("must be strictly increasing, got {} after {}", w[1], w[0])));
         }
@@ -832,21 +841,12 @@ impl Tridiagonal {
                 &mut new
             }
         };
-        let hs = h.as_slice_mut().ok_or_else(|| CoreError::invalid("H", "H must be C-contiguous"))?;
-        let gs = g.as_slice_mut().ok_or_else(|| CoreError::invalid("G", "G must be C-contiguous"))?;
         let base = off[start];
         for &r in &mine {
             let i = row0 + r;
-            // the participant's gradients at coordinate j, as grad_row_into writes them
+            // the participant's gradients at coordinate j
             let (ai, bi) = (self.a[i], self.beta[i]);
-            let grad = |t: &[f64], c: &[f64], j: usize| {
-                let v = ai * t[j] + c[j];
-                if j == 0 {
-                    v - bi
-                } else {
-                    v
-                }
-            };
+            let grad = |t: &[f64], c: &[f64], j: usize| grad_at(ai, bi, t, c, j);
             let (hr, gr) = (&mut hs[r * d..(r + 1) * d], &mut gs[r * d..(r + 1) * d]);
             let scale = round.scale_of(i);
             let pos0 = off[i] - base;

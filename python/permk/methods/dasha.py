@@ -327,8 +327,8 @@ class DashaPP(Dasha):
                       a: float, b: float, p: float, w: float) -> tuple[Array, Array, Array]:
         """The round's mean and the new ``G``, ``H`` on the ``"rust"`` path: the steps of
         :meth:`_dense_round`, in their order, bit for bit, in one native pass per participant
-        (its two gradients formed where they are read, its values with ``G_i += m_i``, then ``h_i += dh``
-        and ``G_i += w dh``)."""
+        (its two gradients formed where they are read, its values with ``G_i += m_i``, then
+        ``h_i += dh`` and ``G_i += w dh``)."""
         r = backend.plan(compressor, prev.seed, prev.round)
         G, H, kernel, row0 = backend.own(prev.G), backend.own(prev.H), backend.kernel, backend.workers.start
 

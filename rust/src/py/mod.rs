@@ -133,7 +133,6 @@ fn slice_of<'a>(x: &'a ArrayView1<'a, f64>, name: &str) -> PyResult<Cow<'a, [f64
     Ok(Cow::Owned(crate::mem::collect(&what, x.len(), x.iter().copied())?))
 }
 
-/// The name of `v`'s type, for messages.
 /// An int64 index array (`name`: worker or row indices) as `usize`s: a ValueError naming it for
 /// a negative entry (the core checks the upper bounds), a MemoryError when the copy cannot be
 /// allocated.
@@ -153,6 +152,7 @@ fn writeable_f64_2d<'py>(a: &Bound<'py, PyAny>, name: &str, why: &str) -> PyResu
         .map_err(|_| PyTypeError::new_err(format!("{name}: must be a writeable float64 numpy array of 2 dimensions ({why}), got {}", type_name(a))))
 }
 
+/// The name of `v`'s type, for messages.
 fn type_name(v: &Bound<'_, PyAny>) -> String {
     v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
 }
