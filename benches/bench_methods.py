@@ -24,8 +24,9 @@ CPU time, which preemption by other jobs does not inflate — the wall-clock rat
    shared seed, sends its block times ``n``; TopK by ``argsort``), with their step rules.
 
 A round is timed as the driver runs it (``permk.methods.driver.drive`` over ``R`` rounds,
-recording only at the end), resuming the last repetition's state (no start, no copy); the
-authors' loop for the same ``R`` rounds.
+recording only at the end, the record itself not timed: the authors' loop records nothing),
+resuming the last repetition's state (no start, no copy); the authors' loop for the same ``R``
+rounds.
 
     python benches/bench_methods.py [--reps 7] [--json PATH]    # the table (benches/results/bench_methods.json)
     python benches/bench_methods.py --smoke                     # seconds: every case runs, exits 1 on a failure
@@ -69,10 +70,22 @@ class Run:
         self.diverged = False
 
     def __call__(self, rounds: int) -> tuple[float, float]:
-        """Seconds per round of the next ``rounds`` rounds: process (CPU) time and wall time."""
+        """Seconds per round of the next ``rounds`` rounds: process (CPU) time and wall time, up
+        to the driver's report of the last round (``on_round``), so the closing record is not
+        timed: the authors' loop records nothing, and on the dense quadratic the record's
+        ``‖∇f(x)‖²`` alone takes all ``n`` gradients, more than a partial-participation round."""
+        done = [0, 0.0, 0.0]
+
+        def last(info: Any) -> None:
+            done[0] += 1
+            if done[0] == rounds:
+                done[1], done[2] = time.process_time(), time.perf_counter()
         c, t = time.process_time(), time.perf_counter()
-        res = drive(self.method, self.backend, self.compressor, self.params, self.state, rounds=rounds, record_every=rounds)
-        dc, dt = (time.process_time() - c) / rounds, (time.perf_counter() - t) / rounds
+        res = drive(self.method, self.backend, self.compressor, self.params, self.state, rounds=rounds,
+                    record_every=rounds, on_round=last)
+        if done[0] < rounds:  # stopped early (diverged): the rounds it ran
+            done[1], done[2] = time.process_time(), time.perf_counter()
+        dc, dt = (done[1] - c) / max(1, done[0]), (done[2] - t) / max(1, done[0])
         self.state = res.state
         self.diverged |= res.diverged_at is not None
         return dc, dt
@@ -347,6 +360,53 @@ def dense_cases(n: int, d: int) -> tuple[dict[str, Any], list[tuple[str, str, st
     return runs, rows
 
 
+class GradClock:
+    """The gradients' share of a round on the dense quadratic, for both sides: while active,
+    permk's problem oracles (``local_grad``, ``local_grads``: one matrix-vector product per
+    worker) and the authors' ``grad`` add their wall time and their matrix-vector products here."""
+
+    def __init__(self, problem: permk.Quadratic) -> None:
+        self.problem, self.seconds, self.products = problem, 0.0, 0
+
+    def _timed(self, f: Callable[..., np.ndarray], per_call: Callable[[np.ndarray], int]) -> Callable[..., np.ndarray]:
+        def timed(*args: Any) -> np.ndarray:
+            t = time.perf_counter()
+            out = f(*args)
+            self.seconds += time.perf_counter() - t
+            self.products += per_call(out)
+            return out
+        return timed
+
+    def __enter__(self) -> GradClock:
+        q = self.problem
+        self._authors = Authors.grad
+        q.local_grad = self._timed(q.local_grad, lambda g: 1)  # type: ignore[method-assign]
+        q.local_grads = self._timed(q.local_grads, lambda g: len(g))  # type: ignore[method-assign]
+        Authors.grad = self._timed(Authors.grad, lambda g: 1)  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.problem.local_grad, self.problem.local_grads  # the class's again
+        Authors.grad = self._authors  # type: ignore[method-assign]
+
+
+def split(runs: dict[str, Any], labels: list[str], problem: permk.Quadratic, rounds: int, reps: int) -> dict[str, tuple[float, float, float]]:
+    """For each label, its run's round split in wall time (a separate measurement after the
+    table's, ``reps`` interleaved repetitions of ``rounds`` rounds): the medians of the
+    gradients' milliseconds a round, their matrix-vector products a round, and the rest's
+    milliseconds a round (the round's wall time less its gradients')."""
+    got: dict[str, list[tuple[float, float, float]]] = {k: [] for k in labels}
+    clock = GradClock(problem)
+    with clock:
+        for _ in range(reps):
+            for label in labels:
+                clock.seconds, clock.products = 0.0, 0
+                wall = runs[label](rounds)[1]
+                grads = clock.seconds / rounds
+                got[label].append((grads * 1e3, clock.products / rounds, (wall - grads) * 1e3))
+    return {k: tuple(float(v) for v in np.median(np.array(x), axis=0)) for k, x in got.items()}  # type: ignore[misc]
+
+
 def measure(runs: dict[str, Callable[[int], tuple[float, float]]], rounds: dict[str, int], reps: int) -> dict[str, np.ndarray]:
     """Every run's seconds per round (CPU, wall), ``reps`` times, interleaved (one of each per
     repetition): ``(reps, 2)`` arrays."""
@@ -405,6 +465,8 @@ def main() -> None:
             rounds2 = {k: (3 if smoke else 30) for k in runs2}
             t1 = measure(runs1, rounds1, reps)  # type: ignore[arg-type]
             t2 = measure(runs2, rounds2, reps)
+            dense_q = next(iter(runs2.values())).backend.problem
+            parts = split(runs2, list(runs2), dense_q, 3 if smoke else 30, 1 if smoke else max(3, reps // 2))
     except Exception:  # noqa: BLE001 - a smoke run reports any failure
         traceback.print_exc()
         sys.exit(1)
@@ -432,7 +494,12 @@ def main() -> None:
         per = {label: (ms[(native, f"DASHA-PP+PermK {label}")] * 1e3 - t1) / (s - 1) for label, s in (("s=n/10", s10), ("s=n", n1))}
         # T(s10) <= (s10/n) T(n) + T(1), with T(s) = T(1) + (s - 1) c_s, holds while c_s10/c_n is at most:
         lim = s10 / n1 * (t1 / per["s=n"] + n1 - 1) / (s10 - 1)
-        near = ", ".join(f"{r[1]} {r[5]}" for r in rows if r[0] != native and abs(r[5] - 1) <= 0.02) or "none"
+        def parted(label: str) -> str:
+            (pg, pk, pr), (ag, ak, ar) = parts[label], parts[f"authors: {label}"]
+            return (f"{label}: gradients {pg:.2f} ms ({pk:.1f} products) + the rest {pr:.2f} ms, against the authors' "
+                    f"{ag:.2f} ms ({ak:.1f}) + {ar:.2f} ms")
+        pp_small = f"DASHA-PP+PermK s={max(1, n2 // 10)}"
+        near = "; ".join(f"{r[1]} {r[5]}x ({parted(r[1])})" for r in rows if r[0] != native and abs(r[5] - 1) <= 0.02) or "none"
         notes = ("Part 1: every method's round over MARINA+PermK's on the native quadratic (each on its fastest path: "
                  + ", ".join(f"{k}: {v}" for k, v in paths.items()) + "); the partial-participation methods with s = n/2 "
                  "and n/10 over their own round with s = n, the overhead (the part of a round that does not scale with s: "
@@ -450,17 +517,13 @@ def main() -> None:
                  f"{per['s=n/10']:.2f} µs per participant at s = n/10 and {per['s=n']:.2f} µs at s = n (one pass over the "
                  "participant's rows of H and G, at random places in them at n/10, one after the other at n); the bound "
                  f"s/n + overhead on its s = n/10 round holds while the first is at most {lim:.2f}x the second (this run: "
-                 f"{per['s=n/10'] / per['s=n']:.2f}x). On the dense quadratic with s = 2 a round is "
-                 "about 4 matrix-vector products (two per "
-                 "participant, as the authors' nodes compute them; permk reuses a participant's gradient kept from the "
-                 "round before: 3.8 a round), which cost permk what they cost the authors' loop (1.33-1.50 ms a round "
-                 "against 1.36-1.42, timed apart in one run); the rest of permk's round (the participants' draw, the "
-                 "plan, the exchange: about 140 Python-level operations) takes 0.45-0.57 ms against their 0.11-0.13, "
-                 "run with the caches the four 8 MB matrix reads have just emptied (with the gradients replaced by kept "
-                 "arrays it takes 0.16 ms). The dense rows within 2% of 1 (" + near + ") compute the authors' matrix-vector "
-                 "products, one per worker a round, which are nearly all of the round (about 9 ms of it) and move by "
-                 "±0.3 ms from one repetition to the next; timed apart, the rest of a round costs permk less than the "
-                 "authors' loop (DASHA: 0.40-0.43 ms against 0.56-0.59), so these rows are 1 within the spread. Times "
+                 f"{per['s=n/10'] / per['s=n']:.2f}x). Part 2's rounds split into the gradients (the matrix-vector "
+                 "products, timed at the oracle) and the rest, in wall time, measured after the table (medians): "
+                 + parted(pp_small) + " (the participants' two gradients each, as the authors' nodes compute them, "
+                 "less those permk kept from the round before; permk's rest is the participants' draw, the plan and "
+                 "the exchange, about 140 Python-level operations run with the caches the 8 MB matrix reads have "
+                 "just emptied). The dense rows within 2% of 1: " + near + "; their products are nearly the whole "
+                 "round and move by a few per cent between repetitions. Times "
                  "are the "
                  "process's CPU time per round (what a shared machine's preemption does not inflate; every round is "
                  "single-threaded here but EF21+TopK's, whose kernel runs the workers on the core's threads: its CPU "
@@ -472,7 +535,9 @@ def main() -> None:
                                     "target", "met"], rows=rows,
                            reference="MARINA+PermK's round (part 1), the same method with s = n (partial participation), "
                                      "the authors' loop ported to numpy (part 2), measured in the same run",
-                           notes=notes, path=args.json, extra={"reps": reps})
+                           notes=notes, path=args.json,
+                           extra={"reps": reps, "dense_split_ms": {k: {"gradients": v[0], "products": v[1], "rest": v[2]}
+                                                                   for k, v in parts.items()}})
         print(f"wrote {path}")
 
 
