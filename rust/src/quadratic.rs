@@ -764,9 +764,10 @@ impl Tridiagonal {
     /// participants; no row of gradients is written), and
     ///
     /// * sends its values of `round`: `v = ((new_j − coef·old_j) − beta·g_ij)·scale_i` at its
-    ///   coordinates, `g_ij += v` — [`Self::round_values_update`]'s arithmetic with `alpha = 1`,
+    ///   coordinates, `g_ij += v` — [`Self::round_values_update`] with `alpha = 1` gives them,
     ///   in plan order, `divide`d and written into `out` as there;
-    /// * then updates its estimators: `dh = ((new − old) − (h_i − old)·b)/p`, `h_i += dh`,
+    /// * then (every participant's values first: their rows are disjoint, so the order changes
+    ///   no bit) updates its estimators: `dh = ((new − old) − (h_i − old)·b)/p`, `h_i += dh`,
     ///   `g_i += dh·w` (DASHA-PP's `h_i^{t+1}` and its rows `G = g + w h`).
     ///
     /// Bit for bit the dense path's steps on [`Self::local_grads_rows`]. Every worker of
@@ -796,7 +797,6 @@ impl Tridiagonal {
                 return Err(CoreError::invalid(name, format!("must have the round's d = {rd} coordinates, got {}", v.len())));
             }
         }
-        let len = self.check_terms(round, &x_new, &Some(x_old), start, stop, out.is_some())?;
         Self::check_shift(round, g.dim(), row0, start, stop)?;
         let (m, d) = g.dim();
         if h.dim() != (m, d) {
@@ -826,51 +826,24 @@ impl Tridiagonal {
                 return Err(CoreError::invalid("rows", format!("worker {i} has values in the round but is not a participant")));
             }
         }
-        if let Some(o) = &out {
-            round.check_out_len(start, stop, o.len())?;
-        }
         Need::new().bytes("T x and c x at both points and copies of the points", 6 * 8 * d as u128).check()?;
         let (mut b1, mut b2) = (Vec::new(), Vec::new());
         let (xn, xo) = (contiguous(&x_new, &mut b1, "a copy of x_new")?, contiguous(&x_old, &mut b2, "a copy of x_old")?);
         let ((tn, cn), (to, co)) = (self.tx_cx(xn)?, self.tx_cx(xo)?);
-        let mut new = Vec::new();
-        let o: &mut [f64] = match out {
-            Some(o) => o,
-            None => {
-                new = mem::zeros::<f64>("the round's values", &[len])?;
-                &mut new
-            }
-        };
-        let base = off[start];
+        // the values, G_ij += v (round_values_update checks the rest, out among them, before it
+        // writes); then each participant's estimators, on rows disjoint from the others'
+        let gv = ArrayViewMut2::from_shape((m, d), &mut *gs).map_err(|e| CoreError::invalid("G", e.to_string()))?;
+        let values = self.round_values_update(round, x_new, Some(x_old), coef, gv, row0, beta, 1.0, start, stop, divide, out)?;
         for &r in &mine {
             let i = row0 + r;
-            // the participant's gradients at coordinate j
             let (ai, bi) = (self.a[i], self.beta[i]);
-            let grad = |t: &[f64], c: &[f64], j: usize| grad_at(ai, bi, t, c, j);
             let (hr, gr) = (&mut hs[r * d..(r + 1) * d], &mut gs[r * d..(r + 1) * d]);
-            let scale = round.scale_of(i);
-            let pos0 = off[i] - base;
-            // its values (pos counts from its first)
-            with_post!(divide, f64, post => round.visit(i, i + 1, |_, seg, pos| {
-                let at = pos0 + pos;
-                let mut one = |j: usize, o: &mut f64| {
-                    let v = ((grad(&tn, &cn, j) - coef * grad(&to, &co, j)) - beta * gr[j]) * scale;
-                    gr[j] += v;
-                    *o = post.apply(v);
-                };
-                match seg {
-                    Seg::One(j) => one(j, &mut o[at]),
-                    Seg::Range(a, b) => (a..b).zip(o[at..at + (b - a)].iter_mut()).for_each(|(j, o)| one(j, o)),
-                    Seg::List(c) => c.iter().zip(o[at..at + c.len()].iter_mut()).for_each(|(&j, o)| one(j as usize, o)),
-                }
-            }))?;
-            // then its estimators: coordinate 0 (the −β_i) apart, the others in one pass
-            let (h0, g0) = (&mut hr[0], &mut gr[0]);
-            kernels::pp_step(h0, g0, grad(&tn, &cn, 0), grad(&to, &co, 0), b, w, |v| v / p);
+            // coordinate 0 (the −β_i) apart, the others in one pass, the gradients formed on the fly
+            kernels::pp_step(&mut hr[0], &mut gr[0], grad_at(ai, bi, &tn, &cn, 0), grad_at(ai, bi, &to, &co, 0), b, w, |v| v / p);
             let (new_i, old_i) = (Affine { a: ai, t: &tn[1..], c: &cn[1..] }, Affine { a: ai, t: &to[1..], c: &co[1..] });
             kernels::pp_estimators_affine(&mut hr[1..], &mut gr[1..], new_i, old_i, b, p, w);
         }
-        Ok(new)
+        Ok(values)
     }
 
     /// The memory of an EF21 step for `m` workers.
