@@ -522,12 +522,11 @@ class Exchange(abc.ABC):
         """The path this exchange takes on ``backend`` with ``compressor`` (and shift rows of
         ``rows_dtype``: :func:`available_paths`), chosen once per (exchange, compressor, rows'
         dtype) and kept by the backend."""
-        dt = _dtype_name(rows_dtype)
-        key = (self.name, id(compressor), dt)
+        key = (self.name, id(compressor), rows_dtype)  # the dtype as given (named only on a miss: every round asks)
         hit = backend.paths.get(key)
         if hit is None or hit[0] is not compressor:
             what = self.name if compressor is None else f"{self.name} with {compressor.name}"
-            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor, dt), what + backend.where))
+            hit = backend.paths[key] = (compressor, choose_path(backend.forced, available_paths(self, backend, compressor, rows_dtype), what + backend.where))
         return hit[1]  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
