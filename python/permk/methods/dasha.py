@@ -284,13 +284,14 @@ class DashaPP(Dasha):
 
     On a problem whose native kernel has DASHA-PP's round (``kernel.dasha_pp_values``: the
     synthetic quadratic's, :class:`permk._core.Tridiagonal`), with a compressor whose rounds are
-    native, the round takes the ``"rust"`` path: one native pass per participant forms its two
-    gradients where it reads them (from ``T x`` and ``c x`` at both points, shared by all
-    participants), gives its values of the round's plan (the shifted exchange's
-    arithmetic, ``v_i = ∇f_i(x^{t+1}) − (1 − b)∇f_i(x^t)``, ``β = a``) to the transport's
-    aggregation (``backend.mean_values``, as every shared-plan exchange does) and updates its
-    ``h_i`` and ``G_i``: the same bits, no per-participant arrays formed, the round's work the
-    ``O(sd)`` the estimators' update needs."""
+    native, the round takes the ``"rust"`` path: one native call gives the participants'
+    values of the round's plan (the shifted exchange's kernel,
+    ``v_i = ∇f_i(x^{t+1}) − (1 − b)∇f_i(x^t)``, ``β = a``) to the transport's aggregation
+    (``backend.mean_values``, as every shared-plan exchange does), then updates each
+    participant's ``h_i`` and ``G_i`` in one pass that forms its two gradients where it reads
+    them (from ``T x`` and ``c x`` at both points, shared by all participants): the same bits,
+    no per-participant arrays formed, the round's work the ``O(sd)`` the estimators' update
+    needs."""
 
     exchange = ex.shifted_rows
     #: The bytes of one array's chunk of participants' rows.
@@ -326,9 +327,9 @@ class DashaPP(Dasha):
     def _native_round(prev: DashaPPState, x: Array, P: Array, backend: Any, compressor: Compressor,
                       a: float, b: float, p: float, w: float) -> tuple[Array, Array, Array]:
         """The round's mean and the new ``G``, ``H`` on the ``"rust"`` path: the steps of
-        :meth:`_dense_round`, in their order, bit for bit, in one native pass per participant
-        (its two gradients formed where they are read, its values with ``G_i += m_i``, then
-        ``h_i += dh`` and ``G_i += w dh``)."""
+        :meth:`_dense_round`, in their order, bit for bit, in one native call (the participants'
+        values with ``G_i += m_i``, then one pass per participant, its two gradients formed where
+        they are read: ``h_i += dh`` and ``G_i += w dh``)."""
         r = backend.plan(compressor, prev.seed, prev.round)
         G, H, kernel, row0 = backend.own(prev.G), backend.own(prev.H), backend.kernel, backend.workers.start
 
