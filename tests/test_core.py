@@ -1315,3 +1315,78 @@ def test_row_dots_are_the_rows_dot_products_in_float64() -> None:
         _core.row_dots(x, np.array([0, 1]), y, np.array([0]))
     with pytest.raises(TypeError, match="same dtype"):
         _core.row_dots(x, ix, y32, iy)
+
+
+_NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+@pytest.mark.parametrize("v", _NON_FINITE)
+@pytest.mark.parametrize("arg", ["coef", "beta", "alpha"])
+@pytest.mark.parametrize("into_out", [False, True])
+def test_round_values_refuses_non_finite_coefficients_before_writing(arg: str, v: float, into_out: bool) -> None:
+    """round_values/round_mean with a shift: a non-finite coef, beta or alpha is a ValueError
+    naming it, and neither H nor out is written (alpha=nan used to put NaN into H)."""
+    q = _core.Tridiagonal([1.0, 2.0, 3.0], 0.1, [1.0, 2.0, 3.0])
+    r = _core.Spec("permk").round(3, 5, 0, 0)
+    x, y = np.ones(5), np.zeros(5)
+    kw: dict[str, Any] = {"coef": 1.0, "beta": 1.0, "alpha": 0.5, arg: v}
+    H = np.ones((3, 5))
+    out = np.full(len(r.coords(0, 3)), 7.0) if into_out else None
+    with pytest.raises(ValueError, match=f"^{arg}: must be finite"):
+        q.round_values(r, x, y, 0, 3, H=H, out=out, **kw)
+    with pytest.raises(ValueError, match=f"^{arg}: must be finite"):
+        q.round_mean(r, x, y, H=H, **kw)
+    if arg != "alpha":  # the read-only shift, without alpha
+        kw.pop("alpha")
+        with pytest.raises(ValueError, match=f"^{arg}: must be finite"):
+            q.round_values(r, x, y, 0, 3, H=H, out=out, **kw)
+        with pytest.raises(ValueError, match=f"^{arg}: must be finite"):
+            q.round_mean(r, x, y, H=H, **kw)
+    np.testing.assert_array_equal(H, np.ones((3, 5)))
+    if out is not None:
+        np.testing.assert_array_equal(out, 7.0)
+
+
+@pytest.mark.parametrize("v", _NON_FINITE)
+@pytest.mark.parametrize("arg", ["coef", "beta", "b", "p", "w"])
+def test_dasha_pp_values_refuses_non_finite_scalars_before_writing(arg: str, v: float) -> None:
+    """dasha_pp_values: coef, beta, b, w must be finite and p in (0, 1]; a ValueError naming
+    the argument, H and G unchanged (b=nan or w=inf used to make them non-finite)."""
+    q = _core.Tridiagonal([1.0, 2.0, 3.0], 0.1, [1.0, 2.0, 3.0])
+    r = _core.Spec("permk").round(3, 5, 0, 0)
+    H, G = np.ones((3, 5)), np.zeros((3, 5))
+    kw: dict[str, Any] = {"coef": 1.0, "beta": 1.0, "b": 0.5, "p": 0.5, "w": 1.0, arg: v}
+    with pytest.raises(ValueError, match=f"^{arg}: must "):
+        q.dasha_pp_values(r, np.ones(5), np.zeros(5), 0, 3, H=H, G=G, rows=np.array([0, 1, 2]), **kw)
+    np.testing.assert_array_equal(H, np.ones((3, 5)))
+    np.testing.assert_array_equal(G, np.zeros((3, 5)))
+
+
+@pytest.mark.parametrize("factor", [*_NON_FINITE, 0.0, -1.0, 1e308])
+def test_restricted_refuses_a_factor_that_is_not_a_positive_finite_scale(factor: float) -> None:
+    """Round.restricted: the factor must be positive and finite and keep every scale finite
+    (1e308 times PermK's scale 3 overflows; nan and inf used to give nan/inf scales)."""
+    r = _core.Spec("permk").round(3, 5, 0, 0)
+    with pytest.raises(ValueError, match="^factor: "):
+        r.restricted(np.array([0, 1]), factor)
+    np.testing.assert_array_equal(r.restricted(np.array([0, 1]), 1.5).scales(), r.scales() * 1.5)
+
+
+@pytest.mark.parametrize("p", [*_NON_FINITE, 2.0, 1.0 + 2**-52, -0.5])
+def test_coin_refuses_what_is_not_a_probability(p: float) -> None:
+    with pytest.raises(ValueError, match=r"^p: must be a probability in \[0, 1\]"):
+        _core.coin(0, 0, p)
+    assert _core.coin(0, 0, 1.0) is True
+    assert _core.coin(0, 0, 0.0) is False
+
+
+def test_tridiagonal_names_its_non_finite_coefficient_and_solve_mean_refuses_a_singular_system() -> None:
+    for args, name in ((([1.0, np.nan], 0.1, [0.0, 0.0]), "a"), (([1.0, 2.0], np.inf, [0.0, 0.0]), "c"),
+                       (([1.0, 2.0], 0.1, [0.0, -np.inf]), "beta")):
+        with pytest.raises(ValueError, match=f"^{name}: must be finite"):
+            _core.Tridiagonal(*args)
+    # ā = c = 0: the mean matrix is zero (solve_mean used to return [nan nan nan])
+    with pytest.raises(ValueError, match="singular"):
+        _core.Tridiagonal([1.0, -1.0], 0.0, [1.0, 2.0]).solve_mean([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="^rhs: must be finite"):
+        _core.Tridiagonal([0.25], 0.1, [0.0]).solve_mean([1.0, float("nan")])

@@ -184,8 +184,11 @@ class Round:
         """This round restricted to ``workers`` (strictly increasing, each in ``range(n)``;
         ValueError naming ``workers`` otherwise): they keep their coordinates in plan order,
         their scales multiplied by ``factor`` (rounded once), every other worker sends nothing.
-        Partial participation's round (:class:`permk.compressors.Participation`, ``factor =
-        n/s``): the same plan as its ``plan``, ``O(n + values)``."""
+        ``factor`` must be positive and finite, and so must each scale it makes (ValueError
+        naming ``factor``: NaN, inf, ``<= 0``, or a product that overflows, e.g. ``1e308``
+        times a scale of 3). Partial participation's round
+        (:class:`permk.compressors.Participation`, ``factor = n/s``): the same plan as its
+        ``plan``, ``O(n + values)``."""
     @property
     def max_count(self) -> int:
         """The largest number of values one worker sends this round (``max(diff(offsets()))``,
@@ -291,7 +294,8 @@ def autoencoder_shifted_messages(
     is not finite."""
 
 def coin(seed: int, round: int, p: float) -> bool:
-    """MARINA's shared Bernoulli(``p``) coin of round ``round``."""
+    """MARINA's shared Bernoulli(``p``) coin of round ``round``; ``0 <= p <= 1`` (ValueError
+    naming ``p`` otherwise, NaN included)."""
 
 def permutation(seed: int, round: int, n: int) -> npt.NDArray[np.int64]:
     """A uniformly random permutation of ``range(n)`` shared by all workers: a pure function
@@ -313,7 +317,9 @@ class Tridiagonal:
     """The synthetic quadratic's oracles (Algorithm 1): ``f_i(x) = ½ xᵀA_i x − xᵀb_i`` with
     ``A_i = a_i T + c I``, ``T = tridiag(−1, 2, −1)``, ``b_i = beta_i e_1``."""
 
-    def __new__(cls, a: list[float], c: float, beta: list[float]) -> Tridiagonal: ...
+    def __new__(cls, a: list[float], c: float, beta: list[float]) -> Tridiagonal:
+        """``a`` and ``beta`` non-empty, of one length ``n``; ``a``, ``c`` and ``beta``
+        finite (ValueError naming the one that is not)."""
     def loss(self, x: npt.NDArray[np.float64]) -> float:
         """``f(x)``."""
     def grad(self, x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -373,6 +379,8 @@ class Tridiagonal:
         (:meth:`round_values` with ``alpha=1``), then updates its
         estimators: ``dh = ((new − old) − (H_r − old)·b)/p``, ``H_r += dh``, ``G_r += w·dh``
         (``H``, ``G``: distinct writeable C-contiguous float64 ``(m, d)`` arrays, in place).
+        ``p`` in ``(0, 1]``; ``coef``, ``beta``, ``b`` and ``w`` finite (ValueError naming
+        each).
         Bit for bit the dense path's steps on :meth:`local_grads_rows`; every worker of
         ``start..stop`` with values must be a participant; every argument is checked before
         anything is written. ``divide`` and ``out`` as in :meth:`round_values`."""
@@ -408,7 +416,8 @@ class Tridiagonal:
         which must hold ``start..stop``; ValueError naming ``H`` otherwise): ``scale_i ·
         ((∇f_i(x)_j − coef·∇f_i(y)_j) − beta·H[i − row0, j])``, each operation in that order
         (the shifted exchange's, :mod:`permk.exchanges`); ``coef``, ``beta``, ``row0`` and
-        ``alpha`` need ``H`` (ValueError). ``alpha``: then ``H[i − row0, j] += alpha·v`` for
+        ``alpha`` need ``H`` (ValueError); ``coef``, ``beta`` and ``alpha`` must be finite
+        (ValueError naming each, before ``H`` or ``out`` is written). ``alpha``: then ``H[i − row0, j] += alpha·v`` for
         every value ``v`` (before ``divide``), in place (``H`` writeable and C-ordered or not),
         in one sequential pass; each worker's coordinates are distinct, so every entry is
         updated at most once.
@@ -432,4 +441,7 @@ class Tridiagonal:
         options as there; with ``alpha`` ``H`` is updated in place): the whole round's
         average in the simulator, the same bits. ``(d,)``."""
     def solve_mean(self, rhs: list[float]) -> npt.NDArray[np.float64]:
-        """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)``."""
+        """Solves ``((1/n) Σ A_i) x = rhs`` in ``O(d)`` (Thomas algorithm, no pivoting).
+        ValueError naming ``rhs`` when it is empty or not finite; ValueError when the mean
+        matrix ``ā T + c I`` has a zero pivot (it is singular, e.g. ``ā = c = 0``, or
+        indefinite with a singular leading block) or the solution overflows."""

@@ -452,10 +452,7 @@ impl Shift {
 
     /// Checks that `β` is finite.
     pub fn new(beta: f64) -> Result<Self> {
-        if !beta.is_finite() {
-            return Err(CoreError::invalid("beta", format!("must be finite, got {beta}")));
-        }
-        Ok(Shift { beta })
+        Ok(Shift { beta: CoreError::finite("beta", beta)? })
     }
 
     /// Whether `β = 1` (`g − h`).

@@ -25,6 +25,17 @@ pub enum CoreError {
 }
 
 impl CoreError {
+    /// `Ok(v)` when `v` is finite, else an [`CoreError::InvalidArgument`] naming it: the one
+    /// check of a scalar coefficient (`alpha`, `beta`, `coef`, ...) that may be any finite
+    /// real, made before anything is written.
+    pub fn finite(name: &str, v: f64) -> Result<f64> {
+        if v.is_finite() {
+            Ok(v)
+        } else {
+            Err(CoreError::invalid(name, format!("must be finite, got {v}")))
+        }
+    }
+
     pub fn invalid(name: impl Into<String>, message: impl Into<String>) -> Self {
         CoreError::InvalidArgument { name: name.into(), message: message.into() }
     }
@@ -100,5 +111,15 @@ mod tests {
         assert_eq!(format_bytes(8_000_000), "7.63 MiB");
         assert_eq!(format_bytes((1 << 20) - 1), "1 MiB");
         assert_eq!(format_bytes(u128::MAX), format!("{} bytes", u128::MAX));
+    }
+
+    #[test]
+    fn finite_names_the_scalar() {
+        assert_eq!(CoreError::finite("alpha", -2.5), Ok(-2.5));
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = CoreError::finite("alpha", v).unwrap_err();
+            assert!(matches!(&e, CoreError::InvalidArgument { name, .. } if name == "alpha"), "{e:?}");
+            assert!(e.to_string().starts_with("alpha: must be finite, got "), "{e}");
+        }
     }
 }

@@ -68,11 +68,11 @@ impl Params {
         Ok(self.take_int(key, low as i64, high)?.map(|v| v as usize))
     }
 
-    /// Takes a float (an integer is converted).
+    /// Takes a finite float (an integer is converted; NaN or ±inf is an error naming `key`).
     pub fn take_float(&mut self, key: &str) -> Result<Option<f64>> {
         match self.map.remove(key) {
             None => Ok(None),
-            Some(Value::Float(v)) => Ok(Some(v)),
+            Some(Value::Float(v)) => CoreError::finite(key, v).map(Some),
             Some(Value::Int(v)) => Ok(Some(v as f64)),
             Some(other) => Err(CoreError::wrong_type(key, format!("must be a float, got {}", other.kind()))),
         }
@@ -128,5 +128,11 @@ mod tests {
         assert!(matches!(q.take_count("k", 1), Err(CoreError::InvalidArgument { name, .. }) if name == "k"));
         let err = q.finish("sparsifier \"permk\"", &[]).unwrap_err();
         assert!(err.to_string().starts_with("bogus: unknown parameter"), "{err}");
+        let mut f = Params::new().with("s", Value::Float(0.5)).with("t", Value::Float(f64::NAN)).with("u", Value::Float(f64::INFINITY)).with("i", Value::Int(2));
+        assert_eq!(f.take_float("s").unwrap(), Some(0.5));
+        assert_eq!(f.take_float("i").unwrap(), Some(2.0));
+        for key in ["t", "u"] {
+            assert!(matches!(f.take_float(key), Err(CoreError::InvalidArgument { name, .. }) if name == key));
+        }
     }
 }

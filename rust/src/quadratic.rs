@@ -260,9 +260,12 @@ impl Tridiagonal {
         if a.is_empty() || a.len() != beta.len() {
             return Err(CoreError::invalid("a", "a and beta must be non-empty and of equal length n"));
         }
-        if a.iter().chain(beta.iter()).chain(std::iter::once(&c)).any(|v| !v.is_finite()) {
-            return Err(CoreError::invalid("a", "the coefficients must be finite"));
+        for (name, v) in [("a", &a), ("beta", &beta)] {
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(CoreError::invalid(name, format!("must be finite, got {} at index {i}", v[i])));
+            }
         }
+        CoreError::finite("c", c)?;
         let n = a.len() as f64;
         let a_mean = a.iter().sum::<f64>() / n;
         let beta_mean = beta.iter().sum::<f64>() / n;
@@ -443,7 +446,8 @@ impl Tridiagonal {
     /// row `i − row0` of `h` (the held workers' rows, `row0` the first held worker), each
     /// operation in that order: bit for bit numpy's `((gx − coef·gy) − β·h) · scales[rows]` of
     /// the coordinate oracle's values (`permk.exchanges`' order; a coefficient or a `β` of 1
-    /// multiplies exactly). `divide` and `out` as in [`Self::round_values_into`].
+    /// multiplies exactly). `coef` and `beta` must be finite (an error naming them). `divide`
+    /// and `out` as in [`Self::round_values_into`].
     #[allow(clippy::too_many_arguments)]
     pub fn round_values_shifted(
         &self,
@@ -459,14 +463,15 @@ impl Tridiagonal {
         divide: Option<Divisor>,
         out: Option<&mut [f64]>,
     ) -> Result<Vec<f64>> {
-        Self::check_shift(round, h.dim(), row0, start, stop)?;
+        Self::check_shift(round, h.dim(), row0, beta, start, stop)?;
         let terms = Terms { x, y, coef, shift: Some(ShiftRows { h, row0, beta }) };
         self.values_with(round, terms, start, stop, divide, out)
     }
 
     /// Fails unless the `(rows, cols)` shift `h` holds `d` columns and the rows of workers
-    /// `start..stop` from `row0`.
-    fn check_shift(round: &Round, (rows, cols): (usize, usize), row0: usize, start: usize, stop: usize) -> Result<()> {
+    /// `start..stop` from `row0`, and its factor `beta` is finite.
+    fn check_shift(round: &Round, (rows, cols): (usize, usize), row0: usize, beta: f64, start: usize, stop: usize) -> Result<()> {
+        CoreError::finite("beta", beta)?;
         let d = round.d();
         if cols != d {
             return Err(CoreError::invalid("H", format!("must have the round's d = {d} columns, got {cols}")));
@@ -484,7 +489,7 @@ impl Tridiagonal {
     /// [`Self::round_values_shifted`], then `h_ij += α·v` for every value `v` (before
     /// `divide`), in place: the shifted exchange's update (each worker's coordinates are
     /// distinct, so every entry is updated at most once), in one sequential pass. Every
-    /// argument is checked before anything is written.
+    /// argument is checked before anything is written (`coef`, `beta` and `alpha` finite).
     #[allow(clippy::too_many_arguments)]
     pub fn round_values_update(
         &self,
@@ -501,9 +506,10 @@ impl Tridiagonal {
         divide: Option<Divisor>,
         out: Option<&mut [f64]>,
     ) -> Result<Vec<f64>> {
-        Self::check_shift(round, h.dim(), row0, start, stop)?;
+        Self::check_shift(round, h.dim(), row0, beta, start, stop)?;
+        CoreError::finite("alpha", alpha)?;
         let d = round.d();
-        let (len, mut new, mut b1, mut b2) = (self.check_terms(round, &x, &y, start, stop, out.is_some())?, Vec::new(), Vec::new(), Vec::new());
+        let (len, mut new, mut b1, mut b2) = (self.check_terms(round, &x, &y, coef, start, stop, out.is_some())?, Vec::new(), Vec::new(), Vec::new());
         if let Some(o) = &out {
             round.check_out_len(start, stop, o.len())?;
         }
@@ -562,9 +568,11 @@ impl Tridiagonal {
         round.mean(&vals)
     }
 
-    /// Checks the round, `x`, `y` and the memory of the values of workers `start..stop`
-    /// (`len`: the number of values; `has_out`: written into a given array).
-    fn check_terms(&self, round: &Round, x: &ArrayView1<f64>, y: &Option<ArrayView1<f64>>, start: usize, stop: usize, has_out: bool) -> Result<usize> {
+    /// Checks the round, `x`, `y`, `coef` (finite) and the memory of the values of workers
+    /// `start..stop` (`len`: the number of values; `has_out`: written into a given array).
+    #[allow(clippy::too_many_arguments)]
+    fn check_terms(&self, round: &Round, x: &ArrayView1<f64>, y: &Option<ArrayView1<f64>>, coef: f64, start: usize, stop: usize, has_out: bool) -> Result<usize> {
+        CoreError::finite("coef", coef)?;
         let d = round.d();
         if round.n() != self.n() {
             return Err(CoreError::invalid("round", format!("the round has {} workers but the problem has n = {}", round.n(), self.n())));
@@ -591,7 +599,7 @@ impl Tridiagonal {
     /// [`Round::values_into`], on the pool's threads for large rounds).
     fn values_with(&self, round: &Round, terms: Terms<'_, '_>, start: usize, stop: usize, divide: Option<Divisor>, out: Option<&mut [f64]>) -> Result<Vec<f64>> {
         let Terms { x, y, coef, shift } = terms;
-        self.check_terms(round, &x, &y, start, stop, out.is_some())?;
+        self.check_terms(round, &x, &y, coef, start, stop, out.is_some())?;
         if let Some(o) = &out {
             round.check_out_len(start, stop, o.len())?;
         }
@@ -771,8 +779,8 @@ impl Tridiagonal {
     ///   `g_i += dh·w` (DASHA-PP's `h_i^{t+1}` and its rows `G = g + w h`).
     ///
     /// Bit for bit the dense path's steps on [`Self::local_grads_rows`]. Every worker of
-    /// `start..stop` with values must be a participant; every argument is checked before
-    /// anything is written.
+    /// `start..stop` with values must be a participant; `p` must be in `(0, 1]` and `coef`,
+    /// `beta`, `b`, `w` finite; every argument is checked before anything is written.
     #[allow(clippy::too_many_arguments)]
     pub fn dasha_pp_values(
         &self,
@@ -797,7 +805,7 @@ impl Tridiagonal {
                 return Err(CoreError::invalid(name, format!("must have the round's d = {rd} coordinates, got {}", v.len())));
             }
         }
-        Self::check_shift(round, g.dim(), row0, start, stop)?;
+        Self::check_shift(round, g.dim(), row0, beta, start, stop)?;
         let (m, d) = g.dim();
         if h.dim() != (m, d) {
             return Err(CoreError::invalid("H", format!("H must have the shape of G, {:?}, got {:?}", (m, d), h.dim())));
@@ -816,6 +824,8 @@ impl Tridiagonal {
         if !(p > 0.0 && p <= 1.0) {
             return Err(CoreError::invalid("p", format!("must be in (0, 1], got {p}")));
         }
+        CoreError::finite("b", b)?;
+        CoreError::finite("w", w)?;
         let off = round.offsets();
         let mine: Vec<usize> = rows.iter().copied().filter(|&r| (start..stop).contains(&(row0 + r))).collect();
         let mut next = mine.iter().peekable();
@@ -1002,18 +1012,38 @@ impl Tridiagonal {
 }
 
 /// Solves the symmetric tridiagonal system `(ā T + c I) x = rhs` (Thomas algorithm, `O(d)`).
+/// `rhs` must be finite (an error naming it); a zero pivot (the matrix is singular, e.g. `ā =
+/// c = 0`, or it is indefinite with a singular leading block, which this solver without
+/// pivoting cannot solve) or a solution that overflows is an error naming `solve_mean`.
 pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Result<Vec<f64>> {
     let d = rhs.len();
     nonempty("rhs", d)?;
+    if let Some(j) = rhs.iter().position(|v| !v.is_finite()) {
+        return Err(CoreError::invalid("rhs", format!("must be finite, got {} at index {j}", rhs[j])));
+    }
     Need::new().array::<f64>("the solution", &[d]).bytes("the solver's temporaries", 16 * d as u128).check()?;
+    let singular = |j: usize| {
+        CoreError::invalid(
+            "solve_mean",
+            format!(
+                "the mean matrix ā T + c I (ā = {a_mean:?}, c = {c:?}, d = {d}) has a zero pivot at row {j}: it is singular (or indefinite with a singular leading block, which this O(d) solver without pivoting cannot solve)"
+            ),
+        )
+    };
     let diag = 2.0 * a_mean + c;
     let off = -a_mean;
+    if diag == 0.0 {
+        return Err(singular(0));
+    }
     let mut cp = mem::filled("the solver's temporaries", d, 0.0)?;
     let mut dp = mem::filled("the solver's temporaries", d, 0.0)?;
     cp[0] = off / diag;
     dp[0] = rhs[0] / diag;
     for j in 1..d {
         let m = diag - off * cp[j - 1];
+        if m == 0.0 {
+            return Err(singular(j));
+        }
         cp[j] = off / m;
         dp[j] = (rhs[j] - off * dp[j - 1]) / m;
     }
@@ -1021,6 +1051,12 @@ pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Result<Vec<f64>> {
     x[d - 1] = dp[d - 1];
     for j in (0..d - 1).rev() {
         x[j] = dp[j] - cp[j] * x[j + 1];
+    }
+    if let Some(j) = x.iter().position(|v| !v.is_finite()) {
+        return Err(CoreError::invalid(
+            "solve_mean",
+            format!("the solution of the mean system (ā = {a_mean:?}, c = {c:?}) overflows at coordinate {j}: the matrix is singular or nearly so (or rhs too large)"),
+        ));
     }
     Ok(x)
 }
@@ -1060,7 +1096,7 @@ mod tests {
         spec.check(q.n(), d)?;
         let fp = spec.sparsifier.footprint(q.n(), d);
         Need::new().bytes("the round's plan", fp.assign).bytes("the round's temporaries", Tridiagonal::mean_diff_bytes(d) + 24 * d as u128).check()?;
-        let heads = rng::coin(seed, round, p);
+        let heads = rng::coin(seed, round, p)?;
         let (mut bx, mut bg) = (Vec::new(), Vec::new());
         let (xv, gv) = (x.view(), g.view());
         let x_old = contiguous(&xv, &mut bx, "a copy of x")?;
@@ -1308,10 +1344,20 @@ mod tests {
         };
         let (mut h, mut g) = (Array2::<f64>::ones((n, d)), Array2::<f64>::ones((n, d)));
         let mut bad = Array2::<f64>::ones((n, d + 1));
-        let mut call = |xo: ArrayView1<f64>, wide: bool, rows: &[usize], p: f64, out: Option<&mut [f64]>| {
+        let mut call_with = |xo: ArrayView1<f64>, wide: bool, rows: &[usize], (coef, beta, step): (f64, f64, PPStep), out: Option<&mut [f64]>| {
             let hv = if wide { bad.view_mut() } else { h.view_mut() };
-            q.dasha_pp_values(&r, x.view(), xo, hv, g.view_mut(), rows, 0, 0.5, 0.1, PPStep { b: 0.5, p, w: 1.0 }, 0, n, None, out).unwrap_err()
+            q.dasha_pp_values(&r, x.view(), xo, hv, g.view_mut(), rows, 0, coef, beta, step, 0, n, None, out).unwrap_err()
         };
+        // the scalars: p in (0, 1], the others finite
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let step = PPStep { b: 0.5, p: 0.5, w: 1.0 };
+            assert_eq!(err(call_with(x.view(), false, &[0, 2], (v, 0.1, step), None)), "coef");
+            assert_eq!(err(call_with(x.view(), false, &[0, 2], (0.5, v, step), None)), "beta");
+            assert_eq!(err(call_with(x.view(), false, &[0, 2], (0.5, 0.1, PPStep { b: v, ..step }), None)), "b");
+            assert_eq!(err(call_with(x.view(), false, &[0, 2], (0.5, 0.1, PPStep { p: v, ..step }), None)), "p");
+            assert_eq!(err(call_with(x.view(), false, &[0, 2], (0.5, 0.1, PPStep { w: v, ..step }), None)), "w");
+        }
+        let mut call = |xo: ArrayView1<f64>, wide: bool, rows: &[usize], p: f64, out: Option<&mut [f64]>| call_with(xo, wide, rows, (0.5, 0.1, PPStep { b: 0.5, p, w: 1.0 }), out);
         assert_eq!(err(call(vector(d - 1, 2).view(), false, &[0, 2], 0.5, None)), "x_old");
         assert_eq!(err(call(x.view(), true, &[0, 2], 0.5, None)), "H");
         assert_eq!(err(call(x.view(), false, &[2, 0], 0.5, None)), "rows");
@@ -1385,6 +1431,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn non_finite_coefficients_are_refused_before_anything_is_written() {
+        let (n, d) = (3, 5);
+        let q = problem_n(n);
+        let r = Round::new(&spec(PermK::default()), n, d, 0, 0).unwrap();
+        let (x, y) = (vector(d, 1), vector(d, 2));
+        let name = |e: CoreError| match e {
+            CoreError::InvalidArgument { name, .. } => name,
+            other => panic!("{other:?}"),
+        };
+        for v in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut h = Array2::<f64>::ones((n, d));
+            let mut out = vec![7.0; r.len_of(0, n).unwrap()];
+            // shifted: coef and beta; the update: alpha too; into out or not
+            assert_eq!(name(q.round_values_shifted(&r, x.view(), Some(y.view()), v, h.view(), 0, 1.0, 0, n, None, None).unwrap_err()), "coef");
+            assert_eq!(name(q.round_values_shifted(&r, x.view(), Some(y.view()), 1.0, h.view(), 0, v, 0, n, None, Some(&mut out)).unwrap_err()), "beta");
+            for (coef, beta, alpha, want) in [(v, 1.0, 1.0, "coef"), (1.0, v, 1.0, "beta"), (1.0, 1.0, v, "alpha")] {
+                let e = q.round_values_update(&r, x.view(), Some(y.view()), coef, h.view_mut(), 0, beta, alpha, 0, n, None, Some(&mut out)).unwrap_err();
+                assert_eq!(name(e), want);
+                let e = q.round_values_update(&r, x.view(), Some(y.view()), coef, h.view_mut(), 0, beta, alpha, 0, n, None, None).unwrap_err();
+                assert_eq!(name(e), want);
+                let shift = MeanShift { h: h.view_mut(), row0: 0, beta, alpha: Some(alpha) };
+                assert_eq!(name(q.round_mean(&r, x.view(), Some(y.view()), coef, Some(shift)).unwrap_err()), want);
+            }
+            assert_eq!(name(q.round_mean(&r, x.view(), Some(y.view()), v, None).unwrap_err()), "coef");
+            let shift = MeanShift { h: h.view_mut(), row0: 0, beta: v, alpha: None };
+            assert_eq!(name(q.round_mean(&r, x.view(), Some(y.view()), 1.0, Some(shift)).unwrap_err()), "beta");
+            assert!(h.iter().all(|&e| e == 1.0), "v = {v}");
+            assert!(out.iter().all(|&e| e == 7.0), "v = {v}");
+            // the problem's own coefficients, each named
+            assert_eq!(name(Tridiagonal::new(vec![0.25, v], 0.1, vec![0.0, 0.0]).unwrap_err()), "a");
+            assert_eq!(name(Tridiagonal::new(vec![0.25, 0.5], v, vec![0.0, 0.0]).unwrap_err()), "c");
+            assert_eq!(name(Tridiagonal::new(vec![0.25, 0.5], 0.1, vec![v, 0.0]).unwrap_err()), "beta");
+            assert_eq!(name(q.solve_mean(&[1.0, v, 0.0]).unwrap_err()), "rhs");
+        }
+    }
+
+    #[test]
+    fn a_singular_mean_system_is_refused() {
+        // ā = c = 0: the zero matrix (it used to return NaNs)
+        let q = Tridiagonal::new(vec![1.0, -1.0], 0.0, vec![1.0, 2.0]).unwrap();
+        let e = q.solve_mean(&[1.0, 2.0, 3.0]).unwrap_err();
+        assert!(matches!(&e, CoreError::InvalidArgument { name, .. } if name == "solve_mean"), "{e:?}");
+        assert!(e.to_string().contains("singular"), "{e}");
+        // a zero pivot past the first row: ā = 1, c = −1 (2ā + c = 1, then 1 − 1/1 = 0); this d = 3
+        // matrix is not singular, but its leading 2 × 2 block is and the solver does not pivot
+        let e = solve_mean(1.0, -1.0, &[1.0, 0.0, 0.0]).unwrap_err();
+        assert!(e.to_string().contains("zero pivot at row 1"), "{e}");
+        // an overflowing solution
+        let e = solve_mean(1e-300, 0.0, &[1e300, 0.0]).unwrap_err();
+        assert!(e.to_string().contains("overflows"), "{e}");
+        // a nonsingular system is solved as before (solve_mean_solves checks the values)
+        assert!(solve_mean(0.25, 0.1, &[1.0, 2.0]).is_ok());
     }
 
     #[test]

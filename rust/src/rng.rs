@@ -262,12 +262,16 @@ pub fn unit(rng: &mut ChaCha8Rng) -> f64 {
     rng.random::<f64>()
 }
 
-/// MARINA's shared coin of round `t`: `true` with probability `p`.
-pub fn coin(seed: u64, round: u64, p: f64) -> bool {
-    if p >= 1.0 {
-        return true;
+/// MARINA's shared coin of round `t`: `true` with probability `p`, a probability in
+/// `[0, 1]` (anything else, NaN included, is an error naming `p`).
+pub fn coin(seed: u64, round: u64, p: f64) -> Result<bool> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(CoreError::invalid("p", format!("must be a probability in [0, 1], got {p}")));
     }
-    unit(&mut stream(seed, Purpose::Coin, SHARED, round)) < p
+    if p >= 1.0 {
+        return Ok(true);
+    }
+    Ok(unit(&mut stream(seed, Purpose::Coin, SHARED, round)) < p)
 }
 
 #[cfg(test)]
@@ -352,9 +356,18 @@ mod tests {
 
     #[test]
     fn coin_frequency() {
-        let heads = (0..20_000u64).filter(|&t| coin(11, t, 0.25)).count() as f64;
+        let heads = (0..20_000u64).filter(|&t| coin(11, t, 0.25).unwrap()).count() as f64;
         // mean 5000, sd ~61: 6 sd tolerance
         assert!((heads - 5000.0).abs() < 370.0, "heads = {heads}");
-        assert!(coin(11, 0, 1.0));
+        assert!(coin(11, 0, 1.0).unwrap());
+        assert!(!coin(11, 0, 0.0).unwrap());
+    }
+
+    #[test]
+    fn coin_refuses_what_is_not_a_probability() {
+        for p in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 2.0, 1.0 + f64::EPSILON, -0.5, -f64::MIN_POSITIVE] {
+            let e = coin(11, 0, p).unwrap_err();
+            assert!(matches!(&e, CoreError::InvalidArgument { name, .. } if name == "p"), "p = {p}: {e:?}");
+        }
     }
 }

@@ -675,8 +675,17 @@ impl Round {
     /// keep their coordinates (in plan order) with their scales times `factor` (`scale ·
     /// factor`, rounded once), every other worker sends nothing. Partial participation's round
     /// (`permk.compressors.Participation`: `factor = n/s`), as a listed plan in `O(n + values)`.
+    /// `factor` must be positive and finite, and so must every scale it multiplies (or stay
+    /// 0): an error naming it otherwise.
     pub fn restricted(&self, workers: &[usize], factor: f64) -> Result<Round> {
         let (n, d) = (self.n, self.d);
+        if !(factor > 0.0 && factor.is_finite()) {
+            return Err(CoreError::invalid("factor", format!("must be positive and finite, got {factor:?}")));
+        }
+        if let Some(i) = (0..n).find(|&i| !(self.scale_of(i) * factor).is_finite()) {
+            let s = self.scale_of(i);
+            return Err(CoreError::invalid("factor", format!("worker {i}'s scale {s:?} times {factor:?} overflows to {:?}", s * factor)));
+        }
         if let Some(k) = workers.windows(2).position(|w| w[0] >= w[1]) {
             return Err(CoreError::invalid("workers", format!("must be strictly increasing, got {} then {}", workers[k], workers[k + 1])));
         }
@@ -1580,8 +1589,22 @@ mod tests {
                 }
                 assert!(r.restricted(&[1, 0], 1.0).is_err() || n < 2);
                 assert!(r.restricted(&[n], 1.0).is_err());
+                // the factor: positive and finite, and the scales it makes finite
+                for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, -1.0] {
+                    let e = r.restricted(&who, bad).unwrap_err();
+                    assert!(matches!(&e, CoreError::InvalidArgument { name, .. } if name == "factor"), "{sp:?} factor {bad}: {e:?}");
+                }
+                let overflows = sc.iter().any(|s| !(s * 1e308).is_finite());
+                match r.restricted(&who, 1e308) {
+                    Err(CoreError::InvalidArgument { name, .. }) => assert!(overflows && name == "factor", "{sp:?}"),
+                    other => assert!(!overflows && other.is_ok(), "{sp:?}"),
+                }
             }
         }
+        // PermK's scale n = 3 times 1e308 is inf (it used to give inf scales)
+        let r = Round::new(&spec(PermK::default()), 3, 5, 0, 0).unwrap();
+        let e = r.restricted(&[0, 1], 1e308).unwrap_err();
+        assert_eq!(e.to_string(), "factor: worker 0's scale 3.0 times 1e308 overflows to inf");
     }
 
     #[test]

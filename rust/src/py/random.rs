@@ -4,8 +4,8 @@ use super::*;
 
 /// MARINA's shared Bernoulli(p) coin of round `round`.
 #[pyfunction]
-pub(super) fn coin(seed: u64, round: u64, p: f64) -> bool {
-    rng::coin(seed, round, p)
+pub(super) fn coin(seed: u64, round: u64, p: f64) -> PyResult<bool> {
+    Ok(rng::coin(seed, round, p)?)
 }
 
 /// A uniformly random permutation of range(n) shared by all workers: a pure function of
