@@ -143,3 +143,23 @@ def test_autoencoder_end_to_end_on_idx_data(tmp_path: Path) -> None:
                 # (a note in parentheses where the curve needs one: a run that ends before the axis does)
                 assert re.fullmatch(r"(MARINA|EF21) \+ (PermK|RandK|TopK), γ = \d+ × theory = [\d.e-]+( \(.*\))?", t.get_text(),
                                     flags=re.S), t.get_text()
+
+
+@pytest.mark.parametrize("constants, names", [
+    (["--L-minus", "1", "--L-plus", "1", "--L-pm", "1", "--eps", "1e-320", "--delta0", "1e308"], "rounds .*beyond float64 .*eps = "),
+    (["--L-minus", "1e308", "--L-plus", "1e308", "--L-pm", "1e308", "--eps", "1", "--delta0", "1"], "L_plus = 1e\\+308"),
+    (["--L-minus", "1e-320", "--L-plus", "1e-320", "--L-pm", "1e-320", "--eps", "1", "--delta0", "1"], "L_minus = 9.99989e-321"),
+])
+def test_complexity_beyond_float64_is_a_usage_error(constants: list[str], names: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rounds or steps beyond float64: exit 2 with one line naming the values (it was a traceback,
+    OverflowError, or a table with step inf and 0 rounds)."""
+    assert main(["complexity", "--n", "3", "--d", "5", *constants]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and re.search(f"^permk complexity: error: .*{names}", out.err), out.err
+
+
+def test_demo_seed_is_checked_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--seed", "-1"])
+    assert e.value.code == 2
+    assert "argument --seed: must be a non-negative integer, got -1" in capsys.readouterr().err

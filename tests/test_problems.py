@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 
 import numpy as np
@@ -127,3 +128,18 @@ def test_general_quadratic_dense_and_sparse() -> None:
         permk.Quadratic([rng.normal(size=(3, 3))], np.zeros((1, 3)))
     with pytest.raises(ValueError, match="vectors"):
         permk.Quadratic(mats, np.zeros((n, d + 1)))
+
+
+@pytest.mark.parametrize("lam, noise_scale", [(1e308, 0.05), (1e200, 0.0), (1e-3, 1e160), (1e-3, 1e308)])
+def test_synthetic_refuses_constants_beyond_float64(lam: float, noise_scale: float) -> None:
+    """``lam`` (or ``noise_scale``) so large that ``L_+`` is inf: refused by the constructor, naming
+    them, without a RuntimeWarning (the error used to come only inside a run)."""
+    import re
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=re.escape(f"lam = {lam:g} and noise_scale = {noise_scale:g} give smoothness constants beyond float64")):
+            permk.Quadratic.synthetic(3, 5, lam=lam, noise_scale=noise_scale)
+    q = permk.Quadratic.synthetic(3, 5, lam=1e100, noise_scale=0.05)
+    assert all(math.isfinite(v) for v in (q.L_minus, q.L_plus, q.L_pm, q.mu))

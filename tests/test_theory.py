@@ -749,3 +749,116 @@ def test_complexity_cli_and_plot(tmp_path: Any, capsys: pytest.CaptureFixture[st
         main(["complexity", "--n", "10"])
     with pytest.raises(ValueError, match="L_pm_grid"):
         complexity_plot(10, 100, 1.0, 1.0, 1e-3, 1.0, [-1.0], tmp_path / "x.png")
+
+
+# ---------------------------------------------------------------------------------------------
+# hostile constants: steps beyond float64, wrong argument types, wrong kinds and lengths
+# ---------------------------------------------------------------------------------------------
+class StatedConstants:
+    """The synthetic quadratic on 3 workers with the constants it states replaced by ``constants``."""
+
+    n, d = 3, 5
+
+    def __init__(self, **constants: Any) -> None:
+        self.q = permk.Quadratic.synthetic(3, 5, lam=1e-3, noise_scale=0.05)
+        self.x0 = self.q.x0
+        self.__dict__.update(constants)
+
+    def loss(self, x: Any) -> float:
+        return self.q.loss(x)
+
+    def grad(self, x: Any) -> np.ndarray:
+        return self.q.grad(x)
+
+    def local_grads(self, x: Any) -> np.ndarray:
+        return self.q.local_grads(x)
+
+
+TINY, HUGE = 1e-320, 1e308
+
+#: (call, the constant its message must name): each step would be inf or 0, or its formula
+#: raised OverflowError or ZeroDivisionError
+BEYOND_FLOAT64 = [
+    (lambda: theory.marina_stepsize(1.0, 1.0, TINY, TINY, TINY, 0.5), "L_minus = 9.99989e-321"),
+    (lambda: theory.marina_stepsize(1.0, 1.0, HUGE, HUGE, HUGE, 0.5), "L_plus = 1e\\+308"),
+    (lambda: theory.marina_stepsize(1.0, 1.0, TINY, TINY, TINY, 0.5, mu=TINY), "mu = "),
+    (lambda: theory.marina_variance_stepsize(TINY, 0.0, 1.0), "L_minus = "),
+    (lambda: theory.ef21_stepsize(0.5, TINY, TINY), "L_plus = "),
+    (lambda: theory.ef21_stepsize(TINY, 1.0, 1.0), "alpha = "),
+    (lambda: theory.diana_stepsize(0.5, 1.0, 0.5, TINY, TINY), "L_minus = "),
+    (lambda: theory.rand_diana_stepsize(0.5, TINY, TINY, TINY, kind="permutation"), "L_max = "),
+    (lambda: theory.shifted_dcgd_stepsize(1.0, 4, TINY, TINY), "L_mean = "),
+    (lambda: theory.dasha_stepsize(1.0, 0.5, TINY, TINY), "L_plus = "),
+    (lambda: theory.dasha_pp_stepsize(1.0, 0.5, 4, 2, TINY, TINY), "L_minus = "),
+    (lambda: theory.dasha_page_stepsize(0.0, 0.0, 1.0, TINY, TINY, TINY, 2, 1, 1.0), "L_sample_sq = "),
+    (lambda: theory.dasha_mvr_stepsize(0.0, 0.0, 1.0, TINY, TINY, TINY, 2, 1, 1.0), "L_minus = "),
+]
+
+
+@pytest.mark.parametrize("call, names", BEYOND_FLOAT64)
+def test_steps_beyond_float64_are_a_value_error_naming_the_constants(call: Any, names: str) -> None:
+    with pytest.raises(ValueError, match=f"stepsize: the constants .*{names}.*(not a finite positive number|overflow)"):
+        call()
+
+
+def test_a_constant_beyond_float64_as_an_int_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="L_minus must be finite"):
+        theory.marina_stepsize(1.0, 1.0, 10**400, 1.0, 1.0, 0.5)  # float() raised OverflowError
+
+
+def test_runs_refuse_a_step_beyond_float64() -> None:
+    tiny = StatedConstants(L_minus=TINY, L_plus=TINY, L_pm=TINY)
+    with pytest.raises(ValueError, match="L_minus = 9.99989e-321"):  # gamma was inf, and the run diverged
+        permk.marina(tiny, permk.PermK(), rounds=2, seed=0)
+    with pytest.raises(ValueError, match="L_minus = 9.99989e-321"):
+        permk.ef21(tiny, permk.TopK(1), rounds=2, seed=0)
+    huge = StatedConstants(L_minus=1.0, L_plus=HUGE, L_pm=HUGE)
+    with pytest.raises(ValueError, match="L_plus = 1e\\+308"):  # OverflowError in the variance bound
+        permk.marina(huge, permk.PermK(), rounds=2, seed=0)
+    with pytest.raises(ValueError, match="gamma = 1e\\+300, gamma_multiplier = 1e\\+10"):
+        permk.marina(tiny, permk.PermK(), rounds=2, seed=0, gamma=1e300, gamma_multiplier=1e10)
+    ok = permk.marina(StatedConstants(L_minus=1.0, L_plus=1.0, L_pm=1.0), permk.PermK(), rounds=2, seed=0)
+    assert ok.params.gamma == theory.marina_stepsize(1.0, 1.0, 1.0, 1.0, 1.0, ok.params.own.p)
+
+
+def test_complexity_refuses_rounds_beyond_float64() -> None:
+    args = dict(n=3, d=5, L_minus=1.0, L_plus=1.0, L_pm=1.0)
+    with pytest.raises(ValueError, match="rounds .* beyond float64 .*eps = 9.99989e-321, delta0 = 1e\\+308"):
+        complexity(permk.marina, permk.PermK(), **args, eps=TINY, delta0=HUGE)  # OverflowError in math.ceil(inf)
+    with pytest.raises(ValueError, match="L_plus = 1e\\+308"):
+        complexity(permk.marina, permk.PermK(), n=3, d=5, L_minus=HUGE, L_plus=HUGE, L_pm=HUGE, eps=1.0, delta0=1.0)
+    with pytest.raises(ValueError, match="L_minus = 9.99989e-321"):  # step inf and 0 rounds
+        complexity(permk.ef21, permk.TopK(1), n=3, d=5, L_minus=TINY, L_plus=TINY, L_pm=TINY, eps=1.0, delta0=1.0)
+
+
+def test_variance_bound_and_the_table_refuse_wrong_types() -> None:
+    c = theory.Constants(1.0, 1.0, 1.0)
+    with pytest.raises(TypeError, match="constants must be a permk.theory.Constants .*got NoneType"):
+        theory.variance_bound(permk.PermK(), 3, 5, None)
+    with pytest.raises(TypeError, match="compressor must be a permk.Compressor, got str"):
+        theory.variance_bound("PermK", 3, 5, c)  # type: ignore[arg-type]
+    assert theory.variance_bound(permk.PermK(), 3, 5, c).theorem == "Theorem AB"
+    with pytest.raises(TypeError, match=r"rows\[0\] must be a permk.theory.Complexity .*got int"):
+        theory.format_complexity_table([1, 2])  # type: ignore[list-item]
+    row = complexity(permk.marina, permk.PermK(), n=3, d=5, L_minus=1.0, L_plus=1.0, L_pm=1.0, eps=1e-3, delta0=1.0)
+    with pytest.raises(TypeError, match="rows must be a sequence of permk.theory.Complexity, got Complexity"):
+        theory.format_complexity_table(row)  # type: ignore[arg-type]
+    assert "PermK" in theory.format_complexity_table((row,))
+
+
+def test_constants_refuse_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="kind must be one of 'exact', 'pessimistic', 'given', got 'bogus'"):
+        theory.Constants(1.0, 1.0, 1.0, kind="bogus")
+    assert [theory.Constants(1.0, 1.0, 1.0, kind=k).kind for k in ("exact", "pessimistic", "given")] == ["exact", "pessimistic", "given"]
+
+
+def test_pessimistic_constants_refuse_L_i_of_the_wrong_length() -> None:
+    short = StatedConstants(L_minus=1.0, L_i=np.array([1.0, 2.0]))  # n = 3
+    with pytest.raises(ValueError, match=r"L_i must be 3 non-negative finite numbers .*got shape \(2,\)"):
+        theory.Constants.of(short, "pessimistic")
+    with pytest.raises(ValueError, match=r"L_i must be 3 non-negative finite numbers"):
+        permk.marina(short, permk.PermK(), rounds=2, seed=0, constants="pessimistic")
+    with pytest.raises(ValueError, match=r"L_i must be 3 non-negative finite numbers"):  # the same check as L_sample_rms
+        permk.rand_diana(StatedConstants(L_minus=1.0, L_plus=1.0, L_pm=1.0, L_i=[1.0, 2.0]), permk.PermK(), rounds=2, seed=0)
+    good = StatedConstants(L_minus=1.0, L_i=np.array([1.0, 2.0, 2.0]))
+    assert theory.Constants.of(good, "pessimistic").L_plus == pytest.approx(math.sqrt(3.0))

@@ -35,13 +35,22 @@ def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None) -
     return v
 
 
+def real_float(value: Any) -> float:
+    """A real number as a float: ``float(value)``, or ``±inf`` for one beyond float64 (an int or
+    Fraction such as ``10**400``, whose ``float()`` raises OverflowError)."""
+    try:
+        return float(value)
+    except OverflowError:
+        return -math.inf if value < 0 else math.inf
+
+
 def check_real(value: Any, name: str, *, low: float | None = None, strict: bool = False, high: float | None = None) -> float:
     """``value`` as a finite Python float, at least ``low`` (more than ``low`` with ``strict``)
     and at most ``high``. Numbers (Python or numpy) are accepted; bools and strings are a
     TypeError, NaN and infinities a ValueError naming the argument."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    v = float(value)
+    v = real_float(value)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {v}")
     if low is not None and (v <= low if strict else v < low):
@@ -49,6 +58,20 @@ def check_real(value: Any, name: str, *, low: float | None = None, strict: bool 
     if high is not None and v > high:
         raise ValueError(f"{name} must be <= {high:g}, got {v:g}")
     return v
+
+
+def check_per_worker(values: Any, n: int, name: str) -> np.ndarray:
+    """A problem's per-worker constants (``L_i``, ``L_sample_rms``) as ``n`` non-negative finite
+    float64 numbers, one per worker; any other length, a negative, NaN or infinite entry, or
+    something that is not numbers is a ValueError naming ``name``."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is None or arr.shape != (n,) or not np.isfinite(arr).all() or (arr < 0).any():
+        got = f"{type(values).__name__}" if arr is None else f"shape {arr.shape}: {arr.ravel()[:10].tolist()}"
+        raise ValueError(f"{name} must be {n} non-negative finite numbers (one per worker), got {got}")
+    return arr
 
 
 def check_probability(value: Any, name: str = "p") -> float:

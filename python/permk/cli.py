@@ -261,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--n", type=_positive, default=10, help="workers (default 10)")
     d.add_argument("--d", type=_positive, default=100, help="dimension (default 100)")
     d.add_argument("--rounds", type=_positive, default=2000, help="Monte Carlo rounds (default 2000)")
-    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--seed", type=_nonnegative_int, default=0, help="seed of the Monte Carlo rounds (default 0)")
     d.set_defaults(func=_cmd_demo)
 
     add_complexity_parser(sub)

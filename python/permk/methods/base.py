@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .._validate import check_int, check_sample_counts
+from .._validate import check_int, check_per_worker, check_sample_counts
 from ..compressors import Compressor
 from ..compressors.participation import Participation
 from ..registry import Catalog
@@ -135,10 +135,7 @@ def sample_smoothness_sq(problem: Any, n: int, label: str) -> float:
     rms = getattr(problem, "L_sample_rms", None)
     if rms is None:
         raise ValueError(f"{label}'s step reads the mean-squared sample smoothness L_sample_rms; the problem states none: pass gamma=")
-    rms = np.asarray(rms, dtype=np.float64)
-    if rms.shape != (n,) or not np.isfinite(rms).all() or (rms < 0).any():
-        raise ValueError(f"the problem's L_sample_rms must be {n} non-negative finite numbers, got shape {rms.shape}")
-    return float(np.mean(rms**2))
+    return float(np.mean(check_per_worker(rms, n, "the problem's L_sample_rms") ** 2))
 
 
 def sample_counts(problem: Any, label: str, n: int) -> Array:

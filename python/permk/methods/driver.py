@@ -22,7 +22,7 @@ import numpy as np
 
 from .._validate import check_choice, check_flag, check_int, check_real, check_sample_counts, check_seed, start_point
 from ..compressors import Compressor
-from ..theory.steps import Constants
+from ..theory.steps import Constants, check_step
 from ..transport import Backend, Simulator, check_problem
 from .contract import Algorithm, MethodParams, RoundInfo, RunParams, State
 
@@ -132,16 +132,23 @@ class Prepared:
     def with_step(self, problem: Any) -> RunParams[Any]:
         """The run's parameters with its step: the user's ``gamma``, or the method's theorem's
         from the problem's constants (:class:`~permk.theory.steps.Constants`, read only then),
-        times ``gamma_multiplier``."""
+        times ``gamma_multiplier``. A step that is not a finite positive number (constants too
+        small or too large for float64, or a product that overflows) is a ValueError naming what
+        it came from (:func:`~permk.theory.steps.check_step`)."""
         if self.gamma is not None:
-            gamma, source, record = self.gamma * self.gamma_multiplier, "user", {}
+            source, record = "user", {}
+            gamma = check_step(self.gamma * self.gamma_multiplier, "gamma times gamma_multiplier",
+                               {"gamma": self.gamma, "gamma_multiplier": self.gamma_multiplier},
+                               "choose gamma and gamma_multiplier whose product is a finite positive float64")
         else:
             theory = self.method.theory
             if theory is None:
                 raise ValueError(f"{self.method.label} has no theory step in permk: pass gamma=")
-            c = Constants.of(problem, self.constants, pl=self.pl)
+            c = Constants.of(problem, self.constants, pl=self.pl, n=self.n)
             g, source = theory.step(self.compressor, self.n, self.d, self.own, c, problem=problem)
-            gamma, record = self.gamma_multiplier * g, c.record()
+            record = c.record()
+            gamma = check_step(self.gamma_multiplier * g, f"{self.method.label}'s step ({source}) times gamma_multiplier",
+                               {**record, "step": g, "gamma_multiplier": self.gamma_multiplier})
         return RunParams(method=self.method.name, compressor=self.compressor.name, n=self.n, d=self.d, seed=self.seed,
                          float_bits=self.float_bits, oracle_full=self.oracle_full, gamma=gamma, gamma_source=source,
                          gamma_multiplier=self.gamma_multiplier, pl=self.pl, own=self.own, constants=record)

@@ -92,7 +92,8 @@ class Quadratic:
 
     @staticmethod
     def synthetic(n: int, d: int, lam: float, noise_scale: float, seed: int = 0) -> SyntheticQuadratic:
-        """The paper's synthetic quadratic (Algorithm 1): see :class:`SyntheticQuadratic`."""
+        """The paper's synthetic quadratic (Algorithm 1): see :class:`SyntheticQuadratic` (which
+        refuses ``lam`` and ``noise_scale`` values whose constants are not finite)."""
         return SyntheticQuadratic(n, d, lam, noise_scale, seed=seed)
 
     def hessians(self) -> list[Any]:
@@ -189,7 +190,9 @@ class SyntheticQuadratic(Quadratic):
     For each worker ``ν_i^s = 1 + s ξ_i^s``, ``ν_i^b = s ξ_i^b`` (``ξ ~ N(0, 1)`` i.i.d., drawn
     with ``numpy.random.default_rng(seed)`` as an ``(n, 2)`` array), ``b_i = (ν_i^s/4)(−1 + ν_i^b) e_1``
     and ``A_i = (ν_i^s/4) T + (λ − λ_min(mean A)) I`` with ``T = tridiag(−1, 2, −1)``;
-    ``x^0 = (√d, 0, …, 0)``. Only ``O(n + d)`` numbers are stored; the oracles are Rust kernels
+    ``x^0 = (√d, 0, …, 0)``. ``lam`` must be positive and ``noise_scale`` non-negative, finite, and
+    small enough that the constants are finite numbers (``lam`` near 1e308 makes ``L_+² = inf``):
+    anything else is a ValueError naming them. Only ``O(n + d)`` numbers are stored; the oracles are Rust kernels
     (``kernel``, ``O(1)`` per coordinate) and every constant is exact and in closed form, since
     all ``A_i`` are polynomials in ``T`` (eigenvalues ``t_k = 4 sin²(kπ/(2(d+1)))``):
     ``L_±² = Var(ν^s/4) · t_max²``, ``L_+² = max_{t ∈ {t_min, t_max}} (1/n) Σ (a_i t + c)²``, …,
@@ -207,15 +210,22 @@ class SyntheticQuadratic(Quadratic):
         self.noise_scale = check_real(noise_scale, "noise_scale", low=0.0)
         self.seed = check_seed(seed)
         xi = np.random.default_rng(self.seed).standard_normal((self.n, 2))
-        nu_s = 1.0 + self.noise_scale * xi[:, 0]
-        nu_b = self.noise_scale * xi[:, 1]
-        self.a = nu_s / 4.0
-        self.beta = nu_s / 4.0 * (-1.0 + nu_b)
-        t_min, t_max = _tridiagonal_extremes(self.d)
-        a_mean = float(self.a.mean())
-        lam_min_mean = min(a_mean * t_min, a_mean * t_max)
-        self.shift = self.lam - lam_min_mean
-        self._t = (t_min, t_max)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked below: finite constants, or a ValueError
+            nu_s = 1.0 + self.noise_scale * xi[:, 0]
+            nu_b = self.noise_scale * xi[:, 1]
+            self.a = nu_s / 4.0
+            self.beta = nu_s / 4.0 * (-1.0 + nu_b)
+            t_min, t_max = _tridiagonal_extremes(self.d)
+            a_mean = float(self.a.mean())
+            lam_min_mean = min(a_mean * t_min, a_mean * t_max)
+            self.shift = self.lam - lam_min_mean
+            self._t = (t_min, t_max)
+            constants = self._constants_of(self.a)
+        if not (all(v is None or math.isfinite(v) for v in constants) and np.isfinite(self.beta).all()):
+            shown = ", ".join(f"{k} = {v:g}" for k, v in zip(("L_minus", "L_plus", "L_pm"), constants))
+            raise ValueError(f"lam = {self.lam:g} and noise_scale = {self.noise_scale:g} give smoothness constants beyond "
+                             f"float64 ({shown}): choose a smaller lam (or noise_scale)")
+        self.__dict__["_constants"] = constants  # the cached property's value, computed for the check
         #: The native oracles (``permk._core.Tridiagonal``): the ``"rust"`` paths use them.
         self.kernel = Tridiagonal(self.a.tolist(), self.shift, self.beta.tolist())
         self.x0 = np.zeros(self.d)

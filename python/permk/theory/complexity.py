@@ -23,7 +23,7 @@ import numpy as np
 
 from .._validate import check_int, check_real
 from ..compressors import Compressor
-from .steps import Constants
+from .steps import Constants, check_step
 
 __all__ = ["Complexity", "TableRow", "MARINA_PERMK", "MARINA_RANDK", "EF21_TOPK", "complexity", "table_complexity", "format_complexity_table"]
 
@@ -62,10 +62,15 @@ class Complexity:
 
 
 def _rounds(gamma: float, eps: float, delta0: float, mu: float | None) -> float:
-    """Theorem AB: ``2Δ⁰/(γε)``; Theorem AB-PL (``(1 − γμ)^T Δ⁰ ≤ ε``): ``log(Δ⁰/ε)/(γμ)``."""
+    """Theorem AB: ``2Δ⁰/(γε)``; Theorem AB-PL (``(1 − γμ)^T Δ⁰ ≤ ε``): ``log(Δ⁰/ε)/(γμ)``
+    (``inf`` where it is beyond float64, also when ``γε`` or ``γμ`` underflows to 0)."""
     if mu is None:
-        return 2.0 * delta0 / (gamma * eps)
-    return max(math.log(delta0 / eps), 0.0) / (gamma * mu)
+        top, bottom = 2.0 * delta0, gamma * eps
+    else:
+        top, bottom = max(math.log(delta0 / eps), 0.0), gamma * mu
+    if bottom > 0:
+        return top / bottom
+    return math.inf if top > 0 else 0.0
 
 
 def _minimize_log(floats: Callable[[float], float], low: float, high: float) -> float:
@@ -116,7 +121,8 @@ def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float
     def at(**tuned: float) -> tuple[Any, float, float, float]:
         """The parameters, step, (real) rounds and floats per round at the tuned values."""
         params = method.parameters(c, n, d, **tuned)
-        gamma, _ = theory.step(c, n, d, params, constants)
+        gamma, source = theory.step(c, n, d, params, constants)
+        gamma = check_step(gamma, f"{method.name}'s step ({source})", constants.record())
         return params, gamma, _rounds(gamma, eps, delta0, constants.mu), theory.floats_per_round(c, n, d, params)
 
     ranges = theory.tunable_range(c, n, d)
@@ -131,6 +137,10 @@ def _solve(method: Any, c: Any, n: int, d: int, constants: Constants, eps: float
 
         tuned[name] = _minimize_log(continuous, low, high)
     params, gamma, rounds, per_round = at(**tuned)
+    if not math.isfinite(rounds * per_round):
+        raise ValueError(f"{method.name} with {c.name}: the predicted rounds T = {rounds:g} times {per_round:g} floats per "
+                         f"round are beyond float64 (eps = {eps:g}, delta0 = {delta0:g}, step {gamma:g}): choose a larger "
+                         "eps or a smaller delta0")
     T = math.ceil(rounds)
     size = c.capabilities.tunable
     return Complexity(
@@ -274,7 +284,14 @@ def _table(method: Any, compressor: Any, n: int, d: int, c: Constants, eps: floa
 
 
 def format_complexity_table(rows: Sequence[Complexity]) -> str:
-    """A plain-text table of :class:`Complexity` rows."""
+    """A plain-text table of :class:`Complexity` rows (what :func:`complexity` returns); any other
+    row, or ``rows`` that is not a sequence of them, is a TypeError naming it."""
+    if isinstance(rows, (str, bytes, Complexity)) or not hasattr(rows, "__iter__"):
+        raise TypeError(f"rows must be a sequence of permk.theory.Complexity, got {type(rows).__name__}")
+    rows = list(rows)
+    for k, r in enumerate(rows):
+        if not isinstance(r, Complexity):
+            raise TypeError(f"rows[{k}] must be a permk.theory.Complexity (from permk.theory.complexity), got {type(r).__name__}")
     head = f"{'method':<7} {'compressor':<13} {'p':>9} {'step γ':>10} {'rounds T':>11} {'floats/worker':>14} {'paper Θ':>11} {'ratio':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:

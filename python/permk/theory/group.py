@@ -17,6 +17,7 @@ the step size of Theorem "AB_group", and MARINA's variance constant of any compr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence, runtime_checkable
 
@@ -114,14 +115,30 @@ def variance_bound(compressor: Compressor, n: int, d: int, constants: Any, probl
     :meth:`~permk.Compressor.variance_bound` (Theorem "AB" from its ``ab_constants`` unless it
     overrides it).
 
+    Refused: a ``compressor`` that is not a :class:`permk.Compressor`, or ``constants`` without
+    ``L_plus`` and ``L_pm`` (TypeError naming the argument), and constants whose ``L̂²`` is
+    beyond float64 (ValueError naming them).
+
     >>> import permk
     >>> q = permk.Quadratic.synthetic(4, 8, 1e-2, 0.5, seed=1)
     >>> c = permk.theory.Constants.of(q)
     >>> variance_bound(permk.PermK(), 4, 8, c, q).theorem, variance_bound(permk.GroupPermK(((0, 1), (2, 3))), 4, 8, c, q).theorem
     ('Theorem AB', 'Theorem AB_group')
     """
-    if problem is not None and isinstance(compressor, Grouped):
-        compressor.check(n, d)
-        ghv = group_hessian_variance(problem, compressor.groups, compressor.inner)
-        return VarianceBound(ghv.L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
-    return compressor.variance_bound(n, d, constants, problem=problem)
+    if not isinstance(compressor, Compressor):
+        raise TypeError(f"compressor must be a permk.Compressor, got {type(compressor).__name__}")
+    if not all(hasattr(constants, a) for a in ("L_plus", "L_pm")):
+        raise TypeError(f"constants must be a permk.theory.Constants (with L_plus and L_pm), got {type(constants).__name__}")
+    try:
+        if problem is not None and isinstance(compressor, Grouped):
+            compressor.check(n, d)
+            ghv = group_hessian_variance(problem, compressor.groups, compressor.inner)
+            bound = VarianceBound(ghv.L_hat_sq, "Theorem AB_group", "Theorem AB_group (PL)")
+        else:
+            bound = compressor.variance_bound(n, d, constants, problem=problem)
+    except OverflowError:  # a constant's square
+        bound = None
+    if bound is None or not math.isfinite(bound.L_hat_sq):
+        raise ValueError(f"MARINA's variance constant L̂² of {compressor.name} is beyond float64 with L_plus = "
+                         f"{constants.L_plus:g}, L_pm = {constants.L_pm:g}: rescale the problem, or pass gamma=")
+    return bound

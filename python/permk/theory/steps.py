@@ -20,7 +20,9 @@ calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
 * :class:`Constants` — ``L_−``, ``L_+``, ``L_±`` (and ``μ``) read from a problem, exactly or
   with the paper's pessimistic choice, each read only when needed.
 
-Every constant is validated: a negative, NaN or infinite value is a ValueError naming it.
+Every constant is validated: a negative, NaN or infinite value is a ValueError naming it, and so
+are constants whose step is not a finite positive number (too small or too large for float64:
+the step overflows to ``inf`` or underflows to 0; :func:`check_step`).
 
 >>> marina_stepsize(1.0, 1.0, 1.0, 2.0, 0.0, 0.1)
 1.0
@@ -30,32 +32,97 @@ Every constant is validated: a negative, NaN or infinite value is a ValueError n
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+import numbers
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from .._validate import check_choice, check_int, check_probability, check_real
+from .._validate import check_choice, check_int, check_per_worker, check_probability, check_real, real_float
 
 __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
            "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants",
            "dasha_momentum", "dasha_stepsize", "dasha_pp_stepsize", "dasha_page_stepsize", "dasha_mvr_stepsize",
            "dasha_mvr_noise"]
 
+#: Where a :class:`Constants`' values come from (its ``kind``).
+CONSTANT_KINDS = ("exact", "pessimistic", "given")
+
+
+def _is_real(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
+def check_step(gamma: Any, what: str, constants: Mapping[str, Any], advice: str = "rescale the problem, or pass gamma=") -> float:
+    """``gamma`` as a float if it is a finite positive number, else a ValueError naming ``what``
+    (the step's formula or function) and the ``constants`` it was computed from (their real
+    numbers; other entries are left out of the message): constants too
+    small or too large for float64 give a step of ``inf`` or 0 that no run can take. ``gamma``
+    None: the formula itself overflowed. ``advice`` closes the message.
+
+    >>> check_step(0.5, "1/L_minus", {"L_minus": 2.0})
+    0.5
+    >>> check_step(1 / 1e-320, "1/L_minus", {"L_minus": 1e-320})
+    Traceback (most recent call last):
+    ...
+    ValueError: 1/L_minus: the constants L_minus = 9.99989e-321 give the step inf, not a finite positive number (they are too small or too large for float64): rescale the problem, or pass gamma=
+    """
+    g = real_float(gamma) if _is_real(gamma) else None
+    if g is not None and math.isfinite(g) and g > 0:
+        return g
+    shown = ", ".join(f"{k} = {real_float(v):g}" for k, v in constants.items() if _is_real(v))
+    result = ("make the step's formula overflow (or divide by a value that underflowed to 0)" if gamma is None else
+              f"give the step {repr(gamma) if g is None else format(g, 'g')}, not a finite positive number")
+    raise ValueError(f"{what}: the constants {shown} {result} (they are too small or too large for float64): {advice}")
+
+
+_F = TypeVar("_F", bound=Callable[..., float])
+
+
+def _step_size(fn: _F) -> _F:
+    """A step-size function whose result passes :func:`check_step`: a step that is not a finite
+    positive number (and an OverflowError or ZeroDivisionError on the way) is a ValueError naming
+    the function's numeric arguments. The arguments' own checks come first, as they are."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def step(*args: Any, **kwargs: Any) -> float:
+        try:
+            gamma: Any = fn(*args, **kwargs)
+        except (OverflowError, ZeroDivisionError):  # a constant's square, or a division by one that underflowed
+            gamma = None
+        if type(gamma) is float and 0.0 < gamma < math.inf:  # the common case, without binding the arguments
+            return gamma
+        return check_step(gamma, fn.__name__, signature.bind(*args, **kwargs).arguments)
+
+    return step  # type: ignore[return-value]
+
 
 def _mu(mu: Any) -> float | None:
     return None if mu is None else check_real(mu, "mu", low=0.0, strict=True)
 
 
+@_step_size
 def marina_variance_stepsize(L_minus: float, L_hat_sq: float, p: float, *, mu: float | None = None) -> float:
     """MARINA's largest step ``1/M``, ``M = L_− + sqrt((1−p)/p · L̂²)``; with ``mu`` the PL step
     ``min{1/(L_− + sqrt(2(1−p)/p · L̂²)), p/(2μ)}``. ``L̂²`` is Theorem "AB"'s
     ``(A − B)L_+² + B L_±²`` or Theorem "AB_group"'s ``L̂²_G``.
 
+    Refused (ValueError naming them): negative, NaN or infinite constants, ``p`` outside
+    ``(0, 1]``, ``M = 0`` (``f`` constant), and constants whose step is not a finite positive
+    number (too small or too large for float64, :func:`check_step`).
+
     >>> marina_variance_stepsize(2.0, 0.0, 0.5)
     0.5
     """
+    return _marina_step(L_minus, L_hat_sq, p, mu)
+
+
+def _marina_step(L_minus: Any, L_hat_sq: Any, p: Any, mu: Any) -> float:
+    """:func:`marina_variance_stepsize` without the check of its result (the public steps check it)."""
     L_minus = check_real(L_minus, "L_minus", low=0.0)
     L_hat_sq = check_real(L_hat_sq, "L_hat_sq", low=0.0)
     p = check_probability(p)
@@ -67,11 +134,14 @@ def marina_variance_stepsize(L_minus: float, L_hat_sq: float, p: float, *, mu: f
     return min(1.0 / M, p / (2 * mu)) if mu is not None else 1.0 / M
 
 
+@_step_size
 def marina_stepsize(
     A: float, B: float, L_minus: float, L_plus: float, L_pm: float, p: float, *, mu: float | None = None
 ) -> float:
     """The largest step of Theorem "AB": ``1/M``, ``M = L_− + sqrt((1−p)/p ((A−B)L_+² + B L_±²))``;
     with ``mu`` the step of Theorem "AB-PL": ``min{1/(L_− + sqrt(2(1−p)/p (…))), p/(2μ)}``.
+    Refused as by :func:`marina_variance_stepsize` (a ValueError naming the constants when the
+    step would be ``inf`` or 0, or its formula overflows float64).
 
     >>> marina_stepsize(1.0, 1.0, 1.0, 2.0, 0.0, 0.1)
     1.0
@@ -81,13 +151,16 @@ def marina_stepsize(
     L_plus = check_real(L_plus, "L_plus", low=0.0)
     L_pm = check_real(L_pm, "L_pm", low=0.0)
     variance = max((A - B) * L_plus**2 + B * L_pm**2, 0.0)
-    return marina_variance_stepsize(L_minus, variance, p, mu=mu)
+    return _marina_step(L_minus, variance, p, mu)
 
 
+@_step_size
 def ef21_stepsize(alpha: float, L_minus: float, L_plus: float, *, mu: float | None = None) -> float:
     """EF21's step (Theorem in "EF21 Analysis"): ``1/(L_− + L_+ sqrt(β/θ))`` with
     ``θ = 1 − sqrt(1 − α)``, ``β = (1 − α)/(1 − sqrt(1 − α))``; with ``mu`` (PL):
-    ``min{1/(L_− + L_+ sqrt(2β/θ)), θ/(2μ)}``.
+    ``min{1/(L_− + L_+ sqrt(2β/θ)), θ/(2μ)}``. Refused (ValueError naming them): ``α`` outside
+    ``(0, 1]``, negative, NaN or infinite constants, ``L_− = L_+ = 0``, and constants whose step
+    is not a finite positive number (too small or too large for float64, :func:`check_step`).
 
     >>> round(ef21_stepsize(1.0, 2.0, 3.0), 12)
     0.5
@@ -110,7 +183,8 @@ class Constants:
     """The smoothness constants a step size reads: ``L_−``, ``L_+``, ``L_±`` and, for the PL
     steps, ``μ``. ``kind`` says where they come from: ``"exact"`` (the problem's constants),
     ``"pessimistic"`` (the paper's experimental choice ``L_+² = L_±² = (1/n) Σ L_i²``,
-    appendix "Experiments setup") or ``"given"``."""
+    appendix "Experiments setup") or ``"given"``. Refused (ValueError naming it): a negative,
+    NaN or infinite constant, ``mu`` not positive, and any other ``kind``."""
 
     L_minus: float
     L_plus: float
@@ -122,12 +196,15 @@ class Constants:
         for name in ("L_minus", "L_plus", "L_pm"):
             object.__setattr__(self, name, check_real(getattr(self, name), name, low=0.0))
         object.__setattr__(self, "mu", _mu(self.mu))
+        check_choice(self.kind, "kind", CONSTANT_KINDS)
 
     @classmethod
-    def of(cls, problem: Any, kind: str = "exact", *, pl: bool = False) -> Constants:
+    def of(cls, problem: Any, kind: str = "exact", *, pl: bool = False, n: int | None = None) -> Constants:
         """The constants of ``problem`` (its attributes ``L_minus``, ``L_plus``, ``L_pm``;
         ``L_i`` with ``kind="pessimistic"``; ``mu`` only with ``pl``). Only these are read, so a
-        problem computing its constants lazily computes nothing else."""
+        problem computing its constants lazily computes nothing else. With ``kind="pessimistic"``
+        the ``L_i`` must be ``n`` (default ``problem.n``) non-negative finite numbers, one per
+        worker: any other length is a ValueError."""
         check_choice(kind, "constants", ("exact", "pessimistic"))
         needed = ["L_minus"] + (["L_i"] if kind == "pessimistic" else ["L_plus", "L_pm"]) + (["mu"] if pl else [])
         missing = [a for a in needed if not hasattr(type(problem), a) and not hasattr(problem, a)]
@@ -140,9 +217,8 @@ class Constants:
             )
         L_minus = getattr(problem, "L_minus")
         if kind == "pessimistic":
-            L_i = np.asarray(getattr(problem, "L_i"), dtype=np.float64)
-            if L_i.ndim != 1 or L_i.size == 0 or not np.isfinite(L_i).all() or (L_i < 0).any():
-                raise ValueError(f"the problem's L_i must be a non-empty vector of non-negative finite numbers, got {L_i!r}")
+            workers = check_int(getattr(problem, "n", None), "problem.n", low=1) if n is None else check_int(n, "n", low=1)
+            L_i = check_per_worker(getattr(problem, "L_i"), workers, "the problem's L_i")
             L_plus = L_pm = math.sqrt(float(np.mean(L_i**2)))
         else:
             L_plus, L_pm = getattr(problem, "L_plus"), getattr(problem, "L_pm")
@@ -162,6 +238,7 @@ class Constants:
 # ---------------------------------------------------------------------------------------------
 # methods with shifts: DIANA, RandDIANA, shifted DCGD
 # ---------------------------------------------------------------------------------------------
+@_step_size
 def diana_stepsize(alpha: float, omega: float, A: float, L_minus: float, L_plus: float) -> float:
     """DIANA's nonconvex step: ``γ = min{1/(2L_−), α/(2L_+ sqrt(A(2 + α)))}``.
 
@@ -179,6 +256,9 @@ def diana_stepsize(alpha: float, omega: float, A: float, L_minus: float, L_plus:
     ``Θ((L_− + (ω + 1) sqrt(ω/n) L_+)/ε)`` rounds. The constants are permk's own derivation
     along that Lyapunov argument (the paper's text was not at hand; the authors' library has no
     DIANA step): the tests check the bound it implies, which a 16× larger step breaks.
+
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
 
     >>> round(diana_stepsize(0.5, 1.0, 0.5, 1.0, 2.0), 12)  # α/(2 L_+ sqrt(A(2+α))) = 1/(4√5)
     0.111803398875
@@ -217,6 +297,7 @@ def shift_step_class(A: float, B: float, n: int) -> str | None:
     return None
 
 
+@_step_size
 def rand_diana_stepsize(p: float, L_mean: float, L_max: float, L_var: float, *, kind: str, mu: float | None = None) -> float:
     """The authors' RandDIANA step (``code/distributed_optimization_library/algorithm.py`` of
     mysteryresearcher/sampling-in-optimal-sgd at bd3f2e6), with ``L = L_mean`` (their mean of the
@@ -229,6 +310,9 @@ def rand_diana_stepsize(p: float, L_mean: float, L_max: float, L_var: float, *, 
     * ``kind="independent"`` (``rand_diana``, lines 1692-1706):
       ``min{1/(4(5L + 4L_B)), sqrt(p)/(2 sqrt(L_var² + L²))}``; with ``mu``
       ``min{1/(7L + 6L_B), p/(2μ)}``.
+
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
 
     >>> rand_diana_stepsize(0.25, 1.0, 2.0, 10.0, kind="permutation")  # √p/(2 L_var)
     0.025
@@ -250,11 +334,15 @@ def rand_diana_stepsize(p: float, L_mean: float, L_max: float, L_var: float, *, 
     return min(gamma, math.sqrt(p) / (2 * spread)) if spread > 0 else gamma
 
 
+@_step_size
 def shifted_dcgd_stepsize(omega: float, n: int, L_mean: float, L_max: float) -> float:
     """The authors' step of DCGD with the shifts ``h_i = ∇f_i(x^0)`` (``dcgd_permutation``,
     ``algorithm.py`` lines 1867-1874 of mysteryresearcher/sampling-in-optimal-sgd at bd3f2e6):
     ``1/(((ω + 1)/n) L + ((ω + 1)/n + 1) L_B)`` with ``L = L_mean`` (the mean of the ``L_i``) and
     ``L_B = L_max`` (their Bregman smoothness variance's default, the largest ``L_i``).
+
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
 
     >>> shifted_dcgd_stepsize(1.0, 4, 2.0, 3.0)  # 1/(0.5·2 + 1.5·3)
     0.18181818181818182
@@ -282,9 +370,7 @@ def worker_constants(problem: Any, n: int) -> tuple[float, float]:
     L_i = getattr(problem, "L_i", None)
     if L_i is None:
         raise ValueError("this step reads the workers' smoothness constants L_i; the problem states none: pass gamma=")
-    L_i = np.asarray(L_i, dtype=np.float64)
-    if L_i.shape != (n,) or not np.isfinite(L_i).all() or (L_i < 0).any():
-        raise ValueError(f"the problem's L_i must be {n} non-negative finite numbers, got shape {L_i.shape}")
+    L_i = check_per_worker(L_i, n, "the problem's L_i")
     return float(L_i.mean()), float(L_i.max())
 
 
@@ -304,6 +390,7 @@ def dasha_momentum(omega: float, p_a: float = 1.0) -> float:
     return p_a / (2 * omega + 1)
 
 
+@_step_size
 def dasha_stepsize(omega: float, A: float, L_minus: float, L_plus: float) -> float:
     """DASHA's step (theorem of "DASHA: Distributed nonconvex optimization with communication
     compression, optimal oracle complexity, and no client synchronization", gradient setting, as
@@ -318,6 +405,9 @@ def dasha_stepsize(omega: float, A: float, L_minus: float, L_plus: float) -> flo
     authors' mean of the ``L_i`` and ``sqrt((1/n)Σ L_i²)``: ``f`` is ``L_−``-smooth and
     ``(1/n)Σ‖∇f_i(x) − ∇f_i(y)‖² ≤ L_+²‖x − y‖²``, all the theorem reads.
 
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+
     >>> dasha_stepsize(1.0, 0.5, 1.0, 2.0) == 1 / (1 + 2 * 2.5 ** 0.5)
     True
     """
@@ -331,6 +421,7 @@ def dasha_stepsize(omega: float, A: float, L_minus: float, L_plus: float) -> flo
     return 1.0 / M
 
 
+@_step_size
 def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_plus: float) -> float:
     """DASHA-PP's step (theorem of "A computation and communication efficient method for
     distributed nonconvex problems in the partial participation setting", gradient setting) for
@@ -345,6 +436,9 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
     sampling without replacement and the AB inequality): its conditions hold at this step. The
     constants are the theorem's as recalled (the paper's text was not at hand, and the authors'
     library tunes DASHA-PP's step by powers of two): that test is what backs them here.
+
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
 
     >>> dasha_pp_stepsize(0.0, 0.0, 4, 4, 1.0, 1.0)  # every worker, no compression: GD's 1/L
     1.0
@@ -393,6 +487,7 @@ def _sample_constants(L_plus: float, L_sample_sq: float, n: int, batch_size: int
             check_int(n, "n", low=1), check_int(batch_size, "batch_size", low=1))
 
 
+@_step_size
 def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus: float, L_sample_sq: float,
                         n: int, batch_size: int, p: float) -> float:
     """DASHA-PAGE's step (permk's derivation, docs/dasha_steps.md): ``1/(L_− + sqrt(K))`` with
@@ -409,6 +504,9 @@ def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus
     ``K = 8A(4ω + 1)L_+²`` with the default ``a``: a step ``sqrt 8`` times smaller in its
     variance term than :func:`dasha_stepsize`'s, never larger.
 
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+
     >>> dasha_page_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, full gradients: 1/L_−
     0.5
     """
@@ -419,6 +517,7 @@ def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus
     return _lemma_step(L_minus, K)
 
 
+@_step_size
 def dasha_mvr_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus: float, L_sample_sq: float,
                        n: int, batch_size: int, momentum: float) -> float:
     """DASHA-MVR's step (permk's derivation, docs/dasha_steps.md): ``1/(L_− + sqrt(K))`` with
@@ -427,6 +526,9 @@ def dasha_mvr_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus:
     :func:`dasha_page_stepsize`. Every ``γ`` at most this step gives
     ``(1/T) Σ_{t<T} E‖∇f(x^t)‖² ≤ 2(f(x⁰) − f*)/(γT) + 2N`` with the noise floor
     ``N = ``:func:`dasha_mvr_noise` (from ``h_i⁰ = ∇f_i(x⁰)``).
+
+    Constants whose step is not a finite positive number (too small or too large for float64)
+    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
 
     >>> dasha_mvr_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, β = 1: 1/L_−
     0.5
