@@ -63,7 +63,10 @@ class State:
     whose shared arrays are not finite (a per-worker array feeds a shared aggregate, and only
     shared arrays are the same on every process, so every MPI rank stops at the same round), a
     resumed state is checked and cut to the held rows (:meth:`held_by`), MPI ranks compare digests
-    of the shared arrays, and :func:`load_state` checks the shapes."""
+    of the shared arrays, and :func:`load_state` checks the shapes. :func:`load_state` also
+    checks each scalar field by its declared type: an ``int`` field one integer, at least its
+    ``metadata["low"]`` (default 0), a ``float`` field one finite number, at least its
+    ``metadata["low"]`` where the field states one."""
 
     x: Array
     round: int
@@ -158,8 +161,8 @@ class CountedState(State):
 
     round: int = field(default=0, kw_only=True)
     seed: int = field(default=0, kw_only=True)
-    bits: float = field(default=0.0, kw_only=True)
-    oracle_calls: float = field(default=0.0, kw_only=True)
+    bits: float = field(default=0.0, kw_only=True, metadata={"low": 0.0})
+    oracle_calls: float = field(default=0.0, kw_only=True, metadata={"low": 0.0})
 
 
 
