@@ -371,7 +371,7 @@ def test_a_run_with_gamma_and_p_given_computes_no_constant() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# 11. corrupted checkpoints are named at once
+# 11. corrupted checkpoints and wrong argument types are named at once
 # ---------------------------------------------------------------------------------------------
 CORRUPT_FIELDS = {
     "seed as an array": (dict(seed=[0, 1]), "field 'seed' must be a single int"),
@@ -414,3 +414,22 @@ def test_a_resumed_round_past_the_records_int64_is_refused(tmp_path: Path) -> No
     with pytest.raises(ValueError, match=r"at round 9223372036854775807: 3 more rounds would pass round 2\*\*63 - 1"):
         permk.marina(q, permk.PermK(), rounds=3, seed=0, state=state)  # ... but no run can go past it
 
+
+def test_message_helpers_name_an_argument_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match=r"messages\[0\] must be a permk\.Message, got int"):
+        permk.aggregate_messages([1, 2])
+    with pytest.raises(TypeError, match="messages must be a sequence of permk.Message"):
+        permk.aggregate_messages(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compressor must be a permk.Compressor, got str"):
+        permk.message_bits("x", 3, 5, 32)
+    msgs = [permk.PermK().compress(np.arange(5.0), worker=i, n_workers=3, seed=0, round=0) for i in range(3)]
+    assert permk.aggregate_messages(iter(msgs)).shape == (5,)
+
+
+@pytest.mark.parametrize("compressor", [permk.PermK(), permk.TopK(2), permk.Participation(permk.RandK(2), 2)],
+                         ids=["PermK", "TopK", "Participation"])
+def test_indices_of_the_message_sizes_must_be_a_flag(compressor: Any) -> None:
+    for call in (compressor.bits_per_worker, compressor.expected_bits_per_worker):
+        with pytest.raises(TypeError, match="indices must be True or False, got 'no'"):
+            call(3, 5, indices="no")
+        assert call(3, 5, indices=np.bool_(False)) == call(3, 5, indices=False)

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Mapping, NamedTuple, P
 
 import numpy as np
 
+from ..compressors import Compressor
+
 if TYPE_CHECKING:
     from ..exchanges import Exchange
     from ..transport import Backend
@@ -277,7 +279,11 @@ class RunParams(Generic[P]):
 
 def message_bits(compressor: Any, n: int, d: int, float_bits: int, *, indices: bool = True) -> Bits:
     """The :class:`Bits` of a method whose every round sends one compressed message per worker:
-    its largest size, its expected size, and a full gradient's ``d · float_bits``."""
+    its largest size, its expected size, and a full gradient's ``d · float_bits``. A
+    ``compressor`` that is not a :class:`permk.Compressor` is a TypeError naming it (and
+    ``float_bits``, ``indices`` are checked as :meth:`~permk.Compressor.bits_per_worker` does)."""
+    if not isinstance(compressor, Compressor):
+        raise TypeError(f"compressor must be a permk.Compressor, got {type(compressor).__name__}")
     compressed = float(compressor.bits_per_worker(n, d, float_bits=float_bits, indices=indices))
     expected = float(compressor.expected_bits_per_worker(n, d, float_bits=float_bits, indices=indices))
     return Bits(compressed=compressed, expected=expected, full=float(d * float_bits))
