@@ -384,7 +384,6 @@ CORRUPT_FIELDS = {
     "oracle calls as an array": (dict(oracle_calls=[1.0, 2.0]), "field 'oracle_calls' must be a single float"),
     "complex iterate": (dict(x=np.ones(10, dtype=complex)), "field 'x' must be an array of real numbers, got dtype complex128"),
     "string iterate": (dict(x=np.array(["a"] * 10)), "field 'x' must be an array of real numbers"),
-    "infinite estimator": (dict(g=np.full(10, np.inf)), "field 'g' holds values that are not finite"),
     "a kind without the iterate": (dict(__kind__="CountedState"), "'CountedState' is not a state a run saves .*no field 'x'"),
     "an unknown kind": (dict(__kind__="NoSuchState"), "'NoSuchState' names no state class"),
 }
@@ -433,3 +432,12 @@ def test_indices_of_the_message_sizes_must_be_a_flag(compressor: Any) -> None:
         with pytest.raises(TypeError, match="indices must be True or False, got 'no'"):
             call(3, 5, indices="no")
         assert call(3, 5, indices=np.bool_(False)) == call(3, 5, indices=False)
+
+
+def test_a_diverged_runs_state_is_saved_and_read_back_whole(tmp_path: Path) -> None:
+    q, fields = _marina_checkpoint(tmp_path)
+    np.savez(tmp_path / "diverged.npz", **{**fields, "x": np.full(10, np.nan), "g": np.full(10, np.inf)})
+    state = permk.load_state(tmp_path / "diverged.npz")
+    assert np.isnan(state.x).all() and np.isinf(state.g).all()
+    with pytest.raises(ValueError, match="the metrics at the starting point are not finite"):
+        permk.marina(q, permk.PermK(), rounds=3, seed=0, state=state)

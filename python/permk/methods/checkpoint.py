@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .._files import atomic_write
-from .._validate import all_finite, check_int, check_real
+from .._validate import check_int, check_real
 from .contract import State
 
 __all__ = ["save_state", "load_state"]
@@ -44,10 +44,12 @@ def load_state(path: Any) -> State:
       saves (one whose dataclass fields include every array it lists: not ``CountedState``);
     * a missing field (a file without ``oracle_calls``, written before states counted oracle
       calls, reads it as 0), or one that cannot be read (a pickled object);
-    * an array of :attr:`State.arrays` whose dtype is not real (complex, bool, string, object)
-      or whose entries are not all finite; a shared array not of the iterate's length ``d``, a
-      per-worker array not a matrix of ``d`` columns (one row per worker; :meth:`State.held_by`
-      checks their count when a run resumes it);
+    * an array of :attr:`State.arrays` whose dtype is not real (complex, bool, string, object);
+      a shared array not of the iterate's length ``d``, a per-worker array not a matrix of ``d``
+      columns (one row per worker; :meth:`State.held_by` checks their count when a run resumes
+      it). Non-finite entries are read as stored: the state of a run that diverged is saved and
+      read back whole (a run resuming it is refused: its metrics at the starting point are not
+      finite);
     * a field declared ``int`` (``round``, ``seed``) that is not one integer in ``[low, 2**64)``,
       or one declared ``float`` (``bits``, ``oracle_calls``) that is not one finite real number
       of at least ``low``: ``low`` is the field's ``metadata["low"]`` where it states one (0 for
@@ -105,8 +107,6 @@ def _checked(cls: type[State], f: dataclasses.Field[Any], v: np.ndarray, where: 
     if f.name in cls.arrays:
         if v.dtype.kind not in "iuf":
             raise ValueError(f"{where} must be an array of real numbers, got dtype {v.dtype}")
-        if not all_finite(v):
-            raise ValueError(f"{where} holds values that are not finite (NaN or infinity)")
         return v.copy()
     declared = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", None)
     if declared not in ("int", "float"):
