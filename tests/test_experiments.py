@@ -239,10 +239,12 @@ def test_search_does_not_depend_on_chunks(tmp_path: Path) -> None:
 
 
 def _run_record(key: str, **extra: object) -> dict[str, object]:
-    from permk.experiments.results import RUN_FIELDS
-
-    rec: dict[str, object] = {f: 0 for f in RUN_FIELDS}
-    rec.update(kind="run", key=key, **extra)
+    """A run record with every field read_records checks (RUN_FIELDS, RUN_SCHEMA), of one point."""
+    rec: dict[str, object] = {"kind": "run", "key": key, "experiment": "quadratic", "method": "m", "label": "M", "compressor": "C",
+                              "j": 0, "multiplier": 1.0, "cell": {"id": "c", "n": 1, "row": 0, "col": 0},
+                              "options": {"tol": 1e-4, "budget_factor": 2.0}, "params": {"gamma": 0.1}, "summary": {"bits_sent": 0.0},
+                              "curve": {"round": [0], "bits": [0.0], "grad_norm_sq": [1.0]}}
+    rec.update(**extra)
     return rec
 
 
@@ -313,15 +315,14 @@ def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> 
     """SIGKILL a process appending large records in a loop, at a random moment, several times:
     every complete line is a whole record, and the next append (what --resume does) is whole."""
     p = tmp_path / "k.jsonl"
-    code = ("import sys, numpy as np; from permk.experiments.results import append_record\n"
-            "k = 0\n"
+    code = ("import json, sys, numpy as np; from permk.experiments.results import append_record\n"
+            "base, k = json.loads(sys.argv[2]), 0\n"
             "while True:\n"
-            "    append_record(sys.argv[1], {'kind': 'run', 'key': f'r{k}', 'curve': np.arange(200_000), "
-            "**{f: 0 for f in ('experiment', 'cell', 'method', 'label', 'compressor', 'j', 'multiplier', 'options', 'params', 'summary')}})\n"
+            "    append_record(sys.argv[1], {**base, 'key': f'r{k}', 'curve': {'bits': np.arange(100_000), 'grad_norm_sq': np.arange(100_000)}})\n"
             "    k += 1\n")
     for attempt in range(3):
         lines_before = p.read_bytes().count(b"\n") if p.exists() else 0
-        with subprocess.Popen([sys.executable, "-c", code, str(p)]) as proc:
+        with subprocess.Popen([sys.executable, "-c", code, str(p), json.dumps(_run_record("r"))]) as proc:
             # kill once this writer has finished a record, at a moment that varies
             deadline = time.monotonic() + 120
             while (p.read_bytes().count(b"\n") if p.exists() else 0) <= lines_before and time.monotonic() < deadline:
@@ -334,7 +335,7 @@ def test_a_writer_killed_mid_record_loses_no_finished_record(tmp_path: Path) -> 
             append_record(p, _run_record(f"after-kill-{attempt}"))
             recs = read_records(p)
         assert recs[-1]["key"] == f"after-kill-{attempt}"
-        assert all(len(r["curve"]) == 200_000 for r in recs if r["key"].startswith("r"))
+        assert all(len(r["curve"]["bits"]) == 100_000 for r in recs if r["key"].startswith("r"))
     assert sum(r["key"].startswith("r") for r in recs) >= 3  # each killed writer had finished a record
 
 
@@ -623,3 +624,41 @@ def test_fused_ef21_reports_divergence() -> None:
     q = permk.Quadratic.synthetic(10, 50, 1e-6, 0.5, seed=0)
     r = permk.ef21(q, permk.TopK(1), rounds=5000, seed=0, gamma=50.0)
     assert r.diverged_at is not None and np.isfinite(r.grad_norm_sq).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# run records with fields of the wrong type: the reader names the file, the line and the field
+# ---------------------------------------------------------------------------------------------
+BAD_RECORDS = {
+    "a curve list shorter than the others": (lambda r: r["curve"].update(grad_norm_sq=[1.0]),
+                                             r"curve lists must all have the same length, at least 1, got round: 2, bits: 2, grad_norm_sq: 1"),
+    "a curve list that is null": (lambda r: r["curve"].update(grad_norm_sq=None), r"curve\.grad_norm_sq must be a list of numbers, got null"),
+    "a curve of text": (lambda r: r["curve"].update(bits=[0.0, "y"]), r"curve\.bits must be a list of numbers, got a list whose entry 1 is text"),
+    "a summary that is a list": (lambda r: r.update(summary=[]), "summary must be an object, got list"),
+    "a multiplier that is text": (lambda r: r.update(multiplier="x"), "multiplier must be a number, got text"),
+    "a bits_sent that is text": (lambda r: r["summary"].update(bits_sent="x"), r"summary\.bits_sent must be a number, got text"),
+    "a cell without its id": (lambda r: r["cell"].pop("id"), r"the run record has no cell\.id"),
+    "a j that is a bool": (lambda r: r.update(j=True), "j must be an integer, got true or false"),
+}
+
+
+@pytest.mark.parametrize("spoil, match", list(BAD_RECORDS.values()), ids=list(BAD_RECORDS))
+def test_a_run_record_with_a_bad_field_is_named_by_every_reader(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                spoil: Any, match: str) -> None:
+    from permk.cli import main
+    from permk.experiments.search import search_cell
+
+    runs = tmp_path / "quadratic" / "runs"
+    good = _run_record("a", curve={"round": [0, 1], "bits": [0.0, 8.0], "grad_norm_sq": [1.0, 0.5]})
+    append_record(runs / "c.jsonl", good)
+    bad = json.loads(json.dumps(good))
+    spoil(bad)
+    append_record(runs / "c.jsonl", bad)
+    where = re.escape(f"{runs / 'c.jsonl'}:2: ") + r"(the run record's )?"
+    with pytest.raises(ValueError, match=where + match):
+        read_records(runs / "c.jsonl")
+    # `permk quadratic --resume` reads the cell's records back; `permk plot` reads them all
+    with pytest.raises(ValueError, match=where + match):
+        search_cell(None, {"id": "c"}, {}, SearchOptions(), str(runs / "c.jsonl"), resume=True)
+    assert main(["plot", str(tmp_path / "quadratic"), "--figures", str(tmp_path / "figs")]) == 2
+    assert re.search("permk plot: error: " + where + match, capsys.readouterr().err)

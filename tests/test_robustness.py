@@ -368,3 +368,76 @@ def test_a_run_with_gamma_and_p_given_computes_no_constant() -> None:
     assert set(vars(q._exact)) & {"_plus", "_pm", "_minus", "L_i"} == {"_plus", "_pm", "_minus"}
     assert math.isclose(q.f_star, float(-0.5 * q._b_mean @ np.linalg.solve(q._H, q._b_mean)), rel_tol=1e-10)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. corrupted checkpoints and wrong argument types are named at once
+# ---------------------------------------------------------------------------------------------
+CORRUPT_FIELDS = {
+    "seed as an array": (dict(seed=[0, 1]), "field 'seed' must be a single int"),
+    "fractional round": (dict(round=2.5), "field 'round' must be an integer, got float"),
+    "negative round": (dict(round=-5), r"field 'round' must be in \[0, 2\*\*64\)"),
+    "round as text": (dict(round="abc"), "field 'round' must be an integer, got str"),
+    "bits as text": (dict(bits="x"), "field 'bits' must be a real number, got str"),
+    "NaN bits": (dict(bits=np.nan), "field 'bits' must be finite"),
+    "negative bits": (dict(bits=-1.0), "field 'bits' must be >= 0"),
+    "oracle calls as an array": (dict(oracle_calls=[1.0, 2.0]), "field 'oracle_calls' must be a single float"),
+    "complex iterate": (dict(x=np.ones(10, dtype=complex)), "field 'x' must be an array of real numbers, got dtype complex128"),
+    "string iterate": (dict(x=np.array(["a"] * 10)), "field 'x' must be an array of real numbers"),
+    "a kind without the iterate": (dict(__kind__="CountedState"), "'CountedState' is not a state a run saves .*no field 'x'"),
+    "an unknown kind": (dict(__kind__="NoSuchState"), "'NoSuchState' names no state class"),
+}
+
+
+def _marina_checkpoint(tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    q = permk.Quadratic.synthetic(4, 10, 1e-3, 0.1, seed=0)
+    permk.save_state(permk.marina(q, permk.PermK(), rounds=2, seed=0).state, tmp_path / "good.npz")
+    with np.load(tmp_path / "good.npz") as z:
+        return q, dict(z)
+
+
+@pytest.mark.parametrize("bad, match", list(CORRUPT_FIELDS.values()), ids=list(CORRUPT_FIELDS))
+def test_load_state_names_the_file_and_the_corrupt_field(tmp_path: Path, bad: dict[str, Any], match: str) -> None:
+    q, fields = _marina_checkpoint(tmp_path)
+    np.savez(tmp_path / "bad.npz", **{**fields, **bad})
+    with pytest.raises(ValueError, match=r"bad\.npz(: | does not hold).*" + match):
+        permk.load_state(tmp_path / "bad.npz")
+    # the good file still loads and resumes
+    assert permk.marina(q, permk.PermK(), rounds=3, seed=0, state=permk.load_state(tmp_path / "good.npz")).state.round == 5
+
+
+def test_a_resumed_round_past_the_records_int64_is_refused(tmp_path: Path) -> None:
+    q, fields = _marina_checkpoint(tmp_path)
+    np.savez(tmp_path / "late.npz", **{**fields, "round": 2**63 - 1})
+    state = permk.load_state(tmp_path / "late.npz")  # a round a state can hold ...
+    with pytest.raises(ValueError, match=r"at round 9223372036854775807: 3 more rounds would pass round 2\*\*63 - 1"):
+        permk.marina(q, permk.PermK(), rounds=3, seed=0, state=state)  # ... but no run can go past it
+
+
+def test_message_helpers_name_an_argument_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match=r"messages\[0\] must be a permk\.Message, got int"):
+        permk.aggregate_messages([1, 2])
+    with pytest.raises(TypeError, match="messages must be a sequence of permk.Message"):
+        permk.aggregate_messages(3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="compressor must be a permk.Compressor, got str"):
+        permk.message_bits("x", 3, 5, 32)
+    msgs = [permk.PermK().compress(np.arange(5.0), worker=i, n_workers=3, seed=0, round=0) for i in range(3)]
+    assert permk.aggregate_messages(iter(msgs)).shape == (5,)
+
+
+@pytest.mark.parametrize("compressor", [permk.PermK(), permk.TopK(2), permk.Participation(permk.RandK(2), 2)],
+                         ids=["PermK", "TopK", "Participation"])
+def test_indices_of_the_message_sizes_must_be_a_flag(compressor: Any) -> None:
+    for call in (compressor.bits_per_worker, compressor.expected_bits_per_worker):
+        with pytest.raises(TypeError, match="indices must be True or False, got 'no'"):
+            call(3, 5, indices="no")
+        assert call(3, 5, indices=np.bool_(False)) == call(3, 5, indices=False)
+
+
+def test_a_diverged_runs_state_is_saved_and_read_back_whole(tmp_path: Path) -> None:
+    q, fields = _marina_checkpoint(tmp_path)
+    np.savez(tmp_path / "diverged.npz", **{**fields, "x": np.full(10, np.nan), "g": np.full(10, np.inf)})
+    state = permk.load_state(tmp_path / "diverged.npz")
+    assert np.isnan(state.x).all() and np.isinf(state.g).all()
+    with pytest.raises(ValueError, match="the metrics at the starting point are not finite"):
+        permk.marina(q, permk.PermK(), rounds=3, seed=0, state=state)

@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar, NamedTuple
 
 import numpy as np
 
-from .._validate import as_float_array, check_int, check_seed, index_array
+from .._validate import as_float_array, check_flag, check_int, check_seed, index_array
 from ..registry import Catalog
 from .fingerprint import digest, encode
 from .kernels import Kernel, PlanKernel, RustKernel, WorkerKernel
@@ -261,17 +261,21 @@ class Compressor(abc.ABC):
 
         With ``indices=True`` it includes ``⌈log2 d⌉`` bits per value for compressors whose
         receiver needs the indices (TopK); PermK and shared-seed RandK never send indices.
-        ``float_bits`` (bits per float) is a positive integer.
+        ``float_bits`` (bits per float) is a positive integer below 2**16 and ``indices`` True or
+        False: anything else is refused (TypeError or ValueError naming it).
         """
         return self._bits(self.floats_per_worker, n, d, float_bits, indices)  # type: ignore[return-value]
 
     def expected_bits_per_worker(self, n: int, d: int, *, float_bits: int = 32, indices: bool = True) -> float:
-        """The expected message size of a worker in bits (see :meth:`bits_per_worker`)."""
+        """The expected message size of a worker in bits (see :meth:`bits_per_worker`: the same
+        arguments refused)."""
         return self._bits(self.expected_floats_per_worker, n, d, float_bits, indices)
 
     def _bits(self, size: Callable[[int, int], float], n: int, d: int, float_bits: int, indices: bool) -> float:
-        """``size(n, d)`` values, each with its index where the receiver needs it, and the overhead."""
+        """``size(n, d)`` values, each with its index where the receiver needs it, and the overhead
+        (``float_bits`` and ``indices`` checked here, for every message-size call)."""
         float_bits = check_int(float_bits, "float_bits", low=1, high=2**16)
+        indices = check_flag(indices, "indices")
         k, full = size(n, d), self.floats_per_worker(n, d)
         index = ceil_log2(d) if indices and self.capabilities.needs_indices and full < d else 0
         return k * (self.value_bits(float_bits) + index) + self.overhead_bits(float_bits)

@@ -303,8 +303,16 @@ def aggregate_messages(messages: Sequence[Message]) -> np.ndarray:
     """The server's average ``(1/n) Σ_i C_i(a_i)`` from all ``n`` workers' messages.
 
     Summed in worker order, then divided by ``n``: bit for bit what
-    every compressor's ``aggregate`` returns.
+    every compressor's ``aggregate`` returns. Refused: ``messages`` that is not a sequence of
+    :class:`Message` (TypeError naming it or the entry), an empty one, or one without exactly one
+    message of each worker, all of the same ``n`` and ``d`` (ValueError).
     """
+    if isinstance(messages, (str, bytes, Message)) or not hasattr(messages, "__iter__"):
+        raise TypeError(f"messages must be a sequence of permk.Message (one per worker), got {type(messages).__name__}")
+    messages = list(messages)
+    for k, m in enumerate(messages):
+        if not isinstance(m, Message):
+            raise TypeError(f"messages[{k}] must be a permk.Message, got {type(m).__name__}")
     if not messages:
         raise ValueError("messages must not be empty")
     n, d = messages[0].n_workers, messages[0].d

@@ -114,7 +114,7 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
                            record_every=record_every, **options)
         transport = {"backend": "mpi", "mode": mode, "reduce": reduce, "n_procs": comm.Get_size()}
         params = prepared.with_step(local) if rank == 0 or prepared.gamma is not None else None
-        begin = check_start(method, local, backend, state, x0, seed)
+        begin = check_start(method, local, backend, state, x0, seed, rounds)
         held.update(backend=backend, begin=begin, prepared=prepared, params=params, path=method.path(backend, prepared.sent, prepared.own),
                     transport=transport)
         return {"n": backend.n, "d": backend.d, "workers": (backend.workers.start, backend.workers.stop),

@@ -5,7 +5,8 @@ before the run counts as done, so an interrupted grid loses nothing: ``--resume`
 files back and skips the runs they hold. A line cut short by a kill (a file that does not end
 with a newline) is set aside — moved to ``<file>.partial`` by the next append, skipped with a
 warning by the reader — so the re-run record never lands on it. Any other unreadable line, or a
-run record missing a field, is an error naming the file and the line.
+run record missing a field or holding one of another type (:data:`RUN_SCHEMA`), is an error
+naming the file and the line.
 
 A record is a flat JSON object: ``kind`` (``"run"``), ``experiment`` (``"quadratic"``,
 ``"autoencoder"``), ``key`` (the run's identity), the cell's parameters and constants, the
@@ -25,20 +26,47 @@ import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
 from .._files import atomic_write
 
-__all__ = ["MAX_POINTS", "RUN_FIELDS", "LOCK_FILE", "DirectoryInUseError", "hold_directory", "append_record", "read_records", "iter_result_files", "thin_indices", "to_jsonable",
-           "from_json", "write_json", "read_json"]
+__all__ = ["MAX_POINTS", "RUN_FIELDS", "RUN_SCHEMA", "LOCK_FILE", "DirectoryInUseError", "hold_directory", "append_record",
+           "read_records", "iter_result_files", "thin_indices", "to_jsonable", "from_json", "write_json", "read_json"]
 
 #: Per-run curves are thinned to at most this many points before they are written.
 MAX_POINTS = 800
 #: The fields every run record has.
 RUN_FIELDS = ("kind", "key", "experiment", "cell", "method", "label", "compressor", "j", "multiplier", "options", "params",
               "summary", "curve")
+#: What :func:`read_records` checks of a run record's fields, by path (``summary.bits_sent``):
+#: the type, and whether the field must be there (the others are checked where they are). Every
+#: entry of ``curve`` is moreover a list of numbers, all of one length, at least one point.
+RUN_SCHEMA: dict[str, tuple[str, bool]] = {
+    **{f: ("text", True) for f in ("kind", "key", "experiment", "method", "label", "compressor")},
+    "j": ("an integer", True), "multiplier": ("a number", True),
+    **{f: ("an object", True) for f in ("cell", "options", "params", "summary", "curve")},
+    "cell.id": ("text", True), "cell.n": ("an integer", True), "cell.row": ("an integer", True), "cell.col": ("an integer", True),
+    "options.tol": ("a number", True), "options.budget_factor": ("a number", True), "params.gamma": ("a number", True),
+    "summary.bits_sent": ("a number", True), "summary.rounds_run": ("an integer", False),
+    "summary.reached_target": ("true or false", False), "summary.diverged": ("true or false", False),
+    "summary.bits_to_target": ("a number or null", False), "summary.rounds_to_target": ("an integer or null", False),
+    "summary.grad_norm_sq_0": ("a number or null", False), "summary.final_grad_norm_sq": ("a number", False),
+    "summary.min_grad_norm_sq": ("a number", False), "summary.stopped_by": ("text", False),
+    "curve.bits": ("a list of numbers", True), "curve.grad_norm_sq": ("a list of numbers", True),
+}
+_NUMBER = (int, float)  # JSON's numbers as read (a bool is not one: its type is bool)
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "text": lambda v: type(v) is str,
+    "an integer": lambda v: type(v) is int,
+    "a number": lambda v: type(v) in _NUMBER,
+    "true or false": lambda v: type(v) is bool,
+    "an object": lambda v: type(v) is dict,
+    "a number or null": lambda v: v is None or type(v) in _NUMBER,
+    "an integer or null": lambda v: v is None or type(v) is int,
+    "a list of numbers": lambda v: type(v) is list and all(type(x) in _NUMBER for x in v),
+}
 
 
 def to_jsonable(v: Any) -> Any:
@@ -166,10 +194,52 @@ def append_record(path: str | os.PathLike[str], record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _json_type(v: Any) -> str:
+    """The JSON name of a value's type (what a record holds instead of the expected one); a list
+    with an entry that is not a number says which."""
+    if type(v) is list:
+        bad = next((k for k, x in enumerate(v) if type(x) not in _NUMBER), None)
+        return "list" if bad is None else f"a list whose entry {bad} is {_json_type(v[bad])}"
+    for name, t in (("null", type(None)), ("true or false", bool), ("text", str), ("integer", int), ("number", float), ("object", dict)):
+        if type(v) is t:
+            return name
+    return type(v).__name__
+
+
+def _check_run_record(rec: dict[str, Any], where: str) -> None:
+    """Check a run record as read back (:func:`from_json` applied): every field of
+    :data:`RUN_FIELDS`, each field of :data:`RUN_SCHEMA` of its type, and a ``curve`` of lists of
+    numbers of one length (at least one point). Anything else is a ValueError starting with
+    ``where`` (the file and line) and naming the field."""
+    missing = [f for f in RUN_FIELDS if f not in rec]
+    if missing:
+        raise ValueError(f"{where}: the run record has no {', '.join(missing)}")
+    for name, (kind, required) in RUN_SCHEMA.items():
+        head, _, leaf = name.rpartition(".")
+        parent = rec[head] if head else rec  # the parent is an object: checked before its fields
+        if leaf not in parent:
+            if required:
+                raise ValueError(f"{where}: the run record has no {name}")
+            continue
+        if not _TYPES[kind](parent[leaf]):
+            raise ValueError(f"{where}: the run record's {name} must be {kind}, got {_json_type(parent[leaf])}")
+    lengths: dict[str, int] = {}
+    for k, v in rec["curve"].items():
+        if not _TYPES["a list of numbers"](v):
+            raise ValueError(f"{where}: the run record's curve.{k} must be a list of numbers, got {_json_type(v)}")
+        lengths[k] = len(v)
+    if len(set(lengths.values())) != 1 or not min(lengths.values()):
+        raise ValueError(f"{where}: the run record's curve lists must all have the same length, at least 1, got "
+                         + ", ".join(f"{k}: {n}" for k, n in lengths.items()))
+
+
 def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of one file. A cut-short last line (an interrupted write: the file does not
     end with a newline) is skipped with a warning; any other line that is not a JSON object, and
-    a run record missing one of :data:`RUN_FIELDS`, raise ValueError naming the file and line."""
+    a run record missing a field of :data:`RUN_FIELDS` (or a required one of :data:`RUN_SCHEMA`),
+    holding one of another type than :data:`RUN_SCHEMA` says, or a ``curve`` whose entries are not
+    lists of numbers of one length (at least one point), raise ValueError naming the file, the
+    line and the field."""
     raw = Path(path).read_bytes()
     lines = raw.split(b"\n")
     out: list[dict[str, Any]] = []
@@ -185,11 +255,10 @@ def read_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
             raise ValueError(f"{path}:{lineno}: not a valid record (JSON): {e}") from None
         if not isinstance(rec, dict):
             raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {type(rec).__name__}")
+        rec = from_json(rec)
         if rec.get("kind") == "run":
-            missing = [f for f in RUN_FIELDS if f not in rec]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: the run record has no {', '.join(missing)}")
-        out.append(from_json(rec))
+            _check_run_record(rec, f"{path}:{lineno}")
+        out.append(rec)
     return out
 
 

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Mapping, NamedTuple, P
 
 import numpy as np
 
+from ..compressors import Compressor
+
 if TYPE_CHECKING:
     from ..exchanges import Exchange
     from ..transport import Backend
@@ -63,7 +65,10 @@ class State:
     whose shared arrays are not finite (a per-worker array feeds a shared aggregate, and only
     shared arrays are the same on every process, so every MPI rank stops at the same round), a
     resumed state is checked and cut to the held rows (:meth:`held_by`), MPI ranks compare digests
-    of the shared arrays, and :func:`load_state` checks the shapes."""
+    of the shared arrays, and :func:`load_state` checks the shapes. :func:`load_state` also
+    checks each scalar field by its declared type: an ``int`` field one integer, at least its
+    ``metadata["low"]`` (default 0), a ``float`` field one finite number, at least its
+    ``metadata["low"]`` where the field states one."""
 
     x: Array
     round: int
@@ -158,8 +163,8 @@ class CountedState(State):
 
     round: int = field(default=0, kw_only=True)
     seed: int = field(default=0, kw_only=True)
-    bits: float = field(default=0.0, kw_only=True)
-    oracle_calls: float = field(default=0.0, kw_only=True)
+    bits: float = field(default=0.0, kw_only=True, metadata={"low": 0.0})
+    oracle_calls: float = field(default=0.0, kw_only=True, metadata={"low": 0.0})
 
 
 
@@ -274,7 +279,11 @@ class RunParams(Generic[P]):
 
 def message_bits(compressor: Any, n: int, d: int, float_bits: int, *, indices: bool = True) -> Bits:
     """The :class:`Bits` of a method whose every round sends one compressed message per worker:
-    its largest size, its expected size, and a full gradient's ``d · float_bits``."""
+    its largest size, its expected size, and a full gradient's ``d · float_bits``. A
+    ``compressor`` that is not a :class:`permk.Compressor` is a TypeError naming it (and
+    ``float_bits``, ``indices`` are checked as :meth:`~permk.Compressor.bits_per_worker` does)."""
+    if not isinstance(compressor, Compressor):
+        raise TypeError(f"compressor must be a permk.Compressor, got {type(compressor).__name__}")
     compressed = float(compressor.bits_per_worker(n, d, float_bits=float_bits, indices=indices))
     expected = float(compressor.expected_bits_per_worker(n, d, float_bits=float_bits, indices=indices))
     return Bits(compressed=compressed, expected=expected, full=float(d * float_bits))

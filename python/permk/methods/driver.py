@@ -205,10 +205,17 @@ def resolve(method: Algorithm, options: dict[str, Any]) -> tuple[Algorithm, dict
     return method.resolve(options)
 
 
-def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x0: Any, seed: int) -> State | Array:
+#: The last round a run can reach: its record holds the rounds as int64.
+_LAST_ROUND = 2**63 - 1
+
+
+def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x0: Any, seed: int,
+                rounds: int | None = None) -> State | Array:
     """What a run starts from, checked before any exchange: the starting point ``x0`` (default
     ``problem.x0``), or the given ``state`` to resume (of the method's kind, with the run's seed)
-    as the backend holds it (:meth:`State.held_by`)."""
+    as the backend holds it (:meth:`State.held_by`). Refused: a state whose ``round`` is not a
+    non-negative integer, or from which ``rounds`` more rounds would pass round ``2**63 - 1``
+    (the last a run's record holds: int64), naming it (TypeError for a non-integer round)."""
     seed = check_seed(seed)
     if state is None:
         return start_point(problem.x0 if x0 is None else x0, backend.d, "problem.x0" if x0 is None else "x0")
@@ -216,6 +223,9 @@ def check_start(method: Algorithm, problem: Any, backend: Backend, state: Any, x
         raise TypeError(f"state must be a {method.state_type.__name__} (e.g. result.state of an earlier run of the same method)")
     if state.seed != seed:
         raise ValueError(f"seed={seed} differs from the resumed state's seed {state.seed}")
+    if rounds is not None and check_int(state.round, "state.round") + rounds > _LAST_ROUND:
+        raise ValueError(f"the resumed state is at round {state.round}: {rounds} more rounds would pass round 2**63 - 1, "
+                         "the last a run's record holds")
     return state.held_by(backend)
 
 
@@ -371,5 +381,5 @@ def run(method: Algorithm, problem: Any, compressor: Compressor, *, rounds: int,
     n, d = check_problem(problem)
     prepared = prepare(method, problem, compressor, n=n, d=d, rounds=rounds, seed=seed, record_every=record_every, **options)
     params = replace(prepared.with_step(problem), path=method.path(backend, prepared.sent, prepared.own))
-    first = start(method, backend, prepared.sent, params, check_start(method, problem, backend, state, x0, seed), seed)
+    first = start(method, backend, prepared.sent, params, check_start(method, problem, backend, state, x0, seed, rounds), seed)
     return drive(method, backend, prepared.sent, params, first, rounds=rounds, record_every=record_every, progress=progress)
