@@ -134,7 +134,7 @@ class Prepared:
         from the problem's constants (:class:`~permk.theory.steps.Constants`, read only then),
         times ``gamma_multiplier``. A step that is not a finite positive number (constants too
         small or too large for float64, or a product that overflows) is a ValueError naming what
-        it came from (:func:`~permk.theory.steps.check_step`)."""
+        it came from (``permk.theory.steps.check_step``)."""
         if self.gamma is not None:
             source, record = "user", {}
             gamma = check_step(self.gamma * self.gamma_multiplier, "gamma times gamma_multiplier",

@@ -22,7 +22,7 @@ calculator (:mod:`permk.theory.complexity`) take their step sizes from here.
 
 Every constant is validated: a negative, NaN or infinite value is a ValueError naming it, and so
 are constants whose step is not a finite positive number (too small or too large for float64:
-the step overflows to ``inf`` or underflows to 0; :func:`check_step`).
+the step overflows to ``inf`` or underflows to 0; ``check_step``).
 
 >>> marina_stepsize(1.0, 1.0, 1.0, 2.0, 0.0, 0.1)
 1.0
@@ -83,7 +83,7 @@ _F = TypeVar("_F", bound=Callable[..., float])
 
 
 def _step_size(fn: _F) -> _F:
-    """A step-size function whose result passes :func:`check_step`: a step that is not a finite
+    """A step-size function whose result passes ``check_step``: a step that is not a finite
     positive number (and an OverflowError or ZeroDivisionError on the way) is a ValueError naming
     the function's numeric arguments. The arguments' own checks come first, as they are."""
     signature = inspect.signature(fn)
@@ -113,7 +113,7 @@ def marina_variance_stepsize(L_minus: float, L_hat_sq: float, p: float, *, mu: f
 
     Refused (ValueError naming them): negative, NaN or infinite constants, ``p`` outside
     ``(0, 1]``, ``M = 0`` (``f`` constant), and constants whose step is not a finite positive
-    number (too small or too large for float64, :func:`check_step`).
+    number (too small or too large for float64, ``check_step``).
 
     >>> marina_variance_stepsize(2.0, 0.0, 0.5)
     0.5
@@ -160,7 +160,7 @@ def ef21_stepsize(alpha: float, L_minus: float, L_plus: float, *, mu: float | No
     ``θ = 1 − sqrt(1 − α)``, ``β = (1 − α)/(1 − sqrt(1 − α))``; with ``mu`` (PL):
     ``min{1/(L_− + L_+ sqrt(2β/θ)), θ/(2μ)}``. Refused (ValueError naming them): ``α`` outside
     ``(0, 1]``, negative, NaN or infinite constants, ``L_− = L_+ = 0``, and constants whose step
-    is not a finite positive number (too small or too large for float64, :func:`check_step`).
+    is not a finite positive number (too small or too large for float64, ``check_step``).
 
     >>> round(ef21_stepsize(1.0, 2.0, 3.0), 12)
     0.5
@@ -258,7 +258,7 @@ def diana_stepsize(alpha: float, omega: float, A: float, L_minus: float, L_plus:
     DIANA step): the tests check the bound it implies, which a 16× larger step breaks.
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> round(diana_stepsize(0.5, 1.0, 0.5, 1.0, 2.0), 12)  # α/(2 L_+ sqrt(A(2+α))) = 1/(4√5)
     0.111803398875
@@ -312,7 +312,7 @@ def rand_diana_stepsize(p: float, L_mean: float, L_max: float, L_var: float, *, 
       ``min{1/(7L + 6L_B), p/(2μ)}``.
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> rand_diana_stepsize(0.25, 1.0, 2.0, 10.0, kind="permutation")  # √p/(2 L_var)
     0.025
@@ -342,7 +342,7 @@ def shifted_dcgd_stepsize(omega: float, n: int, L_mean: float, L_max: float) -> 
     ``L_B = L_max`` (their Bregman smoothness variance's default, the largest ``L_i``).
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> shifted_dcgd_stepsize(1.0, 4, 2.0, 3.0)  # 1/(0.5·2 + 1.5·3)
     0.18181818181818182
@@ -406,7 +406,7 @@ def dasha_stepsize(omega: float, A: float, L_minus: float, L_plus: float) -> flo
     ``(1/n)Σ‖∇f_i(x) − ∇f_i(y)‖² ≤ L_+²‖x − y‖²``, all the theorem reads.
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> dasha_stepsize(1.0, 0.5, 1.0, 2.0) == 1 / (1 + 2 * 2.5 ** 0.5)
     True
@@ -438,7 +438,7 @@ def dasha_pp_stepsize(omega: float, A: float, n: int, s: int, L_minus: float, L_
     library tunes DASHA-PP's step by powers of two): that test is what backs them here.
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> dasha_pp_stepsize(0.0, 0.0, 4, 4, 1.0, 1.0)  # every worker, no compression: GD's 1/L
     1.0
@@ -505,7 +505,7 @@ def dasha_page_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus
     variance term than :func:`dasha_stepsize`'s, never larger.
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> dasha_page_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, full gradients: 1/L_−
     0.5
@@ -528,7 +528,7 @@ def dasha_mvr_stepsize(omega: float, A: float, a: float, L_minus: float, L_plus:
     ``N = ``:func:`dasha_mvr_noise` (from ``h_i⁰ = ∇f_i(x⁰)``).
 
     Constants whose step is not a finite positive number (too small or too large for float64)
-    are a ValueError naming them (:func:`check_step`), as are negative, NaN or infinite ones.
+    are a ValueError naming them (``check_step``), as are negative, NaN or infinite ones.
 
     >>> dasha_mvr_stepsize(0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 2, 1, 1.0)  # no compression, β = 1: 1/L_−
     0.5
