@@ -127,6 +127,18 @@ def check_flag(value: Any, name: str) -> bool:
     return bool(value)
 
 
+def check_items(values: Any, cls: type, name: str, what: str) -> list[Any]:
+    """``values`` (any iterable but a string or a single ``cls``) as a list whose every entry is
+    a ``cls``, else a TypeError naming ``name`` or the entry ``name[k]`` and ``what`` it must be."""
+    if isinstance(values, (str, bytes, cls)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of {what}, got {type(values).__name__}")
+    items = list(values)
+    for k, v in enumerate(items):
+        if not isinstance(v, cls):
+            raise TypeError(f"{name}[{k}] must be a {what}, got {type(v).__name__}")
+    return items
+
+
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """One of the strings ``choices``."""
     if not isinstance(value, str) or value not in choices:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .._validate import as_float_array, check_int
+from .._validate import as_float_array, check_int, check_items
 
 __all__ = ["Message", "Messages", "Plan", "Ranges", "Round", "PendingRound", "PlanRound", "ReadyRound",
            "aggregate_messages", "check_message", "check_plan", "scaled"]
@@ -307,12 +307,7 @@ def aggregate_messages(messages: Sequence[Message]) -> np.ndarray:
     :class:`Message` (TypeError naming it or the entry), an empty one, or one without exactly one
     message of each worker, all of the same ``n`` and ``d`` (ValueError).
     """
-    if isinstance(messages, (str, bytes, Message)) or not hasattr(messages, "__iter__"):
-        raise TypeError(f"messages must be a sequence of permk.Message (one per worker), got {type(messages).__name__}")
-    messages = list(messages)
-    for k, m in enumerate(messages):
-        if not isinstance(m, Message):
-            raise TypeError(f"messages[{k}] must be a permk.Message, got {type(m).__name__}")
+    messages = check_items(messages, Message, "messages", "permk.Message")
     if not messages:
         raise ValueError("messages must not be empty")
     n, d = messages[0].n_workers, messages[0].d

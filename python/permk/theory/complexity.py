@@ -21,7 +21,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-from .._validate import check_int, check_real
+from .._validate import check_int, check_items, check_real
 from ..compressors import Compressor
 from .steps import Constants, check_step
 
@@ -286,12 +286,7 @@ def _table(method: Any, compressor: Any, n: int, d: int, c: Constants, eps: floa
 def format_complexity_table(rows: Sequence[Complexity]) -> str:
     """A plain-text table of :class:`Complexity` rows (what :func:`complexity` returns); any other
     row, or ``rows`` that is not a sequence of them, is a TypeError naming it."""
-    if isinstance(rows, (str, bytes, Complexity)) or not hasattr(rows, "__iter__"):
-        raise TypeError(f"rows must be a sequence of permk.theory.Complexity, got {type(rows).__name__}")
-    rows = list(rows)
-    for k, r in enumerate(rows):
-        if not isinstance(r, Complexity):
-            raise TypeError(f"rows[{k}] must be a permk.theory.Complexity (from permk.theory.complexity), got {type(r).__name__}")
+    rows = check_items(rows, Complexity, "rows", "permk.theory.Complexity")
     head = f"{'method':<7} {'compressor':<13} {'p':>9} {'step γ':>10} {'rounds T':>11} {'floats/worker':>14} {'paper Θ':>11} {'ratio':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:
