@@ -36,6 +36,15 @@ impl CoreError {
         }
     }
 
+    /// `Ok(())` when every entry of `values` is finite, else an [`CoreError::InvalidArgument`]
+    /// naming `name` and the first entry that is not: [`Self::finite`] for an array.
+    pub fn all_finite(name: &str, values: &[f64]) -> Result<()> {
+        match values.iter().position(|v| !v.is_finite()) {
+            None => Ok(()),
+            Some(i) => Err(CoreError::invalid(name, format!("must be finite, got {} at index {i}", values[i]))),
+        }
+    }
+
     pub fn invalid(name: impl Into<String>, message: impl Into<String>) -> Self {
         CoreError::InvalidArgument { name: name.into(), message: message.into() }
     }
@@ -121,5 +130,7 @@ mod tests {
             assert!(matches!(&e, CoreError::InvalidArgument { name, .. } if name == "alpha"), "{e:?}");
             assert!(e.to_string().starts_with("alpha: must be finite, got "), "{e}");
         }
+        assert_eq!(CoreError::all_finite("rhs", &[1.0, -2.0]), Ok(()));
+        assert_eq!(CoreError::all_finite("rhs", &[1.0, f64::NAN, f64::INFINITY]).unwrap_err().to_string(), "rhs: must be finite, got NaN at index 1");
     }
 }

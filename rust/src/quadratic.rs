@@ -260,11 +260,8 @@ impl Tridiagonal {
         if a.is_empty() || a.len() != beta.len() {
             return Err(CoreError::invalid("a", "a and beta must be non-empty and of equal length n"));
         }
-        for (name, v) in [("a", &a), ("beta", &beta)] {
-            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
-                return Err(CoreError::invalid(name, format!("must be finite, got {} at index {i}", v[i])));
-            }
-        }
+        CoreError::all_finite("a", &a)?;
+        CoreError::all_finite("beta", &beta)?;
         CoreError::finite("c", c)?;
         let n = a.len() as f64;
         let a_mean = a.iter().sum::<f64>() / n;
@@ -1018,9 +1015,7 @@ impl Tridiagonal {
 pub fn solve_mean(a_mean: f64, c: f64, rhs: &[f64]) -> Result<Vec<f64>> {
     let d = rhs.len();
     nonempty("rhs", d)?;
-    if let Some(j) = rhs.iter().position(|v| !v.is_finite()) {
-        return Err(CoreError::invalid("rhs", format!("must be finite, got {} at index {j}", rhs[j])));
-    }
+    CoreError::all_finite("rhs", rhs)?;
     Need::new().array::<f64>("the solution", &[d]).bytes("the solver's temporaries", 16 * d as u128).check()?;
     let singular = |j: usize| {
         CoreError::invalid(
