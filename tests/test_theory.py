@@ -804,6 +804,8 @@ def test_steps_beyond_float64_are_a_value_error_naming_the_constants(call: Any, 
 def test_a_constant_beyond_float64_as_an_int_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="L_minus must be finite"):
         theory.marina_stepsize(1.0, 1.0, 10**400, 1.0, 1.0, 0.5)  # float() raised OverflowError
+    with pytest.raises(ValueError, match=r"p must be in \(0, 1\], got inf"):
+        theory.marina_stepsize(1.0, 1.0, 1.0, 1.0, 1.0, 10**400)  # check_probability's float() raised OverflowError too
 
 
 def test_runs_refuse_a_step_beyond_float64() -> None:

@@ -35,6 +35,11 @@ def check_int(value: Any, name: str, *, low: int = 0, high: int | None = None) -
     return v
 
 
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a real number (Python or numpy; a bool is not one)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def real_float(value: Any) -> float:
     """A real number as a float: ``float(value)``, or ``±inf`` for one beyond float64 (an int or
     Fraction such as ``10**400``, whose ``float()`` raises OverflowError)."""
@@ -48,7 +53,7 @@ def check_real(value: Any, name: str, *, low: float | None = None, strict: bool 
     """``value`` as a finite Python float, at least ``low`` (more than ``low`` with ``strict``)
     and at most ``high``. Numbers (Python or numpy) are accepted; bools and strings are a
     TypeError, NaN and infinities a ValueError naming the argument."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     v = real_float(value)
     if not math.isfinite(v):
@@ -76,9 +81,9 @@ def check_per_worker(values: Any, n: int, name: str) -> np.ndarray:
 
 def check_probability(value: Any, name: str = "p") -> float:
     """A probability in ``(0, 1]`` (MARINA's ``p``)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise TypeError(f"{name} must be a real number in (0, 1], got {type(value).__name__}")
-    v = float(value)
+    v = real_float(value)
     if not 0.0 < v <= 1.0:  # also rejects NaN
         raise ValueError(f"{name} must be in (0, 1], got {v:g}")
     return v

@@ -35,13 +35,12 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from .._validate import check_choice, check_int, check_per_worker, check_probability, check_real, real_float
+from .._validate import check_choice, check_int, check_per_worker, check_probability, check_real, is_real, real_float
 
 __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_stepsize",
            "diana_stepsize", "shift_step_class", "rand_diana_stepsize", "shifted_dcgd_stepsize", "worker_constants",
@@ -50,10 +49,6 @@ __all__ = ["Constants", "marina_stepsize", "marina_variance_stepsize", "ef21_ste
 
 #: Where a :class:`Constants`' values come from (its ``kind``).
 CONSTANT_KINDS = ("exact", "pessimistic", "given")
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
 
 def check_step(gamma: Any, what: str, constants: Mapping[str, Any], advice: str = "rescale the problem, or pass gamma=") -> float:
@@ -70,10 +65,10 @@ def check_step(gamma: Any, what: str, constants: Mapping[str, Any], advice: str 
     ...
     ValueError: 1/L_minus: the constants L_minus = 9.99989e-321 give the step inf, not a finite positive number (they are too small or too large for float64): rescale the problem, or pass gamma=
     """
-    g = real_float(gamma) if _is_real(gamma) else None
+    g = real_float(gamma) if is_real(gamma) else None
     if g is not None and math.isfinite(g) and g > 0:
         return g
-    shown = ", ".join(f"{k} = {real_float(v):g}" for k, v in constants.items() if _is_real(v))
+    shown = ", ".join(f"{k} = {real_float(v):g}" for k, v in constants.items() if is_real(v))
     result = ("make the step's formula overflow (or divide by a value that underflowed to 0)" if gamma is None else
               f"give the step {repr(gamma) if g is None else format(g, 'g')}, not a finite positive number")
     raise ValueError(f"{what}: the constants {shown} {result} (they are too small or too large for float64): {advice}")
